@@ -1,0 +1,27 @@
+# The two set-up commands of the README: `make demo` (main job) and `make test` (the suite).
+# Each creates or reuses a local virtualenv in .venv and installs the project into it.
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+export HF_HUB_OFFLINE := 1
+export HF_HUB_DISABLE_TELEMETRY := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: demo test clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/vlm-grpo demo
+
+test: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,79 @@
+"""PromptBatch: prompts encoded once, with the bookkeeping needed to regroup them.
+
+Every family stores its multimodal tensors differently (flat patches for Qwen, tiles for
+InternVL, per-sample padded tiles for Idefics3). Instead of teaching the loop each layout,
+an adapter records, for every tensor, how many leading rows each sample owns. Grouping a
+sample for its G completions, or picking a subset, is then one generic gather.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+import torch
+
+
+@dataclass
+class PromptBatch:
+    input_ids: torch.Tensor  # [B, L], left-padded
+    attention_mask: torch.Tensor  # [B, L]
+    mm: dict[str, torch.Tensor] = field(default_factory=dict)  # family tensors, e.g. pixel_values
+    mm_rows: dict[str, list[int]] = field(default_factory=dict)  # rows of mm[key] owned by each sample
+    image_spans: list[list[tuple[int, int]]] = field(default_factory=list)  # per sample, per image [start, end)
+    token_keys: tuple[str, ...] = ()  # mm keys shaped like input_ids; extended over completions
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def images_per_sample(self) -> list[int]:
+        return [len(spans) for spans in self.image_spans]
+
+    def select(self, indices: Sequence[int] | torch.Tensor) -> "PromptBatch":
+        """Samples `indices` (repeats allowed), with their multimodal rows."""
+        idx = [int(i) for i in indices]
+        mm, mm_rows = {}, {}
+        for key, tensor in self.mm.items():
+            rows = self.mm_rows[key]
+            starts = _prefix_sums(rows)
+            row_index = [r for i in idx for r in range(starts[i], starts[i] + rows[i])]
+            mm[key] = tensor[torch.tensor(row_index, dtype=torch.long, device=tensor.device)]
+            mm_rows[key] = [rows[i] for i in idx]
+        pick = torch.tensor(idx, dtype=torch.long, device=self.input_ids.device)
+        return replace(
+            self,
+            input_ids=self.input_ids[pick],
+            attention_mask=self.attention_mask[pick],
+            mm=mm,
+            mm_rows=mm_rows,
+            image_spans=[list(self.image_spans[i]) for i in idx],
+        )
+
+    def repeat(self, num_generations: int) -> "PromptBatch":
+        """Each sample `num_generations` times in a row: the layout of a GRPO group."""
+        return self.select([i for i in range(len(self)) for _ in range(num_generations)])
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> "PromptBatch":
+        def move(t: torch.Tensor) -> torch.Tensor:
+            if dtype is not None and t.is_floating_point():
+                return t.to(device=device, dtype=dtype)
+            return t.to(device)
+
+        return replace(
+            self,
+            input_ids=self.input_ids.to(device),
+            attention_mask=self.attention_mask.to(device),
+            mm={k: move(v) for k, v in self.mm.items()},
+        )
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, **self.mm}
+
+
+def _prefix_sums(rows: list[int]) -> list[int]:
+    out, total = [], 0
+    for r in rows:
+        out.append(total)
+        total += r
+    return out

@@ -1,0 +1,211 @@
+"""Qwen2.5-VL: flat patch rows + image_grid_thw, and M-RoPE token types over the completion."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2_5_VLProcessor,
+    Qwen2VLImageProcessor,
+    Qwen2VLVideoProcessor,
+)
+
+from vlm_grpo.adapters.base import VLMAdapter
+from vlm_grpo.adapters.batch import PromptBatch
+from vlm_grpo.adapters.registry import register
+from vlm_grpo.adapters.seeding import seeded
+from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
+
+QWEN_SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+
+# Qwen's ChatML layout: a default system turn, then <|im_start|>role\n ... <|im_end|>\n per message;
+# each image part is <|vision_start|><|image_pad|><|vision_end|> (the processor expands the pad).
+QWEN_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if loop.first and message['role'] != 'system' -%}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' -%}{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def qwen_tokenizer():
+    return build_tokenizer(
+        QWEN_SPECIAL_TOKENS, chat_template=QWEN_CHAT_TEMPLATE, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+
+
+def qwen_processor(tokenizer, min_pixels: int, max_pixels: int) -> Qwen2_5_VLProcessor:
+    size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
+    return Qwen2_5_VLProcessor(
+        image_processor=Qwen2VLImageProcessor(size=size),
+        tokenizer=tokenizer,
+        video_processor=Qwen2VLVideoProcessor(size=size),
+        chat_template=tokenizer.chat_template,
+    )
+
+
+def qwen_token_ids(tokenizer) -> dict[str, int]:
+    ids = tokenizer.convert_tokens_to_ids
+    return {
+        "image_token_id": ids("<|image_pad|>"),
+        "video_token_id": ids("<|video_pad|>"),
+        "vision_start_token_id": ids("<|vision_start|>"),
+        "vision_end_token_id": ids("<|vision_end|>"),
+    }
+
+
+def qwen_config(tokenizer, *, vision: dict, text: dict, vocab_size: int | None = None) -> Qwen2_5_VLConfig:
+    vocab = vocab_size or len(tokenizer)
+    text = {
+        "vocab_size": vocab,
+        "bos_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        **text,
+    }
+    return Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=vision,
+        tie_word_embeddings=text.get("tie_word_embeddings", False),
+        **qwen_token_ids(tokenizer),
+    )
+
+
+TINY_VISION = dict(
+    depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14, spatial_merge_size=2,
+    temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1], out_hidden_size=64,
+)
+TINY_TEXT = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    max_position_embeddings=2048,
+    rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]},
+)
+# Public architecture of Qwen/Qwen2.5-VL-3B-Instruct.
+VISION_3B = dict(
+    depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, patch_size=14, spatial_merge_size=2,
+    temporal_patch_size=2, window_size=112, fullatt_block_indexes=[7, 15, 23, 31], out_hidden_size=2048,
+)
+TEXT_3B = dict(
+    hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
+    max_position_embeddings=128000, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]},
+)
+QWEN_VOCAB = 151936
+TINY_PIXELS = (56 * 56, 112 * 112)
+REAL_PIXELS = (256 * 28 * 28, 1280 * 28 * 28)
+
+
+def build_qwen_adapter(adapter_cls, *, vision, text, pixels, seed, dtype=torch.float32, vocab_size=None):
+    tokenizer = qwen_tokenizer()
+    processor = qwen_processor(tokenizer, *pixels)
+    config = qwen_config(tokenizer, vision=vision, text=text, vocab_size=vocab_size)
+    with seeded(seed):
+        model = Qwen2_5_VLForConditionalGeneration(config).to(dtype)
+    return adapter_cls(model.eval(), processor, source=f"tiny:{adapter_cls.family}")
+
+
+class Qwen2_5_VLAdapter(VLMAdapter):
+    family = "qwen2_5_vl"
+    model_types = ("qwen2_5_vl",)
+    model_class = Qwen2_5_VLForConditionalGeneration
+    module_patterns = {
+        "vision": (r"model\.visual\.(?!merger\.)",),
+        "projector": (r"model\.visual\.merger\.",),
+        "language": (r"model\.language_model\.",),
+        "head": (r"lm_head\.",),
+    }
+    presets = {
+        "qwen2_5_vl_3b": lambda seed=0, dtype=torch.bfloat16: build_qwen_adapter(
+            Qwen2_5_VLAdapter, vision=VISION_3B, text=TEXT_3B, pixels=REAL_PIXELS, seed=seed, dtype=dtype,
+            vocab_size=QWEN_VOCAB,
+        )
+    }
+
+    @classmethod
+    def tiny(cls, seed: int = 0) -> "Qwen2_5_VLAdapter":
+        return build_qwen_adapter(cls, vision=TINY_VISION, text=TINY_TEXT, pixels=TINY_PIXELS, seed=seed)
+
+    @property
+    def image_token_id(self) -> int:
+        return self.model.config.image_token_id
+
+    def _extra_suppressed_ids(self) -> list[int]:
+        cfg = self.model.config
+        return [cfg.video_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id]
+
+    @property
+    def merge_size(self) -> int:
+        return self.model.config.vision_config.spatial_merge_size
+
+    def _to_batch(self, features, images) -> PromptBatch:
+        n_images = [len(s) for s in images]
+        mm, mm_rows = {}, {}
+        if "pixel_values" in features:
+            patches = features["image_grid_thw"].prod(dim=1).tolist()
+            mm["pixel_values"] = features["pixel_values"]
+            mm["image_grid_thw"] = features["image_grid_thw"]
+            mm_rows["pixel_values"] = _sum_per_sample(patches, n_images)
+            mm_rows["image_grid_thw"] = n_images
+        token_keys = ()
+        if "mm_token_type_ids" in features:
+            # M-RoPE positions are built from these; without them the model falls back to 1-D positions.
+            mm["mm_token_type_ids"] = features["mm_token_type_ids"]
+            mm_rows["mm_token_type_ids"] = [1] * len(images)
+            token_keys = ("mm_token_type_ids",)
+        input_ids = features["input_ids"]
+        return PromptBatch(
+            input_ids=input_ids,
+            attention_mask=features["attention_mask"],
+            mm=mm,
+            mm_rows=mm_rows,
+            image_spans=self.image_token_spans(input_ids, n_images),
+            token_keys=token_keys,
+        )
+
+    def feature_counts(self, batch: PromptBatch) -> list[int]:
+        if "image_grid_thw" not in batch.mm:
+            return [0] * len(batch)
+        per_image = (batch.mm["image_grid_thw"].prod(dim=1) // self.merge_size**2).tolist()
+        return _sum_per_sample(per_image, batch.mm_rows["image_grid_thw"])
+
+    def image_grid(self, batch: PromptBatch, sample: int, image: int) -> tuple[int, int]:
+        """(rows, cols) of the merged-patch grid the image's tokens are laid out on."""
+        offset = sum(batch.mm_rows["image_grid_thw"][:sample]) + image
+        _, h, w = batch.mm["image_grid_thw"][offset].tolist()
+        return h // self.merge_size, w // self.merge_size
+
+
+def _sum_per_sample(per_item: list[int], items_per_sample: list[int]) -> list[int]:
+    out, pos = [], 0
+    for n in items_per_sample:
+        out.append(int(sum(per_item[pos : pos + n])))
+        pos += n
+    return out
+
+
+register(Qwen2_5_VLAdapter)
