@@ -1,0 +1,1 @@
+"""Version- and model-specific workarounds, each with the probe that proves it is needed."""

@@ -1,5 +1,32 @@
-"""Placeholder replaced shortly by the real policy (being written now)."""
+"""Cache policy `auto | cache | no-cache`: may generation use the KV cache for this model?"""
+
+from __future__ import annotations
+
+import logging
+
+import transformers
+
+from vlm_grpo.compat.cache_probe import CacheProbeReport, probe_cache
+from vlm_grpo.compat.known_quirks import known_cache_quirk
+
+POLICIES = ("auto", "cache", "no-cache")
+log = logging.getLogger(__name__)
 
 
-def resolve_use_cache(adapter, policy: str) -> bool:
-    return policy != "no-cache"
+def resolve_use_cache(adapter, policy: str = "auto", report: CacheProbeReport | None = None) -> bool:
+    """`cache`/`no-cache` force the choice; `auto` trusts the cache only where it was shown safe.
+
+    `report`: an already-run probe for this model, to avoid probing twice.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"unknown cache policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    if policy != "auto":
+        return policy == "cache"
+    quirk = known_cache_quirk(adapter.family, transformers.__version__)
+    if quirk is not None:
+        log.warning("%s: KV cache off (known quirk, transformers %s): %s", adapter.family, quirk.transformers, quirk.reason)
+        return False
+    report = report or probe_cache(adapter)
+    if not report.cache_ok:
+        log.warning("%s: KV cache off, the cache probe failed:\n%s", adapter.family, report.table())
+    return report.cache_ok

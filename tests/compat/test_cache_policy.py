@@ -1,0 +1,87 @@
+"""The cache probe and the `auto` policy: pass today, catch a simulated quirk, honour the table."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vlm_grpo.cli import main
+from vlm_grpo.compat import cache_policy
+from vlm_grpo.compat.cache_policy import resolve_use_cache
+from vlm_grpo.compat.cache_probe import CacheProbeReport, probe_cache
+from vlm_grpo.compat.known_quirks import known_cache_quirk
+from vlm_grpo.compat.simulated_quirk import image_features_dropped_after_prefill
+from vlm_grpo.grpo.logprobs import completion_logprobs, token_logprobs
+from tests.adapters.samples import picture, user_turn
+
+
+def test_every_family_passes_the_probe_today(adapter):
+    report = probe_cache(adapter, steps=3)
+    assert report.cache_ok and report.path_ok(False), report.table()
+    assert not report.blind, report.table()
+
+
+def test_simulated_quirk_is_caught_and_auto_switches_off_the_cache(adapter):
+    fresh = type(adapter)(adapter.model, adapter.processor, cache_policy="auto")
+    with image_features_dropped_after_prefill(fresh):
+        report = probe_cache(fresh, steps=3)
+        assert not report.cache_ok, report.table()
+        assert report.path_ok(False), report.table()
+        assert fresh.uses_cache() is False
+
+        batch = fresh.encode_prompts([user_turn(1, "Count the squares.")], [[picture(56, 56, 5)]])
+        out = fresh.generate(batch, max_new_tokens=4, min_new_tokens=4, output_logits=True)
+        completion = out.sequences[:, batch.input_ids.shape[1] :]
+        with torch.no_grad():
+            forward = completion_logprobs(fresh, batch, completion, torch.ones_like(completion))
+        generated = token_logprobs(torch.stack(out.logits, dim=1), completion)
+        assert (forward - generated).abs().max().item() <= 1e-4
+
+        # the same quirk with the cache forced on really does corrupt generation
+        forced = fresh.generate(batch, max_new_tokens=4, min_new_tokens=4, output_logits=True, use_cache=True)
+        forced_lp = token_logprobs(torch.stack(forced.logits, dim=1), forced.sequences[:, batch.input_ids.shape[1] :])
+        with torch.no_grad():
+            truth = completion_logprobs(fresh, batch, forced.sequences[:, batch.input_ids.shape[1] :], torch.ones_like(completion))
+        assert (truth - forced_lp).abs().max().item() > 1e-3
+    # the patch is gone once the context exits
+    assert "forward" not in vars(adapter.model)
+
+
+def test_known_quirk_table_skips_the_probe(monkeypatch):
+    assert known_cache_quirk("smolvlm", "4.49.0") is not None
+    assert known_cache_quirk("idefics3", "4.46.1") is not None
+    assert known_cache_quirk("qwen2_5_vl", "4.49.0") is None
+    assert known_cache_quirk("smolvlm", "5.23.0") is None
+
+    class Stub:
+        family = "smolvlm"
+
+    monkeypatch.setattr(cache_policy.transformers, "__version__", "4.49.0")
+    monkeypatch.setattr(cache_policy, "probe_cache", lambda _a: pytest.fail("auto must not probe a known quirk"))
+    assert resolve_use_cache(Stub(), "auto") is False
+    assert resolve_use_cache(Stub(), "cache") is True
+    assert resolve_use_cache(Stub(), "no-cache") is False
+    with pytest.raises(ValueError, match="auto, cache, no-cache"):
+        resolve_use_cache(Stub(), "sometimes")
+
+
+def test_report_verdicts():
+    common = dict(family="x", transformers_version="5", steps=3, tolerance=1e-3)
+    blind = CacheProbeReport(cached_diff=0.0, uncached_diff=0.0, control_diff=1e-4, **common)
+    assert blind.blind and not blind.cache_ok and "BLIND" in blind.table()
+    broken = CacheProbeReport(cached_diff=0.5, uncached_diff=1e-7, control_diff=0.3, **common)
+    assert not broken.cache_ok and broken.path_ok(False) and "DISAGREES" in broken.table()
+    with pytest.raises(ValueError, match="at least 2"):
+        probe_cache(object(), steps=1)
+
+
+def test_check_cache_command(family, capsys):
+    assert main(["check-cache", "--model", f"tiny:{family}", "--steps", "3"]) == 0
+    assert "generate, KV cache" in capsys.readouterr().out
+
+
+def test_check_cache_command_fails_when_the_used_path_disagrees(capsys):
+    args = ["check-cache", "--model", "tiny:qwen2_5_vl", "--steps", "3", "--simulate-quirk"]
+    assert main(args + ["--cache-policy", "cache"]) == 1
+    assert main(args + ["--cache-policy", "auto"]) == 0  # auto falls back to no-cache, which agrees
+    assert "generation uses no cache" in capsys.readouterr().out

@@ -1,0 +1,277 @@
+"""Idefics3 (and, via smolvlm.py, SmolVLM): images split into tiles, padded per sample.
+
+Layout of one image in the prompt (the processor expands the single `<image>` placeholder):
+    split image:  per tile, row-major: <fake_token_around_image><row_i_col_j><image>*S, a "\n" after each
+                  row, then "\n" + the global tile: <fake_token_around_image><global-img><image>*S
+                  <fake_token_around_image>
+    small image:  only the global tile.
+S = image_seq_len = (image_size/patch)^2 / scale_factor^2 tokens per tile, a side x side grid in
+row-major order (the connector's pixel shuffle keeps that order).
+Multimodal tensors: pixel_values [B, max_tiles, 3, H, W] and pixel_attention_mask [B, max_tiles, H, W];
+padding tiles are all-zero images, which the model drops before the vision tower.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable, NamedTuple
+
+import torch
+from transformers import (
+    Idefics3Config,
+    Idefics3ForConditionalGeneration,
+    Idefics3ImageProcessor,
+    Idefics3Processor,
+)
+
+from vlm_grpo.adapters.base import ImageTokenMismatch, VLMAdapter, _runs
+from vlm_grpo.adapters.batch import PromptBatch
+from vlm_grpo.adapters.registry import register
+from vlm_grpo.adapters.seeding import seeded
+from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
+
+FAKE_TOKEN = "<fake_token_around_image>"
+IMAGE_TOKEN = "<image>"
+GLOBAL_TOKEN = "<global-img>"
+END_OF_UTTERANCE = "<end_of_utterance>"
+ROW_COL_TOKENS = [f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)]
+IMAGE_LAYOUT_TOKENS = [FAKE_TOKEN, IMAGE_TOKEN, GLOBAL_TOKEN, END_OF_UTTERANCE, *ROW_COL_TOKENS]
+
+
+def chat_template(prefix: str) -> str:
+    """The Idefics3/SmolVLM format: `<prefix>User:<image>text<end_of_utterance>\\nAssistant:`.
+
+    `prefix` opens the whole conversation once (SmolVLM: <|im_start|>, Idefics3-8B: <|begin_of_text|>).
+    A role is followed by ':' when its first part is an image and ': ' otherwise.
+    """
+    return (
+        "{{- '" + prefix + "' -}}"
+        "{%- for message in messages -%}"
+        "{{- message['role'] | capitalize -}}"
+        "{%- if message['content'] is string -%}{{- ': ' + message['content'] -}}"
+        "{%- else -%}"
+        "{%- if message['content'][0]['type'] == 'image' -%}{{- ':' -}}{%- else -%}{{- ': ' -}}{%- endif -%}"
+        "{%- for part in message['content'] -%}"
+        "{%- if part['type'] == 'image' -%}{{- '<image>' -}}"
+        "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+        "{%- endfor -%}{%- endif -%}"
+        "{{- '<end_of_utterance>\\n' -}}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- 'Assistant:' -}}{%- endif -%}"
+    )
+
+
+class TileGrid(NamedTuple):
+    """Where an image's tokens sit. `rows` x `cols` split tiles in row-major order (0 x 0 when the image
+    fit in one tile and was not split), always followed by one global tile of the whole image. Each tile
+    is `side` x `side` tokens (side = sqrt(image_seq_len)), row-major."""
+
+    rows: int
+    cols: int
+    side: int
+
+    @property
+    def tiles(self) -> int:
+        return self.rows * self.cols + 1
+
+
+class TiledSpec(NamedTuple):
+    """What differs between Idefics3 and SmolVLM when building a twin or preset."""
+
+    config_cls: type
+    processor_cls: type
+    image_processor_cls: type
+    special_tokens: list[str]
+    prefix: str
+    pad_token: str
+    video_processor: Callable[[], Any] | None = None
+
+
+TINY_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8)
+TINY_TEXT = dict(
+    model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5,
+)
+TINY_IMAGE = dict(scale_factor=2, longest_edge=64, max_image_size=32)
+
+
+def image_seq_len(vision: dict, scale_factor: int) -> int:
+    return (vision["image_size"] // vision["patch_size"]) ** 2 // scale_factor**2
+
+
+def build_tiled_adapter(
+    adapter_cls, spec: TiledSpec, *, vision: dict, text: dict, image: dict, seed: int,
+    dtype: torch.dtype = torch.float32, vocab_size: int | None = None, tie_word_embeddings: bool = False,
+):
+    tokenizer = build_tokenizer(
+        spec.special_tokens, chat_template=chat_template(spec.prefix), eos_token=END_OF_UTTERANCE,
+        pad_token=spec.pad_token,
+    )
+    seq_len = image_seq_len(vision, image["scale_factor"])
+    image_processor = spec.image_processor_cls(
+        size={"longest_edge": image["longest_edge"]},
+        max_image_size={"longest_edge": image["max_image_size"]},
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+    extra = {"video_processor": spec.video_processor()} if spec.video_processor else {}
+    processor = spec.processor_cls(
+        image_processor=image_processor, tokenizer=tokenizer, image_seq_len=seq_len,
+        chat_template=tokenizer.chat_template, **extra,
+    )
+    ids = {
+        "bos_token_id": tokenizer.convert_tokens_to_ids(spec.prefix),
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    config = spec.config_cls(
+        text_config={"vocab_size": vocab_size or len(tokenizer), "tie_word_embeddings": tie_word_embeddings, **ids, **text},
+        vision_config=vision,
+        scale_factor=image["scale_factor"],
+        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        tie_word_embeddings=tie_word_embeddings,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with seeded(seed):
+        model = adapter_cls.model_class(config).to(dtype)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return adapter_cls(model.eval(), processor, source=f"tiny:{adapter_cls.family}")
+
+
+class TiledImageAdapter(VLMAdapter):
+    """Shared by Idefics3 and SmolVLM: same model layout, same prompt expansion."""
+
+    spec: TiledSpec
+    module_patterns = {
+        "vision": (r"model\.vision_model\.",),
+        "projector": (r"model\.connector\.",),
+        "language": (r"model\.text_model\.",),
+        "head": (r"lm_head\.",),
+    }
+
+    @property
+    def image_token_id(self) -> int:
+        return self.model.config.image_token_id
+
+    def _token_id(self, token: str) -> int:
+        return self.tokenizer.convert_tokens_to_ids(token)
+
+    def _extra_suppressed_ids(self) -> list[int]:
+        return [self._token_id(t) for t in (FAKE_TOKEN, GLOBAL_TOKEN, *ROW_COL_TOKENS)]
+
+    @property
+    def image_seq_len(self) -> int:
+        cfg = self.model.config
+        return (cfg.vision_config.image_size // cfg.vision_config.patch_size) ** 2 // cfg.scale_factor**2
+
+    # ---------------------------------------------------------------- encoding
+    def _run_processor(self, texts, images):
+        # Nested per-sample lists: SmolVLM's processor needs them, Idefics3's accepts them.
+        if not any(images):
+            return self.processor(text=texts, padding=True, return_tensors="pt")
+        return self.processor(text=texts, images=images, padding=True, return_tensors="pt")
+
+    def _to_batch(self, features, images) -> PromptBatch:
+        mm, mm_rows = {}, {}
+        if "pixel_values" in features:
+            # Each sample owns its own row of padded tiles, so grouping copies whole rows.
+            mm["pixel_values"] = features["pixel_values"]
+            mm["pixel_attention_mask"] = features["pixel_attention_mask"].bool()
+            mm_rows = {"pixel_values": [1] * len(images), "pixel_attention_mask": [1] * len(images)}
+        input_ids = features["input_ids"]
+        return PromptBatch(
+            input_ids=input_ids,
+            attention_mask=features["attention_mask"],
+            mm=mm,
+            mm_rows=mm_rows,
+            image_spans=self.image_token_spans(input_ids, [len(s) for s in images]),
+        )
+
+    def real_tiles(self, batch: PromptBatch) -> list[int]:
+        """Tiles the model will encode per sample. It drops tiles whose pixels are all exactly zero
+        (the processor's padding), so that, not the pixel mask, decides what counts."""
+        if "pixel_values" not in batch.mm:
+            return [0] * len(batch)
+        pixels = batch.mm["pixel_values"]
+        real = pixels.flatten(2).ne(0).any(dim=2)  # [B, max_tiles]
+        return real.sum(dim=1).tolist()
+
+    def feature_counts(self, batch: PromptBatch) -> list[int]:
+        return [n * self.image_seq_len for n in self.real_tiles(batch)]
+
+    def image_token_spans(self, input_ids, images_per_sample):
+        """One [start, end) per image, from its first tile's `<image>` run to the end of its global tile.
+
+        Tile runs are separated by delimiter tokens; an image ends with the run right after `<global-img>`.
+        """
+        global_id = self._token_id(GLOBAL_TOKEN)
+        spans = []
+        for i, (row, n_images) in enumerate(zip(input_ids.tolist(), images_per_sample)):
+            sample, first = [], None
+            for run_start, run_end in _runs(row, self.image_token_id):
+                first = run_start if first is None else first
+                if run_start > 0 and row[run_start - 1] == global_id:
+                    sample.append((first, run_end))
+                    first = None
+            if len(sample) != n_images:
+                raise ImageTokenMismatch(
+                    f"sample {i}: the prompt holds {len(sample)} complete image layouts but {n_images} images ({self.family})"
+                )
+            spans.append(sample)
+        return spans
+
+    # ---------------------------------------------------------------- forward
+    def without_empty_tiles(self, batch: PromptBatch) -> PromptBatch:
+        """`batch` minus its tile tensors when no sample owns a real tile (e.g. text-only samples picked
+        out of a mixed batch): with only padding tiles left, the model crashes instead of skipping them."""
+        if "pixel_values" in batch.mm and not any(self.real_tiles(batch)):
+            return replace(batch, mm={}, mm_rows={})
+        return batch
+
+    def generate(self, batch, **kwargs):
+        return super().generate(self.without_empty_tiles(batch), **kwargs)
+
+    def completion_inputs(self, batch, completion_ids, completion_mask):
+        inputs = super().completion_inputs(self.without_empty_tiles(batch), completion_ids, completion_mask)
+        # The positions generate() used (counted from each row's first real token). RoPE makes a
+        # per-row shift harmless in exact arithmetic; passing them keeps the rounding identical too.
+        mask = inputs["attention_mask"].long()
+        inputs["position_ids"] = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        return inputs
+
+    # ---------------------------------------------------------------- attention-map layout
+    def image_grid(self, batch: PromptBatch, sample: int, image: int) -> TileGrid:
+        """The tile layout of one image, read from the row/col tokens inside its span (see TileGrid)."""
+        start, end = batch.image_spans[sample][image]
+        tokens = set(batch.input_ids[sample, start:end].tolist())
+        rows = cols = 0
+        for i in range(1, 7):
+            for j in range(1, 7):
+                if self._token_id(f"<row_{i}_col_{j}>") in tokens:
+                    rows, cols = max(rows, i), max(cols, j)
+        return TileGrid(rows, cols, int(round(self.image_seq_len**0.5)))
+
+
+IDEFICS3_SPEC = TiledSpec(
+    config_cls=Idefics3Config,
+    processor_cls=Idefics3Processor,
+    image_processor_cls=Idefics3ImageProcessor,
+    special_tokens=["<|begin_of_text|>", "<|end_of_text|>", *IMAGE_LAYOUT_TOKENS],
+    prefix="<|begin_of_text|>",
+    pad_token="<|end_of_text|>",
+)
+
+
+class Idefics3Adapter(TiledImageAdapter):
+    family = "idefics3"
+    model_types = ("idefics3",)
+    model_class = Idefics3ForConditionalGeneration
+    spec = IDEFICS3_SPEC
+
+    @classmethod
+    def tiny(cls, seed: int = 0) -> "Idefics3Adapter":
+        return build_tiled_adapter(cls, cls.spec, vision=TINY_VISION, text=TINY_TEXT, image=TINY_IMAGE, seed=seed)
+
+
+register(Idefics3Adapter)
