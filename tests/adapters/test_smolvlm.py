@@ -144,11 +144,13 @@ def test_cache_and_teacher_forced_logprobs_agree(adapter, batch):
     assert (cached_lp - uncached_lp).abs().max() < 1e-4
     forced = teacher_forced(adapter, grouped, cached)
     assert (forced - cached_lp).abs().max() < 1e-4
-    # Control: the comparison is not blind to images (swap sample 0's tiles for sample 2's).
-    swapped = PromptBatch(grouped.input_ids, grouped.attention_mask, dict(grouped.mm), grouped.mm_rows, grouped.image_spans)
+    # Control: the comparison is not blind to images (new pixels in sample 0's real tiles).
     pixels = grouped.mm["pixel_values"].clone()
     pixels[0] = torch.randn_like(pixels[0]) * grouped.mm["pixel_attention_mask"][0, :, None]
-    swapped.mm["pixel_values"] = pixels
+    swapped = PromptBatch(
+        grouped.input_ids, grouped.attention_mask, {**grouped.mm, "pixel_values": pixels}, grouped.mm_rows,
+        grouped.image_spans,
+    )
     assert (teacher_forced(adapter, swapped, cached)[0] - forced[0]).abs().max() > 1e-4
 
 

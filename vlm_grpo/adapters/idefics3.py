@@ -87,7 +87,9 @@ class TiledSpec(NamedTuple):
     video_processor: Callable[[], Any] | None = None
 
 
-TINY_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8)
+TINY_VISION = dict(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8,
+)
 TINY_TEXT = dict(
     model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5,
@@ -101,7 +103,7 @@ def image_seq_len(vision: dict, scale_factor: int) -> int:
 
 def build_tiled_adapter(
     adapter_cls, spec: TiledSpec, *, vision: dict, text: dict, image: dict, seed: int,
-    dtype: torch.dtype = torch.float32, vocab_size: int | None = None, tie_word_embeddings: bool = False,
+    dtype: torch.dtype = torch.float32, vocab_size: int | None = None,
 ):
     tokenizer = build_tokenizer(
         spec.special_tokens, chat_template=chat_template(spec.prefix), eos_token=END_OF_UTTERANCE,
@@ -125,11 +127,11 @@ def build_tiled_adapter(
         "pad_token_id": tokenizer.pad_token_id,
     }
     config = spec.config_cls(
-        text_config={"vocab_size": vocab_size or len(tokenizer), "tie_word_embeddings": tie_word_embeddings, **ids, **text},
+        text_config={"vocab_size": vocab_size or len(tokenizer), **ids, **text},
         vision_config=vision,
         scale_factor=image["scale_factor"],
         image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
-        tie_word_embeddings=tie_word_embeddings,
+        tie_word_embeddings=False,  # untied in the public checkpoints (SmolVLM-256M counts 256.5M with lm_head)
         pad_token_id=tokenizer.pad_token_id,
     )
     with seeded(seed):
@@ -216,7 +218,8 @@ class TiledImageAdapter(VLMAdapter):
                     first = None
             if len(sample) != n_images:
                 raise ImageTokenMismatch(
-                    f"sample {i}: the prompt holds {len(sample)} complete image layouts but {n_images} images ({self.family})"
+                    f"sample {i}: the prompt holds {len(sample)} complete image layouts "
+                    f"but {n_images} images ({self.family})"
                 )
             spans.append(sample)
         return spans

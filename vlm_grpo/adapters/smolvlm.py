@@ -35,7 +35,8 @@ SMOLVLM_SPEC = TiledSpec(
 
 # Public architecture of HuggingFaceTB/SmolVLM-256M-Instruct (SigLIP-base/16 at 512 px + SmolLM2-135M).
 VISION_256M = dict(
-    hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, image_size=512, patch_size=16,
+    hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+    image_size=512, patch_size=16,
 )
 TEXT_256M = dict(
     model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,

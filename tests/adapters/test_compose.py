@@ -1,0 +1,152 @@
+"""compose(): tiny donors on disk -> a hybrid checkpoint that loads, keeps the donors' weights and sees."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+import pytest
+import torch
+from PIL import Image
+from transformers import (
+    AutoModelForCausalLM,
+    CLIPImageProcessor,
+    CLIPVisionConfig,
+    CLIPVisionModel,
+    Qwen2_5_VLForConditionalGeneration,
+    SiglipVisionConfig,
+    SiglipVisionModel,
+)
+
+from vlm_grpo.adapters.compose import UnsupportedPairing, compose
+from vlm_grpo.adapters.hybrid import TINY_SIGLIP, HybridAdapter, LlavaHybridAdapter, tiny_qwen2_lm
+from vlm_grpo.adapters.qwen2_5_vl import Qwen2_5_VLAdapter
+from vlm_grpo.adapters.registry import load_adapter
+from vlm_grpo.adapters.seeding import seeded
+from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
+
+torch.set_num_threads(1)
+
+PROMPT = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many red circles?"}]}]
+
+
+@pytest.fixture(scope="module")
+def donors(tmp_path_factory):
+    root = tmp_path_factory.mktemp("donors")
+    Qwen2_5_VLAdapter.tiny(seed=3).save(root / "qwen_vl")
+    lm, tokenizer = tiny_qwen2_lm(seed=4, tie=True)  # tied, like Qwen2.5-0.5B
+    lm.save_pretrained(root / "lm")
+    tokenizer.save_pretrained(root / "lm")
+    # An LM whose tokenizer lacks Qwen's vision tokens: compose must add them.
+    bare = build_tokenizer(
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], chat_template="{{ messages }}",
+        eos_token="<|im_end|>", pad_token="<|endoftext|>",
+    )
+    lm_bare, _ = tiny_qwen2_lm(seed=5, tie=False)
+    lm_bare.resize_token_embeddings(len(bare))
+    lm_bare.save_pretrained(root / "lm_bare")
+    bare.save_pretrained(root / "lm_bare")
+    with seeded(6):
+        SiglipVisionModel(SiglipVisionConfig(**TINY_SIGLIP)).save_pretrained(root / "siglip")  # no image processor
+        clip = CLIPVisionModel(CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                num_attention_heads=2, image_size=56, patch_size=14))
+    clip.save_pretrained(root / "clip")
+    CLIPImageProcessor(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56}).save_pretrained(root / "clip")
+    return root
+
+
+def _text_logit_diff(adapter, lm_dir) -> float:
+    lm = AutoModelForCausalLM.from_pretrained(lm_dir).eval()
+    ids = adapter.tokenizer("There are 3 red circles. The answer is", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        ours = adapter.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        ref = lm(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    return (ours[..., : ref.shape[-1]] - ref).abs().max().item()
+
+
+def _generates(adapter) -> None:
+    batch = adapter.encode_prompts([PROMPT], [[Image.new("RGB", (70, 50), "red")]])
+    assert batch.images_per_sample == [1]
+    out = adapter.generate(batch, max_new_tokens=3, min_new_tokens=3)
+    assert out.sequences.shape[1] == batch.input_ids.shape[1] + 3
+
+
+@pytest.mark.parametrize("lm_name", ["lm", "lm_bare"])
+def test_qwen_pairing(donors, tmp_path, lm_name):
+    out = compose(str(donors / "qwen_vl"), str(donors / lm_name), str(tmp_path / "hybrid"), seed=0)
+    adapter = HybridAdapter.load(str(out))
+    assert type(adapter) is HybridAdapter
+    assert _text_logit_diff(adapter, donors / lm_name) <= 1e-5
+    for token in ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"):
+        assert len(adapter.tokenizer.encode(token, add_special_tokens=False)) == 1
+
+    donor = Qwen2_5_VLForConditionalGeneration.from_pretrained(donors / "qwen_vl").model.visual.state_dict()
+    ours = adapter.model.model.visual.state_dict()
+    for name, weight in donor.items():
+        if not name.startswith("merger.mlp.2."):
+            assert torch.equal(ours[name], weight), name
+    assert ours["merger.mlp.2.weight"].shape == (48, donor["merger.mlp.2.weight"].shape[1])
+    _generates(adapter)
+    assert type(load_adapter(f"hybrid:{out}")) is HybridAdapter
+
+
+@pytest.mark.parametrize("vision_name", ["siglip", "clip"])
+def test_llava_pairing(donors, tmp_path, vision_name):
+    out = compose(str(donors / vision_name), str(donors / "lm"), str(tmp_path / "hybrid"), seed=0)
+    adapter = HybridAdapter.load(str(out))
+    assert type(adapter) is LlavaHybridAdapter
+    assert type(load_adapter(str(out))) is LlavaHybridAdapter  # bare path: model_type llava
+    assert _text_logit_diff(adapter, donors / "lm") <= 1e-5
+
+    cls = SiglipVisionModel if vision_name == "siglip" else CLIPVisionModel
+    donor = cls.from_pretrained(donors / vision_name).state_dict()
+    ours = adapter.model.model.vision_tower.state_dict()
+    assert set(ours) == {k for k in donor if not k.startswith("head.")}
+    assert all(torch.equal(ours[k], donor[k]) for k in ours)
+    assert adapter.model.model.multi_modal_projector.linear_2.out_features == 48
+    _generates(adapter)
+
+
+def test_llava_siglip_trains_every_vision_parameter(donors, tmp_path):
+    out = compose(str(donors / "siglip"), str(donors / "lm"), str(tmp_path / "hybrid"))
+    adapter = LlavaHybridAdapter.load(str(out))
+    batch = adapter.encode_prompts([PROMPT], [[Image.new("RGB", (40, 40), "blue")]])
+    adapter.model(**batch.model_inputs()).logits.float().square().mean().backward()
+    idle = [n for n, p in adapter.model.named_parameters() if p.grad is None or not p.grad.any()]
+    assert idle == []
+
+
+def test_tampered_prompt_is_caught():
+    adapter = LlavaHybridAdapter.tiny()
+    batch = adapter.encode_prompts([PROMPT], [[Image.new("RGB", (40, 40), "blue")]])
+    batch.input_ids[0, batch.image_spans[0][0][0]] = adapter.tokenizer.pad_token_id
+    with pytest.raises(ValueError, match="sample 0"):
+        adapter.check_alignment(batch)
+
+
+def test_unsupported_pairing_names_the_supported_ones(donors, tmp_path):
+    with pytest.raises(UnsupportedPairing, match="Supported"):
+        compose(str(donors / "lm"), str(donors / "lm"), str(tmp_path / "x"))
+    with pytest.raises(UnsupportedPairing, match="qwen2"):
+        compose(str(donors / "qwen_vl"), str(donors / "qwen_vl"), str(tmp_path / "x"))
+
+
+@pytest.mark.parametrize("cls", [HybridAdapter, LlavaHybridAdapter])
+def test_tiny_is_deterministic(cls):
+    a, b, c = cls.tiny(seed=0).model.state_dict(), cls.tiny(seed=0).model.state_dict(), cls.tiny(seed=1).model.state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_preset_builds_on_meta():
+    with torch.device("meta"):
+        adapter = HybridAdapter.preset("hybrid_3b_vit_0_5b")
+    groups = adapter.module_groups()
+    params = dict(adapter.model.named_parameters())
+    count = {g: sum(params[n].numel() for n in names) for g, names in groups.items()}
+    assert 490e6 < count["language"] < 500e6  # Qwen2.5-0.5B, tied head
+    assert adapter.model.model.visual.merger.mlp[2].out_features == 896
+    assert adapter.model.dtype == torch.bfloat16
