@@ -163,11 +163,15 @@ class VLMAdapter(ABC):
         return runs
 
     # ---------------------------------------------------------------- forward
+    def model_inputs(self, batch: PromptBatch) -> dict[str, torch.Tensor]:
+        """Model kwargs for a prompt batch; the one place a family can adjust them (generate and forward)."""
+        return batch.model_inputs()
+
     def completion_inputs(
         self, batch: PromptBatch, completion_ids: torch.Tensor, completion_mask: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         """Model kwargs for one teacher-forced forward over prompt + completion."""
-        inputs = batch.model_inputs()
+        inputs = self.model_inputs(batch)
         inputs["input_ids"] = torch.cat([batch.input_ids, completion_ids], dim=1)
         inputs["attention_mask"] = torch.cat([batch.attention_mask, completion_mask.to(batch.attention_mask.dtype)], dim=1)
         for key in batch.token_keys:
@@ -208,7 +212,7 @@ class VLMAdapter(ABC):
         else:
             kwargs.update(temperature=None, top_p=None, top_k=None)
         with torch.no_grad():
-            out = self.model.generate(**batch.model_inputs(), **kwargs)
+            out = self.model.generate(**self.model_inputs(batch), **kwargs)
         return out
 
     def uses_cache(self) -> bool:

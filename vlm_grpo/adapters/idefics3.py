@@ -232,11 +232,11 @@ class TiledImageAdapter(VLMAdapter):
             return replace(batch, mm={}, mm_rows={})
         return batch
 
-    def generate(self, batch, **kwargs):
-        return super().generate(self.without_empty_tiles(batch), **kwargs)
+    def model_inputs(self, batch):
+        return self.without_empty_tiles(batch).model_inputs()
 
     def completion_inputs(self, batch, completion_ids, completion_mask):
-        inputs = super().completion_inputs(self.without_empty_tiles(batch), completion_ids, completion_mask)
+        inputs = super().completion_inputs(batch, completion_ids, completion_mask)
         # The positions generate() used (counted from each row's first real token). RoPE makes a
         # per-row shift harmless in exact arithmetic; passing them keeps the rounding identical too.
         mask = inputs["attention_mask"].long()
