@@ -39,6 +39,8 @@ def donors(tmp_path_factory):
     lm, tokenizer = tiny_qwen2_lm(seed=4, tie=True)  # tied, like Qwen2.5-0.5B
     lm.save_pretrained(root / "lm")
     tokenizer.save_pretrained(root / "lm")
+    lm.to(torch.bfloat16).save_pretrained(root / "lm_bf16")
+    tokenizer.save_pretrained(root / "lm_bf16")
     # An LM whose tokenizer lacks Qwen's vision tokens: compose must add them.
     bare = build_tokenizer(
         ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], chat_template="{{ messages }}",
@@ -107,6 +109,26 @@ def test_llava_pairing(donors, tmp_path, vision_name):
     assert all(torch.equal(ours[k], donor[k]) for k in ours)
     assert adapter.model.model.multi_modal_projector.linear_2.out_features == 48
     _generates(adapter)
+
+
+@pytest.mark.parametrize("vision_name", ["qwen_vl", "siglip"])
+def test_hybrid_takes_the_lm_dtype(donors, tmp_path, vision_name):
+    out = compose(str(donors / vision_name), str(donors / "lm_bf16"), str(tmp_path / "hybrid"))
+    adapter = HybridAdapter.load(str(out))
+    assert {p.dtype for p in adapter.model.parameters()} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("cls", [HybridAdapter, LlavaHybridAdapter])
+def test_tiny_save_reload(cls, tmp_path):
+    adapter = cls.tiny()
+    adapter.save(tmp_path)
+    again = HybridAdapter.load(str(tmp_path))
+    assert type(again) is cls
+    batch = adapter.encode_prompts([PROMPT], [[Image.new("RGB", (40, 60), "green")]])
+    with torch.no_grad():
+        before = adapter.model(**batch.model_inputs()).logits
+        after = again.model(**again.encode_prompts([PROMPT], [[Image.new("RGB", (40, 60), "green")]]).model_inputs()).logits
+    assert torch.equal(before, after)
 
 
 def test_llava_siglip_trains_every_vision_parameter(donors, tmp_path):

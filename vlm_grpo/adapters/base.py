@@ -224,6 +224,7 @@ class VLMAdapter(ABC):
 
     # ---------------------------------------------------------------- parameters
     def module_group_of(self, name: str) -> str:
+        name = strip_wrapper_prefix(name)  # a LoRA-wrapped model's names map to the same groups
         hits = [g for g, pats in self.module_patterns.items() if any(re.match(p, name) for p in pats)]
         if len(hits) != 1:
             raise ValueError(f"parameter {name!r} matches module groups {hits} of {self.family}; expected exactly one")
@@ -235,6 +236,14 @@ class VLMAdapter(ABC):
         for name, _ in self.model.named_parameters():
             groups[self.module_group_of(name)].append(name)
         return groups
+
+
+PEFT_PREFIX = "base_model.model."
+
+
+def strip_wrapper_prefix(name: str) -> str:
+    """A parameter/module name as the unwrapped model spells it (peft prefixes "base_model.model.")."""
+    return name[len(PEFT_PREFIX):] if name.startswith(PEFT_PREFIX) else name
 
 
 def _runs(row: list[int], token_id: int) -> list[tuple[int, int]]:

@@ -153,6 +153,7 @@ def assemble_qwen(vl_model, vl_processor, lm, lm_tokenizer, seed: int = 0) -> Co
         **qwen_token_ids(tokenizer),
     )
     dtype = lm.dtype
+    _record_dtype(config, dtype)
     with seeded(seed), _default_dtype(dtype):
         model = Qwen2_5_VLForConditionalGeneration(config)
 
@@ -245,6 +246,7 @@ def assemble_llava(vision, image_processor, lm, lm_tokenizer, seed: int = 0) -> 
         tie_word_embeddings=bool(lm_cfg.tie_word_embeddings),
     )
     dtype = lm.dtype
+    _record_dtype(config, dtype)
     with seeded(seed), _default_dtype(dtype):
         model = LlavaForConditionalGeneration(config)
     vision_sd = {k: v for k, v in vision.state_dict().items() if not k.startswith("head.")}
@@ -338,6 +340,14 @@ def _reinit_linear(linear: torch.nn.Linear, seed: int, std: float) -> None:
 
 def _cast(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
     return {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+
+
+def _record_dtype(config, dtype: torch.dtype) -> None:
+    # Donor configs loaded from disk carry their own dtype, which construction would follow; and
+    # from_pretrained(dtype="auto") reads the saved config's dtype, not the tensors'.
+    for cfg in (config, getattr(config, "text_config", None), getattr(config, "vision_config", None)):
+        if cfg is not None:
+            cfg.dtype = dtype
 
 
 @contextlib.contextmanager
