@@ -89,6 +89,23 @@ def cmd_compose(args) -> int:
     return 0
 
 
+def cmd_train(args, extra: list[str]) -> int:
+    from vlm_grpo.grpo.config import load_config
+    from vlm_grpo.grpo.trainer import GRPOTrainer
+    from vlm_grpo.recipes import get_recipe
+
+    cfg = load_config(args.config, extra)
+    defaults = get_recipe(cfg.data.recipe).defaults
+    if defaults:  # recipe defaults sit under the file and the command line
+        cfg = load_config(args.config, extra, base=defaults)
+    trainer = GRPOTrainer(cfg)
+    history = trainer.train()
+    if history and trainer.is_main:
+        last = history[-1]
+        print(f"done: {len(history)} steps, last reward {last['reward']:.3f}; run directory {cfg.logging.output_dir}")
+    return 0
+
+
 def cmd_families(args) -> int:
     from vlm_grpo.adapters.families_table import families_table
 
@@ -138,6 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the re-initialised projector")
     p.set_defaults(func=cmd_compose)
 
+    p = sub.add_parser(
+        "train",
+        help="GRPO training",
+        description="GRPO training. Any setting can be given as --key value (e.g. --model tiny:smolvlm "
+        "--recipe shapes --max-steps 3 --output-dir runs/x --loss.beta 0.04 --vision-lr 1e-6 --resume).",
+    )
+    p.add_argument("--config", default=None, help="YAML file of settings (command-line values win)")
+    p.set_defaults(func=cmd_train, takes_extra=True)
+
     p = sub.add_parser("families", help="supported families, model types, module groups and presets")
     p.set_defaults(func=cmd_families)
 
@@ -150,9 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "takes_extra", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return args.func(args)
+        return args.func(args, extra) if getattr(args, "takes_extra", False) else args.func(args)
     except (ValueError, RuntimeError, FileNotFoundError) as err:
         print(f"vlm-grpo {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -1,0 +1,17 @@
+"""Recipes: dataset builder + prompt + named rewards + defaults, one module per task."""
+
+from __future__ import annotations
+
+from vlm_grpo.recipes.base import Recipe, Reward, Sample
+from vlm_grpo.recipes import shapes
+
+RECIPES: dict[str, Recipe] = {r.name: r for r in (shapes.RECIPE,)}
+
+
+def get_recipe(name: str) -> Recipe:
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; available recipes: {', '.join(sorted(RECIPES))}")
+    return RECIPES[name]
+
+
+__all__ = ["RECIPES", "Recipe", "Reward", "Sample", "get_recipe"]

@@ -1,0 +1,130 @@
+"""Checkpoints written atomically (temp dir + rename), so a kill never leaves a half one to resume from.
+
+A checkpoint holds the weights (or LoRA adapter) as safetensors, the processor, optimizer,
+scheduler and RNG states, the step and the config. Only directories named `checkpoint-N` that
+contain `trainer_state.json` count; the rename is the commit point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STATE_FILE = "trainer_state.json"
+
+
+def _is_peft(model) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def save_model(adapter, out_dir: Path) -> None:
+    adapter.model.save_pretrained(out_dir, safe_serialization=True)
+    adapter.processor.save_pretrained(out_dir)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(run_dir: Path, step: int, adapter, optimizer, scheduler, state: dict[str, Any], keep: int = 2) -> Path:
+    final = run_dir / f"checkpoint-{step}"
+    tmp = run_dir / f".tmp-checkpoint-{step}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_model(adapter, tmp)
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    torch.save(rng_state(), tmp / "rng_state.pt")
+    (tmp / STATE_FILE).write_text(json.dumps({"step": step, **state}, indent=2, default=str))
+    _fsync_dir(tmp)
+    if final.exists():  # re-saving a step (e.g. the end of a resumed run): replace it whole
+        old = run_dir / f".old-checkpoint-{step}-{os.getpid()}"
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    _fsync_dir(run_dir)
+    _rotate(run_dir, keep)
+    return final
+
+
+def _fsync_dir(path: Path) -> None:
+    for file in path.iterdir():
+        if file.is_file():
+            with open(file, "rb") as fh:
+                os.fsync(fh.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    found = []
+    for path in Path(run_dir).glob("checkpoint-*"):
+        suffix = path.name.split("-", 1)[1]
+        if suffix.isdigit() and (path / STATE_FILE).is_file():
+            found.append((int(suffix), path))
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = complete_checkpoints(run_dir)
+    return found[-1][1] if found else None
+
+
+def _rotate(run_dir: Path, keep: int) -> None:
+    if keep <= 0:
+        return
+    for _, path in complete_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def load_weights(model, checkpoint: Path) -> None:
+    """Weights of `checkpoint` into `model` in place (full model or LoRA adapter)."""
+    from safetensors.torch import load_file
+
+    if _is_peft(model):
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, load_file(checkpoint / "adapter_model.safetensors"))
+        return
+    from transformers.modeling_utils import load_sharded_checkpoint
+
+    index = checkpoint / "model.safetensors.index.json"
+    if index.exists():
+        load_sharded_checkpoint(model, checkpoint, strict=True)
+    else:
+        weights = load_file(checkpoint / "model.safetensors")
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        # Tied weights (lm_head = embeddings) are saved once; a missing key sharing storage with a loaded one is fine.
+        params = model.state_dict(keep_vars=True)
+        loaded_ptrs = {params[k].data_ptr() for k in weights if k in params}
+        missing = [k for k in missing if params[k].data_ptr() not in loaded_ptrs]
+        if missing or unexpected:
+            raise RuntimeError(f"checkpoint {checkpoint} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def load_training_state(checkpoint: Path, optimizer, scheduler) -> dict[str, Any]:
+    optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=False))
+    scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", weights_only=False))
+    set_rng_state(torch.load(checkpoint / "rng_state.pt", weights_only=False))
+    return json.loads((checkpoint / STATE_FILE).read_text())

@@ -1,0 +1,30 @@
+"""Which samples a step uses: a pure function of (seed, step, process), so a resumed run sees the same data."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+
+@lru_cache(maxsize=8)
+def _permutation(size: int, seed: int, epoch: int) -> tuple[int, ...]:
+    generator = torch.Generator().manual_seed(seed * 7919 + epoch)
+    return tuple(torch.randperm(size, generator=generator).tolist())
+
+
+def batch_indices(size: int, batch_size: int, step: int, seed: int, process_index: int = 0, num_processes: int = 1) -> list[int]:
+    """Sample indices of one process's prompts at `step`; every process gets distinct prompts."""
+    if size <= 0:
+        raise ValueError("the training set is empty")
+    start = step * batch_size * num_processes + process_index * batch_size
+    out = []
+    for position in range(start, start + batch_size):
+        epoch, offset = divmod(position, size)
+        out.append(_permutation(size, seed, epoch)[offset])
+    return out
+
+
+def step_seed(seed: int, step: int, process_index: int = 0) -> int:
+    """The sampling seed of one step on one process (independent of how the run got there)."""
+    return (seed * 1_000_003 + step * 7_919 + process_index * 104_729) % (2**31 - 1)

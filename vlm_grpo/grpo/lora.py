@@ -1,0 +1,158 @@
+"""LoRA and QLoRA on any adapter, with the reference policy for free.
+
+- Default targets are the attention and MLP projections (q/k/v/o/gate/up/down) of the **language**
+  group only. Vision towers use the same names (SigLIP, InternViT, the Qwen ViT's MLP), so the target
+  list is built as exact module names from `adapter.module_group_of`, never as bare suffixes.
+- `apply_lora` wraps `adapter.model` in place with peft; `adapter.generate` and the teacher-forced
+  log-prob forward keep working, and `module_group_of` maps each LoRA matrix to its layer's group.
+- `reference_disabled(adapter)`: GRPO's KL reference is the base model, which under LoRA is the same
+  network with the adapter switched off: no second copy of the weights in memory.
+- `merged_copy(adapter)`: a plain transformers model with the LoRA deltas folded in, for saving.
+- QLoRA (`load_in_4bit=True`) needs a CUDA GPU and bitsandbytes, and a base loaded in 4 bit
+  (`VLMAdapter.load(..., load_in_4bit=True)`); it is prepared with peft's `prepare_model_for_kbit_training`.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from vlm_grpo.adapters.base import _four_bit_config
+from vlm_grpo.grpo.optim import _is_lora_wrapped
+
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class LoraSettings:
+    r: int = 0  # 0: LoRA off (full or partial fine-tuning through the freeze policy)
+    alpha: int = 16
+    dropout: float = 0.0
+    # None: DEFAULT_TARGETS of the language group. Otherwise full module names or name suffixes
+    # (e.g. "merger.mlp.2"), matched against the whole model: the caller's explicit choice.
+    target_modules: list[str] | None = None
+    load_in_4bit: bool = False  # QLoRA
+
+    def __post_init__(self) -> None:
+        if self.r < 0:
+            raise ValueError(f"LoRA rank r must be >= 0 (0 = off), got {self.r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
+        if self.target_modules is not None:
+            self.target_modules = list(self.target_modules)
+        if self.load_in_4bit and self.r == 0:
+            raise ValueError("load_in_4bit (QLoRA) trains LoRA matrices on a frozen 4-bit base: set r > 0")
+
+    @property
+    def enabled(self) -> bool:
+        return self.r > 0
+
+
+def is_lora_wrapped(adapter) -> bool:
+    return _is_lora_wrapped(adapter.model)
+
+
+def lora_targets(adapter, settings: LoraSettings) -> list[str]:
+    """Exact module names (as the unwrapped model names them) that receive LoRA matrices."""
+    linears = [n for n, m in adapter.model.named_modules() if isinstance(m, torch.nn.Linear) and n]
+    if settings.target_modules is None:
+        targets = [
+            n for n in linears
+            if n.rsplit(".", 1)[-1] in DEFAULT_TARGETS and adapter.module_group_of(n + ".weight") == "language"
+        ]
+        if not targets:
+            raise ValueError(f"no q/k/v/o/gate/up/down projection found in the language model of {adapter.family}")
+        return targets
+    targets, unmatched = [], []
+    for entry in settings.target_modules:
+        hits = [n for n in linears if n == entry or n.endswith("." + entry)]
+        if not hits:
+            unmatched.append(entry)
+        targets.extend(h for h in hits if h not in targets)
+    if unmatched:
+        raise ValueError(f"LoRA target_modules {unmatched} match no Linear module of {adapter.family}")
+    return targets
+
+
+def apply_lora(adapter, settings: LoraSettings):
+    """Wrap `adapter.model` with LoRA (in place; returns `adapter`). r == 0 leaves it untouched."""
+    if not settings.enabled:
+        return adapter
+    if is_lora_wrapped(adapter):
+        raise ValueError(f"{adapter.family}: the model already carries LoRA matrices")
+    from peft import LoraConfig, get_peft_model
+
+    model = adapter.model
+    if settings.load_in_4bit:
+        _four_bit_config()  # raises without a CUDA GPU (QLoRA needs CUDA + bitsandbytes)
+        if not _loaded_in_4bit(model):
+            raise ValueError(
+                "load_in_4bit=True: the base model must already be loaded in 4 bit "
+                "(VLMAdapter.load(path, load_in_4bit=True) or `--load-in-4bit`)"
+            )
+        from peft import prepare_model_for_kbit_training
+
+        # casts norms/embeddings to fp32, enables input grads and gradient checkpointing
+        model = prepare_model_for_kbit_training(model)
+    config = LoraConfig(
+        r=settings.r,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=lora_targets(adapter, settings),
+        bias="none",
+    )
+    with warnings.catch_warnings():
+        # peft asks transformers a deprecated question while wrapping; not ours to fix
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        adapter.model = get_peft_model(model, config)
+    return adapter
+
+
+def _loaded_in_4bit(model: torch.nn.Module) -> bool:
+    if getattr(model, "is_loaded_in_4bit", False):
+        return True
+    qc = getattr(model.config, "quantization_config", None)
+    if isinstance(qc, dict):
+        return bool(qc.get("load_in_4bit"))
+    return bool(getattr(qc, "load_in_4bit", False))
+
+
+@contextmanager
+def reference_disabled(adapter) -> Iterator:
+    """The reference policy: the same network with its LoRA adapter switched off (peft's
+    `disable_adapter()`), i.e. exactly the frozen base model, without a second copy in memory.
+
+        with torch.no_grad(), reference_disabled(adapter):
+            ref_logprobs = completion_logprobs(adapter, batch, completion_ids, mask)
+
+    Yields the adapter itself; LoRA is active again when the block exits (also on error).
+    A model without LoRA has no such reference: keep a frozen copy instead.
+    """
+    if not is_lora_wrapped(adapter):
+        raise ValueError(
+            f"{adapter.family}: reference_disabled needs a LoRA-wrapped model (apply_lora with r > 0); "
+            "without LoRA the reference policy must be a separate frozen copy"
+        )
+    with adapter.model.disable_adapter():
+        yield adapter
+
+
+def merged_copy(adapter) -> torch.nn.Module:
+    """A plain transformers model with the LoRA deltas merged in (the adapter's own model is untouched).
+    On a 4-bit base the merge re-quantizes and is lossy: merge into a bf16 reload of the base instead."""
+    model = copy.deepcopy(adapter.model)
+    if not _is_lora_wrapped(model):
+        return model
+    return model.merge_and_unload()
+
+
+def save_merged(adapter, out_dir: str | Path) -> None:
+    """Save the merged model and the processor: a checkpoint `VLMAdapter.load` reads back."""
+    merged_copy(adapter).save_pretrained(out_dir)
+    adapter.processor.save_pretrained(out_dir)

@@ -1,0 +1,284 @@
+"""Freeze policies, per-module learning rates, the optimizer and its schedule.
+
+Everything here derives from one declaration: the adapter's module groups (`vision`, `projector`,
+`language`, `head`; see `VLMAdapter.module_patterns`). So a freeze policy or a learning-rate split
+written once works on every family, and keeps working after LoRA wrapping (a LoRA matrix belongs to
+the group of the layer it adapts).
+
+How `apply_freeze` decides whether a parameter trains, in order:
+1. the baseline: every parameter trains; on a LoRA-wrapped model only the LoRA matrices do;
+2. the groups named in `freeze` (and in the preset's freeze list) are frozen;
+3. a preset with an allow-list (`seed_hybrid`) freezes whatever it does not name;
+4. `trainable_patterns` (regexes searched in the unwrapped parameter name) unfreeze again.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from vlm_grpo.adapters.base import MODULE_GROUPS, strip_wrapper_prefix
+
+_LORA_PARAM = re.compile(r"\.lora_[A-Za-z_]+\.")
+# decoder-block containers across families: `layers.N.` (Llama/Qwen), `layer.N.`, `h.N.` (GPT-2), `blocks.N.`
+_LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks)\.(\d+)\.")
+
+
+def is_lora_param(name: str) -> bool:
+    return bool(_LORA_PARAM.search(name))
+
+
+def _is_lora_wrapped(model: torch.nn.Module) -> bool:
+    return any(is_lora_param(n) for n, _ in model.named_parameters())
+
+
+# ---------------------------------------------------------------- presets
+@dataclass(frozen=True)
+class FreezePreset:
+    """A named freeze policy: groups to freeze and/or an allow-list of parameters that stay trainable."""
+
+    description: str
+    freeze: tuple[str, ...] = ()
+    # adapter -> predicate over unwrapped parameter names; None: no allow-list
+    allow: Callable[..., Callable[[str], bool]] | None = None
+
+
+def seed_hybrid_allow(adapter, lm_layers: int = 5) -> Callable[[str], bool]:
+    """The seed's policy (qwen-0.5b-learns-to-see): train only the projector's last Linear (the
+    vision side's last layer, `merger.mlp.2` in Qwen naming), the input embedding and the first
+    `lm_layers` decoder layers of the language model. Found from the module groups, not from Qwen names.
+
+    With tied input/output embeddings the head shares the embedding tensor and so trains too (as in
+    the seed's Qwen2.5-0.5B); an untied head stays frozen.
+    """
+    model = adapter.model
+    linears = [
+        _module_name(n)
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear)
+        and n
+        and ".lora_" not in n
+        and adapter.module_group_of(n + ".weight") == "projector"
+    ]
+    if not linears:
+        raise ValueError(f"freeze preset 'seed_hybrid': the projector of {adapter.family} has no Linear layer")
+    prefixes = [linears[-1]]  # registration order: the output layer is declared last in every family here
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    embedding = base.get_input_embeddings()
+    emb_names = [_module_name(n) for n, m in model.named_modules() if m is embedding]
+    if emb_names:
+        prefixes.append(emb_names[0])
+    language = [strip_wrapper_prefix(n) for n, _ in model.named_parameters() if adapter.module_group_of(n) == "language"]
+    if not any(_LAYER_INDEX.search(n) for n in language):
+        raise ValueError(f"freeze preset 'seed_hybrid': no numbered decoder layers found in the language model of {adapter.family}")
+
+    def allowed(name: str) -> bool:
+        name = strip_wrapper_prefix(name)
+        if any(name.startswith(p + ".") for p in prefixes):
+            return True
+        if adapter.module_group_of(name) != "language":
+            return False
+        m = _LAYER_INDEX.search(name)
+        return m is not None and int(m.group(1)) < lm_layers
+
+    return allowed
+
+
+def _module_name(name: str) -> str:
+    """Unwrapped module name; a LoRA layer's inner `base_layer` stands for the layer itself."""
+    name = strip_wrapper_prefix(name)
+    return name[: -len(".base_layer")] if name.endswith(".base_layer") else name
+
+
+FREEZE_PRESETS: dict[str, FreezePreset] = {
+    "seed_hybrid": FreezePreset(
+        "train the projector's last Linear, the input embedding and LM layers 0-4; freeze the rest",
+        allow=seed_hybrid_allow,
+    ),
+    "vision_frozen": FreezePreset("freeze the vision tower", freeze=("vision",)),
+    "lm_only": FreezePreset("freeze the vision tower and the projector", freeze=("vision", "projector")),
+}
+
+
+# ---------------------------------------------------------------- config
+@dataclass
+class OptimConfig:
+    learning_rate: float = 1e-5
+    vision_lr: float | None = None  # each None -> learning_rate
+    projector_lr: float | None = None
+    language_lr: float | None = None
+    head_lr: float | None = None
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    max_grad_norm: float = 1.0  # <= 0: no clipping
+    freeze: list[str] = field(default_factory=list)  # module groups
+    trainable_patterns: list[str] = field(default_factory=list)  # regexes unfrozen after `freeze`
+    freeze_preset: str | None = None  # a key of FREEZE_PRESETS
+    lr_scheduler: str = "constant_with_warmup"  # any name transformers.get_scheduler accepts
+    warmup_steps: int = 0  # wins over warmup_ratio when > 0
+    warmup_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.freeze = list(self.freeze)
+        self.trainable_patterns = list(self.trainable_patterns)
+        self.adam_betas = tuple(self.adam_betas)
+        unknown = [g for g in self.freeze if g not in MODULE_GROUPS]
+        if unknown:
+            raise ValueError(
+                f"unknown module group(s) {unknown} in freeze; valid module groups: {', '.join(MODULE_GROUPS)}"
+            )
+        if self.freeze_preset is not None and self.freeze_preset not in FREEZE_PRESETS:
+            raise ValueError(
+                f"unknown freeze preset {self.freeze_preset!r}; known presets: {', '.join(sorted(FREEZE_PRESETS))}"
+            )
+        for pattern in self.trainable_patterns:
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ValueError(f"trainable_patterns: {pattern!r} is not a valid regex ({err})") from None
+        for group in MODULE_GROUPS:
+            if self.lr_for(group) < 0:
+                raise ValueError(f"{group} learning rate must be >= 0, got {self.lr_for(group)}")
+        if self.warmup_steps < 0 or not 0.0 <= self.warmup_ratio <= 1.0:
+            raise ValueError(f"warmup_steps must be >= 0 and warmup_ratio in [0, 1]; got {self.warmup_steps}, {self.warmup_ratio}")
+        from transformers import SchedulerType
+
+        try:
+            SchedulerType(self.lr_scheduler)
+        except ValueError:
+            valid = ", ".join(s.value for s in SchedulerType)
+            raise ValueError(f"unknown lr_scheduler {self.lr_scheduler!r}; transformers accepts: {valid}") from None
+
+    def lr_for(self, group: str) -> float:
+        if group not in MODULE_GROUPS:
+            raise ValueError(f"unknown module group {group!r}; valid module groups: {', '.join(MODULE_GROUPS)}")
+        lr = getattr(self, f"{group}_lr")
+        return self.learning_rate if lr is None else lr
+
+    def frozen_groups(self) -> set[str]:
+        preset = FREEZE_PRESETS[self.freeze_preset] if self.freeze_preset else None
+        return set(self.freeze) | set(preset.freeze if preset else ())
+
+
+# ---------------------------------------------------------------- freezing
+def apply_freeze(adapter, cfg: OptimConfig) -> None:
+    """Set `requires_grad` on every parameter of `adapter.model` from `cfg` (see the module docstring)."""
+    model = adapter.model
+    wrapped = _is_lora_wrapped(model)
+    frozen = cfg.frozen_groups()
+    preset = FREEZE_PRESETS[cfg.freeze_preset] if cfg.freeze_preset else None
+    allow = preset.allow(adapter) if preset and preset.allow else None
+    patterns = [re.compile(p) for p in cfg.trainable_patterns]
+    hits = [0] * len(patterns)
+    for name, param in model.named_parameters():
+        short = strip_wrapper_prefix(name)
+        trainable = is_lora_param(short) if wrapped else True
+        trainable = trainable and adapter.module_group_of(name) not in frozen
+        trainable = trainable and (allow is None or allow(short))
+        for i, pattern in enumerate(patterns):
+            if pattern.search(short):
+                hits[i] += 1
+                trainable = True
+        if param.is_floating_point():  # quantized storage (4-bit) can never train
+            param.requires_grad_(trainable)
+        elif trainable and not wrapped:
+            raise ValueError(f"{short} is stored as {param.dtype} and cannot train; freeze it or use LoRA")
+    missing = [p.pattern for p, n in zip(patterns, hits) if n == 0]
+    if missing:
+        raise ValueError(f"trainable_patterns {missing} match no parameter of {adapter.family}")
+
+
+def trainable_parameters(adapter) -> list[torch.nn.Parameter]:
+    return [p for p in adapter.model.parameters() if p.requires_grad]
+
+
+# ---------------------------------------------------------------- optimizer
+def param_groups(adapter, cfg: OptimConfig) -> list[dict]:
+    """One optimizer group per module group with trainable parameters (current `requires_grad`)."""
+    by_group: dict[str, list[torch.nn.Parameter]] = {g: [] for g in MODULE_GROUPS}
+    for name, param in adapter.model.named_parameters():
+        if param.requires_grad:
+            by_group[adapter.module_group_of(name)].append(param)
+    groups = [
+        {"name": g, "params": params, "lr": cfg.lr_for(g), "weight_decay": cfg.weight_decay}
+        for g, params in by_group.items()
+        if params
+    ]
+    if not groups:
+        raise ValueError(f"no trainable parameter left in {adapter.family}: the freeze policy froze everything")
+    return groups
+
+
+def build_optimizer(adapter, cfg: OptimConfig) -> torch.optim.AdamW:
+    """Apply the freeze policy, then AdamW over the per-module-group parameter groups."""
+    apply_freeze(adapter, cfg)
+    return torch.optim.AdamW(
+        param_groups(adapter, cfg), lr=cfg.learning_rate, betas=cfg.adam_betas, eps=cfg.adam_eps,
+        weight_decay=cfg.weight_decay,
+    )
+
+
+def warmup_steps_for(cfg: OptimConfig, total_steps: int) -> int:
+    if cfg.warmup_steps > 0:
+        return cfg.warmup_steps
+    return math.ceil(cfg.warmup_ratio * total_steps)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
+    """transformers' named schedule; it scales each group's own lr, so the per-module ratios hold."""
+    from transformers import get_scheduler
+
+    if total_steps < 1:
+        raise ValueError(f"total_steps must be >= 1, got {total_steps}")
+    return get_scheduler(
+        cfg.lr_scheduler, optimizer, num_warmup_steps=warmup_steps_for(cfg, total_steps), num_training_steps=total_steps
+    )
+
+
+def clip_gradients(optimizer: torch.optim.Optimizer, cfg: OptimConfig) -> torch.Tensor:
+    """Clip the optimizer's gradients to `max_grad_norm` (<= 0: only measure); returns the total norm."""
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if not params:
+        return torch.tensor(0.0)
+    max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+    return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+
+# ---------------------------------------------------------------- report
+def trainable_table(adapter, cfg: OptimConfig | None = None) -> str:
+    """One row per module group (parameters, trainable, lr) and a total row; lr needs `cfg`."""
+    total = {g: 0 for g in MODULE_GROUPS}
+    train = {g: 0 for g in MODULE_GROUPS}
+    for name, param in adapter.model.named_parameters():
+        group = adapter.module_group_of(name)
+        total[group] += param.numel()
+        if param.requires_grad:
+            train[group] += param.numel()
+
+    def lr(group: str) -> str:
+        if cfg is None or not train[group]:
+            return "-"
+        return f"{cfg.lr_for(group):.2e}"
+
+    rows = [("group", "params", "trainable", "%", "lr")]
+    for g in MODULE_GROUPS:
+        rows.append((g, f"{total[g]:,}", f"{train[g]:,}", _pct(train[g], total[g]), lr(g)))
+    all_total, all_train = sum(total.values()), sum(train.values())
+    rows.append(("total", f"{all_total:,}", f"{all_train:,}", _pct(all_train, all_total), ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for k, row in enumerate(rows):
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append("  ".join(cells).rstrip())
+        if k == 0 or k == len(rows) - 2:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100.0 * part / whole:.1f}" if whole else "-"

@@ -1,0 +1,61 @@
+"""Rollout: encode B prompts once, sample G completions each, mask everything after the first EOS."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vlm_grpo.adapters.batch import PromptBatch
+from vlm_grpo.recipes.base import Sample, expand
+
+
+@dataclass
+class Rollout:
+    prompts: PromptBatch  # B prompts, encoded once
+    grouped: PromptBatch  # the same prompts, each repeated G times in a row
+    completion_ids: torch.Tensor  # [B*G, T]
+    completion_mask: torch.Tensor  # [B*G, T], 1 up to and including the first EOS
+    completions: list[str]
+    fields: dict[str, list[Any]]  # sample fields, expanded to B*G
+    prompt_texts: list[str]  # B
+
+
+def mask_after_eos(completion_ids: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
+    """1 for tokens up to and including the first EOS of each row, 0 after it."""
+    is_eos = torch.isin(completion_ids, torch.tensor(eos_ids, device=completion_ids.device))
+    seen_before = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
+    return (~seen_before).long()
+
+
+def collect_fields(samples: list[Sample], times: int) -> dict[str, list[Any]]:
+    keys = {k for s in samples for k in s.fields}
+    return {k: expand([s.fields.get(k) for s in samples], times) for k in sorted(keys)}
+
+
+def rollout(adapter, samples: list[Sample], gen, num_generations: int, device, use_cache: bool | None = None) -> Rollout:
+    prompts = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples])
+    prompts = prompts.to(device, dtype=next(adapter.model.parameters()).dtype)
+    grouped = prompts.repeat(num_generations)
+    out = adapter.generate(
+        grouped,
+        max_new_tokens=gen.max_new_tokens,
+        do_sample=True,
+        temperature=gen.temperature,
+        top_p=gen.top_p,
+        top_k=gen.top_k,
+        use_cache=use_cache,
+    )
+    completion_ids = out.sequences[:, grouped.input_ids.shape[1] :]
+    mask = mask_after_eos(completion_ids, adapter.eos_token_ids)
+    texts = adapter.tokenizer.batch_decode(completion_ids * mask + adapter.pad_token_id * (1 - mask), skip_special_tokens=True)
+    return Rollout(
+        prompts=prompts,
+        grouped=grouped,
+        completion_ids=completion_ids,
+        completion_mask=mask,
+        completions=texts,
+        fields=collect_fields(samples, num_generations),
+        prompt_texts=[adapter.tokenizer.decode(ids, skip_special_tokens=True) for ids in prompts.input_ids],
+    )

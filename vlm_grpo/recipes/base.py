@@ -1,0 +1,53 @@
+"""What a recipe is: a dataset builder, a prompt template, named rewards and default settings.
+
+Task knowledge lives here and nowhere else: adapters know models, the loop knows GRPO.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+from PIL import Image
+
+# A reward scores completions; every other sample field arrives as a keyword list aligned with them.
+RewardFn = Callable[..., list[float]]
+
+
+@dataclass
+class Sample:
+    prompt: list[dict[str, Any]]  # chat messages; image parts are {"type": "image"}
+    images: list[Image.Image]
+    fields: dict[str, Any] = field(default_factory=dict)  # ground truth etc., passed to rewards
+    reference: str | None = None  # a reference response, for SFT
+
+
+class SampleSource(Protocol):
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Sample: ...
+
+
+@dataclass
+class Reward:
+    name: str
+    fn: RewardFn
+    weight: float = 1.0
+
+
+@dataclass
+class Recipe:
+    name: str
+    build: Callable[..., SampleSource]  # build(split=..., size=..., seed=...) -> samples
+    rewards: list[Reward]
+    accuracy_reward: str | None = None  # the component that means "the answer is right"
+    defaults: dict[str, Any] = field(default_factory=dict)  # config overrides this task needs
+
+
+def user_turn(text: str, n_images: int = 1) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": [{"type": "image"}] * n_images + [{"type": "text", "text": text}]}]
+
+
+def expand(values: Sequence[Any], times: int) -> list[Any]:
+    """Each value `times` in a row: a sample's fields for its G completions."""
+    return [v for v in values for _ in range(times)]

@@ -1,0 +1,108 @@
+"""`shapes`: count red triangles, blue circles or green squares on a white canvas (the chapter's task).
+
+Images are generated deterministically from (seed, index), so a split is reproducible without
+storing anything. Counts are 1-5 per shape for training; `counts=(6, 7)` gives the chapter's
+cross-generalization test set.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from PIL import Image, ImageDraw
+
+from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
+
+SHAPES = ("triangles", "circles", "squares")
+CANVAS = 256
+# Words that show the response describes the asked-about shape (its name or colour).
+DESCRIPTION_WORDS = {
+    "triangles": ("triangle", "red", "triangular"),
+    "circles": ("circle", "blue", "circular"),
+    "squares": ("square", "green", "rectangular"),
+}
+REASONING_WORDS = ("therefore", "so", "total", "the count is", "the answer is")
+SPLIT_OFFSETS = {"train": 0, "test": 1_000_003, "eval": 1_000_003}
+
+
+def draw_shapes(counts: dict[str, int], rng: random.Random) -> Image.Image:
+    img = Image.new("RGB", (CANVAS, CANVAS), "white")
+    draw = ImageDraw.Draw(img)
+    for _ in range(counts["triangles"]):
+        x, y, s = rng.randint(20, 236), rng.randint(20, 236), rng.randint(15, 35)
+        draw.polygon([(x, y - s), (x - s, y + s), (x + s, y + s)], fill="red", outline="darkred")
+    for _ in range(counts["circles"]):
+        x, y, r = rng.randint(20, 236), rng.randint(20, 236), rng.randint(10, 25)
+        draw.ellipse([(x - r, y - r), (x + r, y + r)], fill="blue", outline="darkblue")
+    for _ in range(counts["squares"]):
+        x, y, s = rng.randint(20, 236), rng.randint(20, 236), rng.randint(12, 28)
+        draw.rectangle([(x - s, y - s), (x + s, y + s)], fill="green", outline="darkgreen")
+    return img
+
+
+def reference_answer(counts: dict[str, int], target: str) -> str:
+    seen = ", ".join(f"{counts[s]} {s}" for s in SHAPES)
+    return f"I see {seen} in the image. The question is about {target}. So the number of {target} is {counts[target]}."
+
+
+@dataclass
+class ShapesDataset:
+    size: int
+    seed: int = 0
+    split: str = "train"
+    counts: tuple[int, int] = (1, 5)
+    image_size: int = CANVAS  # images are drawn at 256 px and resized for small models
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> Sample:
+        if not 0 <= index < self.size:
+            raise IndexError(index)
+        rng = random.Random(f"shapes/{self.seed}/{SPLIT_OFFSETS.get(self.split, 0) + index}")
+        counts = {s: rng.randint(*self.counts) for s in SHAPES}
+        target = SHAPES[rng.randint(0, 2)]
+        image = draw_shapes(counts, rng)
+        if self.image_size != CANVAS:
+            image = image.resize((self.image_size, self.image_size), Image.BILINEAR)
+        return Sample(
+            prompt=user_turn(f"How many {target} are in the image?"),
+            images=[image],
+            fields={"answer": str(counts[target]), "target": target, "counts": counts},
+            reference=reference_answer(counts, target),
+        )
+
+
+def correctness(completions: list[str], answer: list[str], **_) -> list[float]:
+    """+1.0 when the last number in the response is the true count."""
+    out = []
+    for text, truth in zip(completions, answer):
+        numbers = re.findall(r"\d+", text)
+        out.append(1.0 if numbers and numbers[-1] == str(truth) else 0.0)
+    return out
+
+
+def description(completions: list[str], target: list[str], **_) -> list[float]:
+    """+0.5 when the response mentions the asked-about shape or its colour."""
+    return [0.5 if any(w in t.lower() for w in DESCRIPTION_WORDS[s]) else 0.0 for t, s in zip(completions, target)]
+
+
+def reasoning(completions: list[str], **_) -> list[float]:
+    """+0.2 when the response uses a reasoning phrase ('so', 'therefore', 'the answer is', ...)."""
+    return [0.2 if any(w in t.lower() for w in REASONING_WORDS) else 0.0 for t in completions]
+
+
+def build(split: str = "train", size: int = 256, seed: int = 0, counts: tuple[int, int] | None = None, image_size: int = CANVAS):
+    if counts is None:
+        counts = (1, 5)
+    return ShapesDataset(size=size, seed=seed, split=split, counts=tuple(counts), image_size=image_size)
+
+
+RECIPE = Recipe(
+    name="shapes",
+    build=build,
+    rewards=[Reward("correctness", correctness), Reward("description", description), Reward("reasoning", reasoning)],
+    accuracy_reward="correctness",
+)
