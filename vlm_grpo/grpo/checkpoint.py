@@ -107,20 +107,11 @@ def load_weights(model, checkpoint: Path) -> None:
 
         set_peft_model_state_dict(model, load_file(checkpoint / "adapter_model.safetensors"))
         return
-    from transformers.modeling_utils import load_sharded_checkpoint
-
-    index = checkpoint / "model.safetensors.index.json"
-    if index.exists():
-        load_sharded_checkpoint(model, checkpoint, strict=True)
-    else:
-        weights = load_file(checkpoint / "model.safetensors")
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-        # Tied weights (lm_head = embeddings) are saved once; a missing key sharing storage with a loaded one is fine.
-        params = model.state_dict(keep_vars=True)
-        loaded_ptrs = {params[k].data_ptr() for k in weights if k in params}
-        missing = [k for k in missing if params[k].data_ptr() not in loaded_ptrs]
-        if missing or unexpected:
-            raise RuntimeError(f"checkpoint {checkpoint} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    # from_pretrained applies the library's own key conversions (saved names differ from module names
+    # in transformers 5), so the checkpoint is read exactly as users will read it.
+    dtype = next(model.parameters()).dtype
+    saved = type(model).from_pretrained(checkpoint, dtype=dtype)
+    model.load_state_dict(saved.state_dict(), strict=True)
 
 
 def load_training_state(checkpoint: Path, optimizer, scheduler) -> dict[str, Any]:

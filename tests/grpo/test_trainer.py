@@ -1,0 +1,140 @@
+"""The shared loop end to end on tiny twins: runs, freezes, resumes, learns, splits across processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vlm_grpo.adapters.registry import family_class
+from vlm_grpo.cli import main
+from vlm_grpo.grpo.config import load_config
+from vlm_grpo.grpo.run_log import read_jsonl
+from vlm_grpo.grpo.trainer import GRPOTrainer
+
+FAST = ["--data.recipe_options", "{image_size: 56}", "--max-new-tokens", "8", "--logging.progress", "false"]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_config(out: Path, *overrides: str):
+    return load_config(overrides=["--output-dir", str(out), *FAST, *overrides])
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(path / "model.safetensors")
+
+
+def test_train_three_steps_every_family(family, tmp_path):
+    out = tmp_path / family
+    code = main(["train", "--model", f"tiny:{family}", "--recipe", "shapes", "--max-steps", "3", "--output-dir", str(out), *FAST])
+    assert code == 0
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    for key in ("reward", "rewards/correctness", "rewards/description", "rewards/reasoning", "entropy", "completion_length",
+                "clip_ratio/region_mean", "frac_reward_zero_std", "loss"):
+        assert key in metrics[0], key
+    completions = read_jsonl(out / "completions.jsonl")
+    assert len(completions) == 3 * 2 * 4  # steps x prompts x generations
+    assert set(completions[0]["rewards"]) == {"correctness", "description", "reasoning"}
+    cls = family_class(family).model_class
+    reloaded = cls.from_pretrained(out / "final")
+    assert sum(p.numel() for p in reloaded.parameters()) > 0
+    assert (out / "checkpoint-3" / "optimizer.pt").is_file()
+
+
+def test_frozen_groups_stay_identical_and_lrs_apply(tmp_path):
+    cfg = run_config(tmp_path, "--model", "tiny:qwen2_5_vl", "--max-steps", "2", "--freeze", "vision",
+                     "--projector-lr", "3e-3", "--language-lr", "2e-3", "--head-lr", "1e-3")
+    trainer = GRPOTrainer(cfg)
+    groups = trainer.adapter.module_groups()
+    before = {n: p.detach().clone() for n, p in trainer.adapter.model.named_parameters()}
+    trainer.train()
+    after = dict(trainer.adapter.model.named_parameters())
+    assert all(torch.equal(before[n], after[n]) for n in groups["vision"])
+    for group in ("projector", "language", "head"):
+        assert any(not torch.equal(before[n], after[n]) for n in groups[group]), group
+    lrs = {g["name"]: g["lr"] for g in trainer.optimizer.param_groups}
+    assert lrs == {"projector": 3e-3, "language": 2e-3, "head": 1e-3}
+
+
+def _comparable(rows):
+    return [{k: v for k, v in r.items() if k != "step_time"} for r in rows]
+
+
+def test_resume_gives_the_same_run(tmp_path):
+    common = ["--model", "tiny:qwen2_5_vl", "--learning-rate", "1e-3", "--beta", "0.04", "--num-iterations", "2"]
+    straight = tmp_path / "straight"
+    GRPOTrainer(run_config(straight, *common, "--max-steps", "4")).train()
+
+    split = tmp_path / "split"
+    GRPOTrainer(run_config(split, *common, "--max-steps", "4", "--save-every", "2")).train()  # leaves checkpoint-2 ...
+    for extra in ("checkpoint-4", "final"):  # ... then pretend the run died after it
+        import shutil
+
+        shutil.rmtree(split / extra)
+    lines = (split / "metrics.jsonl").read_text().splitlines()
+    (split / "metrics.jsonl").write_text("\n".join(lines[:3]) + "\n")  # a half-logged step 3 before the kill
+    resumed = GRPOTrainer(run_config(split, *common, "--max-steps", "4", "--resume"))
+    resumed.train()
+
+    a, b = weights(straight / "final"), weights(split / "final")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert _comparable(read_jsonl(straight / "metrics.jsonl")) == _comparable(read_jsonl(split / "metrics.jsonl"))
+
+
+def test_loop_learns_a_learnable_reward(tmp_path):
+    cfg = run_config(tmp_path, "--model", "tiny:qwen2_5_vl", "--max-steps", "30", "--learning-rate", "1e-2",
+                     "--num-generations", "8", "--data.rewards", "tests.grpo.toy_rewards:lowercase_share",
+                     "--log-completions", "false")
+    history = GRPOTrainer(cfg).train()
+    rewards = [m["reward"] for m in history]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last >= first + 0.2, rewards
+
+
+def test_lora_run_with_reference_from_disabled_adapter(tmp_path):
+    cfg = run_config(tmp_path, "--model", "tiny:internvl", "--max-steps", "2", "--lora.r", "4", "--beta", "0.04",
+                     "--learning-rate", "1e-2")
+    trainer = GRPOTrainer(cfg)
+    assert trainer.reference is None  # the reference is the policy with its adapter switched off
+    history = trainer.train()
+    assert history[-1]["kl"] > 0
+    assert (tmp_path / "final" / "adapter_model.safetensors").is_file()
+    merged = family_class("internvl").model_class.from_pretrained(tmp_path / "final" / "merged")
+    assert not any("lora" in n for n, _ in merged.named_parameters())
+
+
+def test_two_processes_keep_groups_whole(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29517",
+        "-m", "vlm_grpo.cli", "train", "--model", "tiny:qwen2_5_vl", "--max-steps", "2", "--output-dir", str(tmp_path), *FAST,
+    ]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_jsonl(tmp_path / "completions.jsonl")
+    assert {r["process"] for r in rows} == {0, 1}
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["step"], r["sample_index"])].append(r["process"])
+    assert len(groups) == 2 * 2 * 2  # steps x processes x prompts
+    for key, procs in groups.items():
+        assert len(procs) == 4 and len(set(procs)) == 1, (key, procs)
+    assert len(read_jsonl(tmp_path / "metrics.jsonl")) == 2
+
+
+def test_unknown_recipe_and_bad_settings_are_clear(tmp_path):
+    with pytest.raises(ValueError, match="available recipes: .*shapes"):
+        GRPOTrainer(run_config(tmp_path, "--recipe", "nope"))
+    with pytest.raises(ValueError, match="unknown setting"):
+        run_config(tmp_path, "--no-such-setting", "1")
+    assert json.dumps(run_config(tmp_path).to_dict())
