@@ -151,7 +151,8 @@ class GRPOTrainer:
         if cfg.num_iterations > 1:
             with torch.no_grad():
                 old = self._logprobs(ro, rows, self.model)
-        tokens = mask.sum()
+        # dapo divides by the tokens of the whole step; DDP averages gradients, so scale by the process count.
+        tokens = acc.reduce(mask.sum().float(), reduction="sum") / acc.num_processes
         sums: dict[str, float] = {}
         skipped = 0
         for _ in range(cfg.num_iterations):
