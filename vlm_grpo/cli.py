@@ -131,6 +131,11 @@ def cmd_demo(args) -> int:
     return 1 if failures else 0
 
 
+# Commands that live in their own modules: each exposes `add_parser(subparsers)`, which sets
+# `func` (and `takes_extra=True` if it accepts free --key value settings).
+COMMAND_MODULES: tuple[str, ...] = ()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vlm-grpo", description="GRPO for vision-language models")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -169,6 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="offline demo on every tiny twin: cache probe and a generation")
     p.set_defaults(func=cmd_demo)
+
+    import importlib
+
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).add_parser(sub)
     return parser
 
 

@@ -19,6 +19,13 @@ from vlm_grpo.adapters.batch import PromptBatch
 
 Conversation = list[dict[str, Any]]
 MODULE_GROUPS = ("vision", "projector", "language", "head")
+# The module layout of the LLaVA-style classes (InternVL's and LLaVA's alike).
+LLAVA_STYLE_GROUPS = {
+    "vision": (r"model\.vision_tower\.",),
+    "projector": (r"model\.multi_modal_projector\.",),
+    "language": (r"model\.language_model\.",),
+    "head": (r"lm_head\.",),
+}
 
 
 class ImageTokenMismatch(ValueError):
@@ -92,9 +99,9 @@ class VLMAdapter(ABC):
         return self.processor.tokenizer
 
     @property
-    @abstractmethod
     def image_token_id(self) -> int:
         """The placeholder id that image features replace in the embedding sequence."""
+        return self.model.config.image_token_id
 
     def suppressed_token_ids(self) -> list[int]:
         """Ids the policy must never emit: a generated placeholder breaks the training forward."""
@@ -136,6 +143,25 @@ class VLMAdapter(ABC):
     @abstractmethod
     def _to_batch(self, features: Any, images: list[list[Image.Image]]) -> PromptBatch:
         """Processor output -> PromptBatch with mm_rows and image_spans filled in."""
+
+    def _batch(
+        self,
+        features: Any,
+        images: list[list[Image.Image]],
+        mm: dict[str, torch.Tensor],
+        mm_rows: dict[str, list[int]],
+        token_keys: tuple[str, ...] = (),
+    ) -> PromptBatch:
+        """The PromptBatch a `_to_batch` ends with: the family's `mm` tensors plus the token side."""
+        input_ids = features["input_ids"]
+        return PromptBatch(
+            input_ids=input_ids,
+            attention_mask=features["attention_mask"],
+            mm=mm,
+            mm_rows=mm_rows,
+            image_spans=self.image_token_spans(input_ids, [len(s) for s in images]),
+            token_keys=token_keys,
+        )
 
     @abstractmethod
     def feature_counts(self, batch: PromptBatch) -> list[int]:

@@ -71,6 +71,15 @@ class PromptBatch:
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, **self.mm}
 
 
+def sum_per_sample(per_item: list[int], items_per_sample: list[int]) -> list[int]:
+    """Per-item counts (e.g. patches per image) summed over each sample's consecutive items."""
+    out, pos = [], 0
+    for n in items_per_sample:
+        out.append(int(sum(per_item[pos : pos + n])))
+        pos += n
+    return out
+
+
 def _prefix_sums(rows: list[int]) -> list[int]:
     out, total = [], 0
     for r in rows:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from tokenizers import AddedToken
 
+from vlm_grpo.adapters.chat_templates import chatml_template
 from vlm_grpo.adapters.qwen2_5_vl import QWEN_CHAT_TEMPLATE, qwen_token_ids
 from vlm_grpo.adapters.seeding import seeded
 
@@ -36,21 +37,7 @@ SUPPORTED = (
 )
 
 # ChatML with one <image> placeholder per image part (the LLaVA processor expands it per patch).
-LLAVA_CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{%- if loop.first and message['role'] != 'system' -%}"
-    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'image' -%}{{- '<image>' -}}"
-    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
+LLAVA_CHAT_TEMPLATE = chatml_template(IMAGE_TOKEN)
 
 
 class UnsupportedPairing(ValueError):

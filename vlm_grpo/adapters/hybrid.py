@@ -17,7 +17,7 @@ from transformers import (
     SiglipVisionModel,
 )
 
-from vlm_grpo.adapters.base import VLMAdapter
+from vlm_grpo.adapters.base import LLAVA_STYLE_GROUPS, VLMAdapter
 from vlm_grpo.adapters.batch import PromptBatch
 from vlm_grpo.adapters.compose import assemble_llava, assemble_qwen, mrope_section
 from vlm_grpo.adapters.qwen2_5_vl import (
@@ -91,12 +91,7 @@ class LlavaHybridAdapter(VLMAdapter):
     family = "hybrid_llava"
     model_types = ("llava",)
     model_class = LlavaForConditionalGeneration
-    module_patterns = {
-        "vision": (r"model\.vision_tower\.",),
-        "projector": (r"model\.multi_modal_projector\.",),
-        "language": (r"model\.language_model\.",),
-        "head": (r"lm_head\.",),
-    }
+    module_patterns = LLAVA_STYLE_GROUPS
 
     @classmethod
     def tiny(cls, seed: int = 0) -> "LlavaHybridAdapter":
@@ -107,10 +102,6 @@ class LlavaHybridAdapter(VLMAdapter):
         lm, tokenizer = tiny_qwen2_lm(seed + 1, tie=False)
         composed = assemble_llava(vision, SiglipImageProcessor(size=size), lm, tokenizer, seed=seed)
         return cls(composed.model, composed.processor, source=f"tiny:{cls.family}")
-
-    @property
-    def image_token_id(self) -> int:
-        return self.model.config.image_token_id
 
     @property
     def tokens_per_image(self) -> int:
@@ -125,19 +116,11 @@ class LlavaHybridAdapter(VLMAdapter):
         return n
 
     def _to_batch(self, features, images) -> PromptBatch:
-        n_images = [len(s) for s in images]
         mm, mm_rows = {}, {}
         if "pixel_values" in features:
             mm["pixel_values"] = features["pixel_values"]  # [n_images, 3, H, W], fixed size
-            mm_rows["pixel_values"] = n_images
-        input_ids = features["input_ids"]
-        return PromptBatch(
-            input_ids=input_ids,
-            attention_mask=features["attention_mask"],
-            mm=mm,
-            mm_rows=mm_rows,
-            image_spans=self.image_token_spans(input_ids, n_images),
-        )
+            mm_rows["pixel_values"] = [len(s) for s in images]
+        return self._batch(features, images, mm, mm_rows)
 
     def feature_counts(self, batch: PromptBatch) -> list[int]:
         if "pixel_values" not in batch.mm:

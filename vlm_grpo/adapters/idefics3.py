@@ -27,7 +27,7 @@ from transformers import (
 from vlm_grpo.adapters.base import ImageTokenMismatch, VLMAdapter, _runs
 from vlm_grpo.adapters.batch import PromptBatch
 from vlm_grpo.adapters.registry import register
-from vlm_grpo.adapters.seeding import seeded
+from vlm_grpo.adapters.seeding import seeded_model
 from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
 
 FAKE_TOKEN = "<fake_token_around_image>"
@@ -134,11 +134,10 @@ def build_tiled_adapter(
         tie_word_embeddings=False,  # untied in the public checkpoints (SmolVLM-256M counts 256.5M with lm_head)
         pad_token_id=tokenizer.pad_token_id,
     )
-    with seeded(seed):
-        model = adapter_cls.model_class(config).to(dtype)
+    model = seeded_model(adapter_cls.model_class, config, seed, dtype)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return adapter_cls(model.eval(), processor, source=f"tiny:{adapter_cls.family}")
+    return adapter_cls(model, processor, source=f"tiny:{adapter_cls.family}")
 
 
 class TiledImageAdapter(VLMAdapter):
@@ -151,10 +150,6 @@ class TiledImageAdapter(VLMAdapter):
         "language": (r"model\.text_model\.",),
         "head": (r"lm_head\.",),
     }
-
-    @property
-    def image_token_id(self) -> int:
-        return self.model.config.image_token_id
 
     def _token_id(self, token: str) -> int:
         return self.tokenizer.convert_tokens_to_ids(token)
@@ -181,14 +176,7 @@ class TiledImageAdapter(VLMAdapter):
             mm["pixel_values"] = features["pixel_values"]
             mm["pixel_attention_mask"] = features["pixel_attention_mask"].bool()
             mm_rows = {"pixel_values": [1] * len(images), "pixel_attention_mask": [1] * len(images)}
-        input_ids = features["input_ids"]
-        return PromptBatch(
-            input_ids=input_ids,
-            attention_mask=features["attention_mask"],
-            mm=mm,
-            mm_rows=mm_rows,
-            image_spans=self.image_token_spans(input_ids, [len(s) for s in images]),
-        )
+        return self._batch(features, images, mm, mm_rows)
 
     def real_tiles(self, batch: PromptBatch) -> list[int]:
         """Tiles the model will encode per sample. It drops tiles whose pixels are all exactly zero

@@ -17,10 +17,11 @@ from transformers import (
     InternVLVideoProcessor,
 )
 
-from vlm_grpo.adapters.base import VLMAdapter
-from vlm_grpo.adapters.batch import PromptBatch
+from vlm_grpo.adapters.base import LLAVA_STYLE_GROUPS, VLMAdapter
+from vlm_grpo.adapters.batch import PromptBatch, sum_per_sample
+from vlm_grpo.adapters.chat_templates import chatml_template
 from vlm_grpo.adapters.registry import register
-from vlm_grpo.adapters.seeding import seeded
+from vlm_grpo.adapters.seeding import seeded_model
 from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
 
 INTERNVL_SPECIAL_TOKENS = [
@@ -48,19 +49,7 @@ INTERNVL_NAMED_TOKENS = {
 
 # InternVL3-hf's ChatML layout, no default system turn. An image part is one <IMG_CONTEXT>, which
 # the processor expands to <img> + <IMG_CONTEXT> * image_seq_length * tiles + </img>.
-INTERNVL_CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'image' -%}{{- '<IMG_CONTEXT>\\n' -}}"
-    "{%- elif part['type'] == 'video' -%}{{- '<video>\\n' -}}"
-    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
+INTERNVL_CHAT_TEMPLATE = chatml_template("<IMG_CONTEXT>\n", default_system=None, video_part="<video>\n")
 
 
 def internvl_tokenizer():
@@ -145,21 +134,15 @@ def build_internvl_adapter(adapter_cls, *, vision, text, tiles, seed, dtype=torc
     tokenizer = internvl_tokenizer()
     config = internvl_config(tokenizer, vision=vision, text=text, vocab_size=vocab_size)
     processor = internvl_processor(tokenizer, image_seq_length=config.image_seq_length, **tiles)
-    with seeded(seed):
-        model = InternVLForConditionalGeneration(config).to(dtype)
-    return adapter_cls(model.eval(), processor, source=f"tiny:{adapter_cls.family}")
+    model = seeded_model(InternVLForConditionalGeneration, config, seed, dtype)
+    return adapter_cls(model, processor, source=f"tiny:{adapter_cls.family}")
 
 
 class InternVLAdapter(VLMAdapter):
     family = "internvl"
     model_types = ("internvl",)
     model_class = InternVLForConditionalGeneration
-    module_patterns = {
-        "vision": (r"model\.vision_tower\.",),
-        "projector": (r"model\.multi_modal_projector\.",),
-        "language": (r"model\.language_model\.",),
-        "head": (r"lm_head\.",),
-    }
+    module_patterns = LLAVA_STYLE_GROUPS
     presets = {
         "internvl3_1b": lambda seed=0, dtype=torch.bfloat16: build_internvl_adapter(
             InternVLAdapter, vision=VISION_1B, text=TEXT_1B, tiles=REAL_TILES, seed=seed, dtype=dtype,
@@ -170,10 +153,6 @@ class InternVLAdapter(VLMAdapter):
     @classmethod
     def tiny(cls, seed: int = 0) -> "InternVLAdapter":
         return build_internvl_adapter(cls, vision=TINY_VISION, text=TINY_TEXT, tiles=TINY_TILES, seed=seed)
-
-    @property
-    def image_token_id(self) -> int:
-        return self.model.config.image_token_id
 
     def _extra_suppressed_ids(self) -> list[int]:
         ids = self.tokenizer.convert_tokens_to_ids
@@ -204,15 +183,8 @@ class InternVLAdapter(VLMAdapter):
             if sum(per_image) != total:
                 raise ValueError(f"InternVL processor made {total} tiles; its tiling rule says {sum(per_image)}")
             mm["pixel_values"] = features["pixel_values"]
-            mm_rows["pixel_values"] = _sum_per_sample(per_image, n_images)
-        input_ids = features["input_ids"]
-        return PromptBatch(
-            input_ids=input_ids,
-            attention_mask=features["attention_mask"],
-            mm=mm,
-            mm_rows=mm_rows,
-            image_spans=self.image_token_spans(input_ids, n_images),
-        )
+            mm_rows["pixel_values"] = sum_per_sample(per_image, n_images)
+        return self._batch(features, images, mm, mm_rows)
 
     def feature_counts(self, batch: PromptBatch) -> list[int]:
         # From the tile rows, never from the tokens, so a tampered prompt shows as a mismatch.
@@ -231,14 +203,6 @@ class InternVLAdapter(VLMAdapter):
         """
         side = int(round(self.image_seq_length**0.5))
         return side, side
-
-
-def _sum_per_sample(per_item: list[int], items_per_sample: list[int]) -> list[int]:
-    out, pos = [], 0
-    for n in items_per_sample:
-        out.append(int(sum(per_item[pos : pos + n])))
-        pos += n
-    return out
 
 
 register(InternVLAdapter)

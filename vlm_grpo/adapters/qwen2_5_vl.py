@@ -12,9 +12,10 @@ from transformers import (
 )
 
 from vlm_grpo.adapters.base import VLMAdapter
-from vlm_grpo.adapters.batch import PromptBatch
+from vlm_grpo.adapters.batch import PromptBatch, sum_per_sample
+from vlm_grpo.adapters.chat_templates import chatml_template
 from vlm_grpo.adapters.registry import register
-from vlm_grpo.adapters.seeding import seeded
+from vlm_grpo.adapters.seeding import seeded_model
 from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
 
 QWEN_SPECIAL_TOKENS = [
@@ -34,23 +35,9 @@ QWEN_SPECIAL_TOKENS = [
     "<|video_pad|>",
 ]
 
-# Qwen's ChatML layout: a default system turn, then <|im_start|>role\n ... <|im_end|>\n per message;
-# each image part is <|vision_start|><|image_pad|><|vision_end|> (the processor expands the pad).
-QWEN_CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{%- if loop.first and message['role'] != 'system' -%}"
-    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'image' -%}{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
-    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
+# Qwen's ChatML layout with a default system turn; each image part is
+# <|vision_start|><|image_pad|><|vision_end|> (the processor expands the pad).
+QWEN_CHAT_TEMPLATE = chatml_template("<|vision_start|><|image_pad|><|vision_end|>")
 
 
 def qwen_tokenizer():
@@ -124,9 +111,8 @@ def build_qwen_adapter(adapter_cls, *, vision, text, pixels, seed, dtype=torch.f
     tokenizer = qwen_tokenizer()
     processor = qwen_processor(tokenizer, *pixels)
     config = qwen_config(tokenizer, vision=vision, text=text, vocab_size=vocab_size)
-    with seeded(seed):
-        model = Qwen2_5_VLForConditionalGeneration(config).to(dtype)
-    return adapter_cls(model.eval(), processor, source=f"tiny:{adapter_cls.family}")
+    model = seeded_model(Qwen2_5_VLForConditionalGeneration, config, seed, dtype)
+    return adapter_cls(model, processor, source=f"tiny:{adapter_cls.family}")
 
 
 class Qwen2_5_VLAdapter(VLMAdapter):
@@ -150,10 +136,6 @@ class Qwen2_5_VLAdapter(VLMAdapter):
     def tiny(cls, seed: int = 0) -> "Qwen2_5_VLAdapter":
         return build_qwen_adapter(cls, vision=TINY_VISION, text=TINY_TEXT, pixels=TINY_PIXELS, seed=seed)
 
-    @property
-    def image_token_id(self) -> int:
-        return self.model.config.image_token_id
-
     def _extra_suppressed_ids(self) -> list[int]:
         cfg = self.model.config
         return [cfg.video_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id]
@@ -169,7 +151,7 @@ class Qwen2_5_VLAdapter(VLMAdapter):
             patches = features["image_grid_thw"].prod(dim=1).tolist()
             mm["pixel_values"] = features["pixel_values"]
             mm["image_grid_thw"] = features["image_grid_thw"]
-            mm_rows["pixel_values"] = _sum_per_sample(patches, n_images)
+            mm_rows["pixel_values"] = sum_per_sample(patches, n_images)
             mm_rows["image_grid_thw"] = n_images
         token_keys = ()
         if "mm_token_type_ids" in features:
@@ -177,35 +159,19 @@ class Qwen2_5_VLAdapter(VLMAdapter):
             mm["mm_token_type_ids"] = features["mm_token_type_ids"]
             mm_rows["mm_token_type_ids"] = [1] * len(images)
             token_keys = ("mm_token_type_ids",)
-        input_ids = features["input_ids"]
-        return PromptBatch(
-            input_ids=input_ids,
-            attention_mask=features["attention_mask"],
-            mm=mm,
-            mm_rows=mm_rows,
-            image_spans=self.image_token_spans(input_ids, n_images),
-            token_keys=token_keys,
-        )
+        return self._batch(features, images, mm, mm_rows, token_keys)
 
     def feature_counts(self, batch: PromptBatch) -> list[int]:
         if "image_grid_thw" not in batch.mm:
             return [0] * len(batch)
         per_image = (batch.mm["image_grid_thw"].prod(dim=1) // self.merge_size**2).tolist()
-        return _sum_per_sample(per_image, batch.mm_rows["image_grid_thw"])
+        return sum_per_sample(per_image, batch.mm_rows["image_grid_thw"])
 
     def image_grid(self, batch: PromptBatch, sample: int, image: int) -> tuple[int, int]:
         """(rows, cols) of the merged-patch grid the image's tokens are laid out on."""
         offset = sum(batch.mm_rows["image_grid_thw"][:sample]) + image
         _, h, w = batch.mm["image_grid_thw"][offset].tolist()
         return h // self.merge_size, w // self.merge_size
-
-
-def _sum_per_sample(per_item: list[int], items_per_sample: list[int]) -> list[int]:
-    out, pos = [], 0
-    for n in items_per_sample:
-        out.append(int(sum(per_item[pos : pos + n])))
-        pos += n
-    return out
 
 
 register(Qwen2_5_VLAdapter)

@@ -12,3 +12,10 @@ def seeded(seed: int):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         yield
+
+
+def seeded_model(model_cls: type, config, seed: int, dtype: torch.dtype) -> torch.nn.Module:
+    """`model_cls(config)` in `dtype` and eval mode, its random weights drawn from `seed` alone."""
+    with seeded(seed):
+        model = model_cls(config).to(dtype)
+    return model.eval()

@@ -1,0 +1,44 @@
+"""ChatML chat templates: `<|im_start|>role\\n ... <|im_end|>\\n` per message.
+
+Qwen2.5-VL, the LLaVA hybrids and InternVL share this layout and differ only in what an image part
+becomes (each processor expands its own placeholder), whether a default system turn opens the
+conversation, and InternVL's video part. One builder keeps the three from drifting apart.
+"""
+
+from __future__ import annotations
+
+
+def _quoted(text: str) -> str:
+    """`text` as a single-quoted Jinja string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
+
+
+def chatml_template(
+    image_part: str, default_system: str | None = "You are a helpful assistant.", video_part: str | None = None
+) -> str:
+    """A ChatML template writing `image_part` per image part; `default_system` opens a conversation
+    that has no system message of its own (None: no default turn); `video_part`, when given, per video part."""
+    system = ""
+    if default_system is not None:
+        system = (
+            "{%- if loop.first and message['role'] != 'system' -%}"
+            "{{- " + _quoted(f"<|im_start|>system\n{default_system}<|im_end|>\n") + " -}}"
+            "{%- endif -%}"
+        )
+    video = ""
+    if video_part is not None:
+        video = "{%- elif part['type'] == 'video' -%}{{- " + _quoted(video_part) + " -}}"
+    return (
+        "{%- for message in messages -%}"
+        + system
+        + "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+        "{%- if message['content'] is string -%}{{- message['content'] -}}"
+        "{%- else -%}{%- for part in message['content'] -%}"
+        "{%- if part['type'] == 'image' -%}{{- " + _quoted(image_part) + " -}}"
+        + video
+        + "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+        "{%- endfor -%}{%- endif -%}"
+        "{{- '<|im_end|>\\n' -}}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+    )
