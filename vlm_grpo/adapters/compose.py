@@ -166,7 +166,7 @@ def assemble_qwen(vl_model, vl_processor, lm, lm_tokenizer, seed: int = 0) -> Co
         chat_template=template,
     )
     model.eval()
-    check_text_logits(model, lm, tokenizer)
+    notes.append(f"text-only logits equal the donor LM's: max |diff| {check_text_logits(model, lm, tokenizer):.3g}")
     return Composed(model, processor, notes)
 
 
@@ -261,7 +261,7 @@ def assemble_llava(vision, image_processor, lm, lm_tokenizer, seed: int = 0) -> 
         num_additional_image_tokens=0 if siglip else 1,
     )
     model.eval()
-    check_text_logits(model, lm, tokenizer)
+    notes.append(f"text-only logits equal the donor LM's: max |diff| {check_text_logits(model, lm, tokenizer):.3g}")
     return Composed(model, processor, notes)
 
 

@@ -35,83 +35,39 @@ from vlm_grpo.recipes import get_recipe
 log = logging.getLogger(__name__)
 
 
-def load_policy(cfg: TrainConfig, device: torch.device):
-    spec = cfg.model.init_from or cfg.model.name
-    adapter = load_adapter(
-        spec,
-        seed=cfg.seed,
-        dtype=cfg.model.dtype,
-        device=None if device.type == "cpu" else str(device),
-        attn_implementation=cfg.model.attn_implementation,
-        load_in_4bit=cfg.lora.load_in_4bit,
-        trust_remote_code=cfg.model.trust_remote_code,
-        cache_policy=cfg.model.cache_policy,
-    )
-    adapter.cache_policy = cfg.model.cache_policy
-    if not cfg.lora.load_in_4bit:
-        adapter.model.to(device)
-    return adapter
-
-
 def entropy_of(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     logp = torch.log_softmax(logits.float(), dim=-1)
     ent = -(logp.exp() * logp).sum(-1)
     return (ent * mask).sum() / mask.sum().clamp(min=1)
 
 
-class GRPOTrainer:
+class GRPOTrainer(BaseTrainer):
+    """The run plumbing (run dir, policy, freeze/LoRA, optimizer, checkpoints, loop) is BaseTrainer's."""
+
+    stage = "grpo"
+
     def __init__(self, cfg: TrainConfig, adapter=None, recipe=None):
-        self.cfg = cfg
         cfg.loss.max_completion_length = cfg.generation.max_new_tokens
-        self.accelerator = Accelerator(
-            cpu=not torch.cuda.is_available(),  # lets torchrun-launched CPU processes form a gloo group
-            mixed_precision=cfg.mixed_precision,
-            log_with=cfg.logging.report_to or None,
-            project_dir=cfg.logging.output_dir,
-        )
-        set_seed(cfg.seed)
-        self.run_dir = Path(cfg.logging.output_dir)
-        if self.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            probe = self.run_dir / ".write-test"
-            probe.write_text("ok")  # fail now, not at the first checkpoint, if the directory is unwritable
-            probe.unlink()
-        self.recipe = recipe or get_recipe(cfg.data.recipe)
-        self.rewards = parse_reward_specs(cfg.data.rewards) if cfg.data.rewards else list(self.recipe.rewards)
-        self.dataset = self.recipe.build(split="train", size=cfg.data.train_size, seed=cfg.seed, **cfg.data.recipe_options)
-        self.adapter = adapter or load_policy(cfg, self.accelerator.device)
-        self._setup_training()
-        self.log = RunLog(self.run_dir, enabled=self.is_main)
-        self.step = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.accelerator.is_main_process
-
-    # ---------------------------------------------------------------- setup
-    def _setup_training(self) -> None:
-        cfg, adapter = self.cfg, self.adapter
-        if cfg.lora.r > 0:
-            apply_lora(adapter, cfg.lora)
-        else:
-            apply_freeze(adapter, cfg.optim)
         self.reference = None
-        if cfg.loss.beta > 0 and not is_lora_wrapped(adapter):
+        super().__init__(cfg, adapter=adapter, recipe=recipe)
+
+    # ---------------------------------------------------------------- hooks
+    def _prepare_task(self) -> None:
+        cfg = self.cfg
+        self.rewards = parse_reward_specs(cfg.data.rewards) if cfg.data.rewards else list(self.recipe.rewards)
+
+    def _after_freeze(self) -> None:
+        if self.cfg.loss.beta > 0 and not is_lora_wrapped(self.adapter):
             # A frozen in-memory copy: never reloaded from disk by name.
-            self.reference = copy.deepcopy(adapter.model).eval().requires_grad_(False)
-        adapter.model.eval()  # no dropout: the ratio compares like with like
-        optimizer = build_optimizer(adapter, cfg.optim)
-        self.scheduler = build_scheduler(optimizer, cfg.optim, total_steps=cfg.max_steps * cfg.num_iterations)
-        self.model, self.optimizer = self.accelerator.prepare(adapter.model, optimizer)
-        if self.is_main:
-            print(trainable_table(adapter, cfg.optim))
+            self.reference = copy.deepcopy(self.adapter.model).eval().requires_grad_(False)
+
+    def scheduler_steps(self) -> int:
+        return self.cfg.max_steps * self.cfg.num_iterations
+
+    def progress_postfix(self, metrics: dict[str, Any]) -> dict[str, str]:
+        return {"reward": f"{metrics['reward']:.3f}", "kl": f"{metrics.get('kl', 0.0):.2e}"}
 
     # ---------------------------------------------------------------- one step
-    def _samples(self, step: int):
-        acc = self.accelerator
-        idx = batch_indices(len(self.dataset), self.cfg.data.batch_size, step, self.cfg.seed, acc.process_index, acc.num_processes)
-        return [self.dataset[i] for i in idx], idx
-
     def _logprobs(self, ro: Rollout, rows: list[int], model, with_logits: bool = False):
         logits = completion_logits(self.adapter, ro.grouped.select(rows), ro.completion_ids[rows], ro.completion_mask[rows], model=model)
         logps = token_logprobs(logits, ro.completion_ids[rows])
@@ -201,14 +157,6 @@ class GRPOTrainer:
         self._log_completions(step + 1, ro, total, components, advantages, indices)
         return metrics
 
-    def _mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
-        if self.accelerator.num_processes == 1:
-            return metrics
-        keys = sorted(metrics)
-        values = torch.tensor([float(metrics[k]) for k in keys], device=self.accelerator.device)
-        values = self.accelerator.reduce(values, reduction="mean")
-        return dict(zip(keys, values.tolist()))
-
     def _log_completions(self, step, ro: Rollout, total, components, advantages, indices) -> None:
         if not self.cfg.logging.log_completions:
             return
@@ -236,89 +184,6 @@ class GRPOTrainer:
         from accelerate.utils import gather_object
 
         return gather_object(rows)
-
-    # ---------------------------------------------------------------- checkpoints
-    def save(self, step: int) -> Path | None:
-        self.accelerator.wait_for_everyone()
-        path = None
-        if self.is_main:
-            state = {"config": self.cfg.to_dict(), "num_processes": self.accelerator.num_processes}
-            path = ckpt.save_checkpoint(
-                self.run_dir, step, self.adapter, self.optimizer, self.scheduler, state, keep=self.cfg.logging.keep_checkpoints
-            )
-        self.accelerator.wait_for_everyone()
-        return path
-
-    def resume(self) -> int:
-        latest = ckpt.latest_checkpoint(self.run_dir)
-        if latest is None:
-            if self.is_main:
-                print(f"--resume: no complete checkpoint in {self.run_dir}; starting from step 0")
-            return 0
-        ckpt.load_weights(self.adapter.model, latest)
-        state = ckpt.load_training_state(latest, self.optimizer, self.scheduler)
-        self.log.truncate_after(state["step"])
-        if self.is_main:
-            print(f"resumed from {latest} (step {state['step']})")
-        return int(state["step"])
-
-    def save_final(self) -> Path:
-        final = self.run_dir / "final"
-        self.accelerator.wait_for_everyone()
-        if self.is_main:
-            tmp = self.run_dir / ".tmp-final"
-            shutil.rmtree(tmp, ignore_errors=True)
-            ckpt.save_model(self.adapter, tmp)
-            if is_lora_wrapped(self.adapter) and self.cfg.logging.save_merged:
-                save_merged(self.adapter, tmp / "merged")
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.rename(final)
-        self.accelerator.wait_for_everyone()
-        return final
-
-    # ---------------------------------------------------------------- the loop
-    def train(self) -> list[dict[str, Any]]:
-        cfg = self.cfg
-        start = self.resume() if cfg.resume else 0
-        if cfg.logging.report_to:
-            flat = {k: str(v) for k, v in _flatten(cfg.to_dict()).items()}
-            self.accelerator.init_trackers("vlm-grpo", config=flat)
-        history = []
-        progress = _progress(start, cfg.max_steps, enabled=self.is_main and cfg.logging.progress)
-        for step in range(start, cfg.max_steps):
-            metrics = self.train_step(step)
-            history.append(metrics)
-            self.log.metrics(metrics)
-            if cfg.logging.report_to:
-                self.accelerator.log(metrics, step=metrics["step"])
-            progress.update(1)
-            progress.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics.get('kl', 0.0):.2e}")
-            done = step + 1
-            if cfg.logging.save_every and done % cfg.logging.save_every == 0 and done < cfg.max_steps:
-                self.save(done)
-        progress.close()
-        if start < cfg.max_steps or not ckpt.latest_checkpoint(self.run_dir):
-            self.save(cfg.max_steps)
-        self.save_final()
-        if cfg.logging.report_to:
-            self.accelerator.end_training()
-        return history
-
-
-def _progress(start: int, total: int, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=start, disable=not enabled, desc="grpo", unit="step", dynamic_ncols=True)
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def train(cfg: TrainConfig) -> list[dict[str, Any]]:
