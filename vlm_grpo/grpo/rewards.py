@@ -45,14 +45,60 @@ def parse_reward_specs(specs: list[str]) -> list[Reward]:
     return rewards
 
 
-def score(rewards: list[Reward], completions: list[str], fields: dict[str, list[Any]]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Total weighted reward [N] and each component's raw scores [N]."""
+class RewardError(RuntimeError):
+    """A reward function raised; the message names the reward and the sample that broke it."""
+
+
+def _offending_sample(reward: Reward, completions: list[str], fields: dict[str, list[Any]]) -> tuple[int, BaseException]:
+    """Re-run the reward one completion at a time to find the first one it fails on."""
+    for i, completion in enumerate(completions):
+        try:
+            reward.fn(completions=[completion], **{k: [v[i]] for k, v in fields.items()})
+        except Exception as err:  # noqa: BLE001 - user code may raise anything
+            return i, err
+    return -1, RuntimeError("fails only on the whole batch")
+
+
+def _call(reward: Reward, completions: list[str], fields: dict[str, list[Any]], on_error: str, errors: dict[str, int]) -> list[float]:
+    try:
+        values = reward.fn(completions=completions, **fields)
+    except Exception as err:  # noqa: BLE001
+        index, cause = _offending_sample(reward, completions, fields)
+        if on_error != "zero":
+            where = f"completion {index} ({completions[index][:80]!r})" if index >= 0 else "the batch"
+            raise RewardError(f"reward {reward.name!r} raised on {where}: {type(cause).__name__}: {cause}") from err
+        # Score each completion alone so only the ones it fails on get 0.
+        values = []
+        for i, completion in enumerate(completions):
+            try:
+                values.extend(reward.fn(completions=[completion], **{k: [v[i]] for k, v in fields.items()}))
+            except Exception:  # noqa: BLE001
+                values.append(0.0)
+                errors[reward.name] = errors.get(reward.name, 0) + 1
+    if len(values) != len(completions):
+        raise RewardError(f"reward {reward.name!r} returned {len(values)} scores for {len(completions)} completions")
+    return values
+
+
+def score(
+    rewards: list[Reward],
+    completions: list[str],
+    fields: dict[str, list[Any]],
+    on_error: str = "raise",
+    errors: dict[str, int] | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Total weighted reward [N] and each component's raw scores [N].
+
+    on_error="raise": a failing reward raises RewardError naming it and the completion it failed on;
+    "zero": those completions score 0 for it, counted per reward in `errors`.
+    """
+    if on_error not in ("raise", "zero"):
+        raise ValueError(f"on_reward_error must be raise or zero, not {on_error!r}")
     components: dict[str, torch.Tensor] = {}
+    errors = {} if errors is None else errors
     total = torch.zeros(len(completions), dtype=torch.float32)
     for reward in rewards:
-        values = reward.fn(completions=completions, **fields)
-        if len(values) != len(completions):
-            raise ValueError(f"reward {reward.name!r} returned {len(values)} scores for {len(completions)} completions")
+        values = _call(reward, completions, fields, on_error, errors)
         scores = torch.tensor([float(v) for v in values], dtype=torch.float32)
         components[reward.name] = scores
         total += reward.weight * scores
