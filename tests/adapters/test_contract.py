@@ -140,3 +140,20 @@ def test_save_and_reload_round_trip(adapter, tmp_path):
         a = adapter.model(**batch.model_inputs()).logits
         b = reloaded.model(**again.model_inputs()).logits
     assert (a - b).abs().max().item() <= 1e-5
+
+
+def test_rows_with_and_without_images_mix(adapter):
+    """A text-only row beside image rows is supported: same log-probs as when encoded alone."""
+    conversations, images = mixed_batch(adapter)
+    text_only = [{"role": "user", "content": [{"type": "text", "text": "Say something about squares."}]}]
+    batch = adapter.encode_prompts([conversations[0], text_only], [images[0], []])
+    assert batch.images_per_sample == [1, 0]
+    assert adapter.feature_counts(batch)[1] == 0
+    completion, _ = _greedy(adapter, batch)
+    mask = torch.ones_like(completion)
+    with torch.no_grad():
+        together = completion_logprobs(adapter, batch, completion, mask)
+        alone = completion_logprobs(adapter, adapter.encode_prompts([text_only], [[]]), completion[1:], mask[1:])
+        only_text = completion_logprobs(adapter, batch.select([1]), completion[1:], mask[1:])
+    assert (alone[0] - together[1]).abs().max().item() <= 1e-4
+    assert (only_text[0] - together[1]).abs().max().item() <= 1e-4

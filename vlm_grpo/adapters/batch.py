@@ -38,6 +38,8 @@ class PromptBatch:
             rows = self.mm_rows[key]
             starts = _prefix_sums(rows)
             row_index = [r for i in idx for r in range(starts[i], starts[i] + rows[i])]
+            if not row_index:  # e.g. only text-only samples picked: models reject empty image tensors
+                continue
             mm[key] = tensor[torch.tensor(row_index, dtype=torch.long, device=tensor.device)]
             mm_rows[key] = [rows[i] for i in idx]
         pick = torch.tensor(idx, dtype=torch.long, device=self.input_ids.device)
