@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from vlm_grpo.adapters.base import ImageTokenMismatch
 from vlm_grpo.adapters.batch import PromptBatch
 from vlm_grpo.recipes.base import Sample, expand
 
@@ -29,6 +30,17 @@ def mask_after_eos(completion_ids: torch.Tensor, eos_ids: list[int]) -> torch.Te
     return (~seen_before).long()
 
 
+def check_no_placeholders(adapter, completion_ids: torch.Tensor, mask: torch.Tensor, num_generations: int) -> None:
+    """A generated image placeholder would shift image features onto text: never train on it."""
+    bad = (completion_ids == adapter.image_token_id) & mask.bool()
+    if bad.any():
+        row = int(bad.any(dim=1).nonzero()[0])
+        raise ImageTokenMismatch(
+            f"sample {row // num_generations}, completion {row % num_generations}: generated the image placeholder "
+            f"id {adapter.image_token_id}; it must be suppressed (adapter.suppressed_token_ids)"
+        )
+
+
 def collect_fields(samples: list[Sample], times: int) -> dict[str, list[Any]]:
     keys = {k for s in samples for k in s.fields}
     return {k: expand([s.fields.get(k) for s in samples], times) for k in sorted(keys)}
@@ -49,6 +61,7 @@ def rollout(adapter, samples: list[Sample], gen, num_generations: int, device, u
     )
     completion_ids = out.sequences[:, grouped.input_ids.shape[1] :]
     mask = mask_after_eos(completion_ids, adapter.eos_token_ids)
+    check_no_placeholders(adapter, completion_ids, mask, num_generations)
     texts = adapter.tokenizer.batch_decode(completion_ids * mask + adapter.pad_token_id * (1 - mask), skip_special_tokens=True)
     return Rollout(
         prompts=prompts,
