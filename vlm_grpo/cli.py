@@ -133,7 +133,7 @@ def cmd_demo(args) -> int:
 
 # Commands that live in their own modules: each exposes `add_parser(subparsers)`, which sets
 # `func` (and `takes_extra=True` if it accepts free --key value settings).
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("vlm_grpo.commands.sft", "vlm_grpo.commands.eval")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -61,6 +61,25 @@ class LoggingConfig:
 
 
 @dataclass
+class SFTConfig:
+    """`vlm-grpo sft`: supervised warm-up on the recipe's reference responses. Steps, batch size, learning
+    rates, freezing and LoRA come from the shared settings (max_steps, data.batch_size, optim.*, lora.*)."""
+
+    max_reference_tokens: int = 256  # longer references (end-of-turn token included) are cut
+
+
+@dataclass
+class EvalConfig:
+    """`vlm-grpo eval` (and held-out evaluation inside a run): greedy decoding over a split."""
+
+    split: str = "test"
+    size: int = 64
+    eval_batch_size: int = 8
+    length_edges: list[int] = field(default_factory=list)  # reasoning-length bucket edges; empty: quartiles
+    out: str | None = None  # JSON report; None: <output_dir>/eval-<split>.json
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -69,6 +88,8 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     lora: LoraSettings = field(default_factory=LoraSettings)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     max_steps: int = 3
     scale_rewards: str = "group"  # group | batch | none: what the group advantage is divided by
     num_iterations: int = 1  # optimizer updates per rollout batch
@@ -190,6 +211,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         apply_overrides(cfg, overrides)
     cfg.loss.max_completion_length = cfg.generation.max_new_tokens
     return cfg
+
+
+def load_recipe_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """`load_config` with the chosen recipe's defaults underneath the file and the command line."""
+    from vlm_grpo.recipes import get_recipe
+
+    cfg = load_config(path, overrides)
+    defaults = get_recipe(cfg.data.recipe).defaults
+    return load_config(path, overrides, base=defaults) if defaults else cfg
 
 
 def from_dict(data: dict[str, Any]) -> TrainConfig:

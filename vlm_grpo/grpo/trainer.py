@@ -9,28 +9,21 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import shutil
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
-from accelerate.utils import set_seed
 
-from vlm_grpo.adapters.registry import load_adapter
-from vlm_grpo.grpo import checkpoint as ckpt
 from vlm_grpo.grpo.advantages import group_advantages
+from vlm_grpo.grpo.base_trainer import BaseTrainer, load_policy  # noqa: F401  (load_policy: public here too)
 from vlm_grpo.grpo.config import TrainConfig
-from vlm_grpo.grpo.data_order import batch_indices, step_seed
+from vlm_grpo.grpo.data_order import step_seed
 from vlm_grpo.grpo.logprobs import completion_logits, token_logprobs
-from vlm_grpo.grpo.lora import apply_lora, is_lora_wrapped, reference_disabled, save_merged
+from vlm_grpo.grpo.lora import is_lora_wrapped, reference_disabled
 from vlm_grpo.grpo.loss import grpo_loss
-from vlm_grpo.grpo.optim import apply_freeze, build_optimizer, build_scheduler, clip_gradients, trainable_table
+from vlm_grpo.grpo.optim import clip_gradients
 from vlm_grpo.grpo.rewards import parse_reward_specs, score
 from vlm_grpo.grpo.rollout import Rollout, rollout
-from vlm_grpo.grpo.run_log import RunLog
-from vlm_grpo.recipes import get_recipe
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,96 @@
+"""Greedy evaluation: reward means, accuracy, and accuracy by reasoning-length bucket."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import tiny_adapter
+from vlm_grpo.cli import main
+from vlm_grpo.grpo.evaluate import evaluate, inverted_u, length_buckets, quartile_edges
+from vlm_grpo.recipes import get_recipe
+from vlm_grpo.recipes.base import Recipe, Reward
+
+
+def odd_length(completions, **_):
+    """A stand-in for correctness that random weights pass about half the time."""
+    return [float(len(c) % 2) for c in completions]
+
+
+def toy_recipe() -> Recipe:
+    shapes = get_recipe("shapes")
+    return Recipe(name="toy", build=shapes.build, rewards=[*shapes.rewards, Reward("odd", odd_length, 0.5)],
+                  accuracy_reward="odd")
+
+
+def stop_tokens_for_varied_lengths(adapter, n: int) -> list[int]:
+    """Random weights never say EOS: pick stop ids from a first greedy pass so rows stop at different lengths."""
+    data = get_recipe("shapes").build(split="test", size=n, seed=0, image_size=56)
+    batch = adapter.encode_prompts([data[i].prompt for i in range(n)], [data[i].images for i in range(n)])
+    ids = adapter.generate(batch, max_new_tokens=12).sequences[:, batch.input_ids.shape[1]:]
+    opening = set(ids[:, :4].flatten().tolist())
+    return sorted({int(ids[r, min(4 + r, 11)]) for r in range(n)} - opening)
+
+
+def test_evaluate_fields_buckets_and_accuracy(monkeypatch):
+    adapter = tiny_adapter("qwen2_5_vl")
+    stops = stop_tokens_for_varied_lengths(adapter, 10)
+    monkeypatch.setattr(type(adapter), "eos_token_ids", property(lambda self: stops))
+    adapter.model.train()
+    report = evaluate(adapter, toy_recipe(), split="test", size=10, seed=0, batch_size=4, max_new_tokens=12,
+                      recipe_options={"image_size": 56})
+    assert adapter.model.training  # the caller's mode is restored
+    for key in ("split", "size", "reward", "rewards", "accuracy", "accuracy_reward", "completion_length",
+                "length_buckets", "inverted_u", "samples"):
+        assert key in report, key
+    samples = report["samples"]
+    assert report["size"] == len(samples) == 10
+    assert [s["index"] for s in samples] == list(range(10))
+    assert set(report["rewards"]) == {"correctness", "description", "reasoning", "odd"}
+    # accuracy recomputed independently from the per-sample records
+    assert report["accuracy"] == sum(s["rewards"]["odd"] > 0 for s in samples) / 10
+    for name, mean in report["rewards"].items():
+        assert abs(mean - sum(s["rewards"][name] for s in samples) / 10) < 1e-9
+    assert abs(report["completion_length"] - sum(s["length"] for s in samples) / 10) < 1e-9
+    assert all(1 <= s["length"] <= 12 for s in samples)
+    assert len({s["length"] for s in samples}) >= 2 and any(not s["truncated"] for s in samples)
+    buckets = report["length_buckets"]
+    assert sum(b["count"] for b in buckets) == 10 and sum(b["count"] > 0 for b in buckets) >= 2
+    for b in buckets:
+        inside = [s for s in samples if s["length"] >= b["low"] and (b["high"] is None or s["length"] < b["high"])]
+        assert b["count"] == len(inside)
+        if inside:
+            assert b["accuracy"] == sum(s["rewards"]["odd"] > 0 for s in inside) / len(inside)
+    # greedy: the same call gives the same completions
+    again = evaluate(adapter, toy_recipe(), split="test", size=3, seed=0, batch_size=3, max_new_tokens=12,
+                     recipe_options={"image_size": 56})
+    assert [s["completion"] for s in again["samples"]] == [s["completion"] for s in samples[:3]]
+
+
+def test_length_buckets_quartiles_edges_and_inverted_u():
+    lengths = [2, 4, 6, 8, 10, 12, 14, 16]
+    assert quartile_edges(lengths) == [6, 10, 14]
+    correct = [False, False, True, True, True, True, False, False]
+    buckets = length_buckets(lengths, correct)
+    assert [b["count"] for b in buckets] == [2, 2, 2, 2]
+    assert [b["accuracy"] for b in buckets] == [0.0, 1.0, 1.0, 0.0]
+    assert inverted_u(buckets) is True
+    fixed = length_buckets(lengths, correct, edges=[5, 100])
+    assert [(b["low"], b["high"], b["count"]) for b in fixed] == [(0, 5, 2), (5, 100, 6), (100, None, 0)]
+    rising = length_buckets(lengths, [False] * 4 + [True] * 4)
+    assert inverted_u(rising) is False
+    same = length_buckets([7] * 5, [True] * 5)
+    assert [b["count"] for b in same] == [5] and inverted_u(same) is None
+
+
+def test_eval_command_writes_json(tmp_path, capsys):
+    code = main(["eval", "--model", "tiny:smolvlm", "--recipe", "shapes", "--split", "test", "--size", "4",
+                 "--max-new-tokens", "6", "--output-dir", str(tmp_path), "--data.recipe_options", "{image_size: 56}"])
+    assert code == 0
+    report = json.loads((tmp_path / "eval-test.json").read_text())
+    assert report["size"] == 4 and report["accuracy_reward"] == "correctness" and report["model"] == "tiny:smolvlm"
+    assert report["accuracy"] == sum(s["rewards"]["correctness"] > 0 for s in report["samples"]) / 4
+    assert "length (tokens)" in capsys.readouterr().out
+    out = tmp_path / "sub" / "e.json"
+    assert main(["eval", "--model", "tiny:smolvlm", "--size", "2", "--max-new-tokens", "4", "--out", str(out),
+                 "--length-edges", "2,4", "--data.recipe_options", "{image_size: 56}"]) == 0
+    assert [b["bucket"] for b in json.loads(out.read_text())["length_buckets"]] == ["[0, 2)", "[2, 4)", "[4, inf)"]

@@ -1,0 +1,50 @@
+"""`vlm-grpo eval`: greedy evaluation on a recipe split (see vlm_grpo/grpo/evaluate.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="greedy evaluation: reward components, accuracy, accuracy by reasoning length",
+        description="Greedy generation over --size samples of --split (default test); prints a table and writes "
+        "JSON (--out, default OUTPUT_DIR/eval-SPLIT.json). Any setting as --key value, e.g. --model PATH "
+        "--recipe shapes --max-new-tokens 64 --eval-batch-size 16 --length-edges 16,32,64.",
+    )
+    p.add_argument("--config", default=None, help="YAML file of settings (command-line values win)")
+    p.set_defaults(func=run, takes_extra=True)
+
+
+def run(args, extra: list[str]) -> int:
+    import torch
+
+    from vlm_grpo.grpo.base_trainer import load_policy
+    from vlm_grpo.grpo.config import load_recipe_config
+    from vlm_grpo.grpo.evaluate import evaluate, format_report, write_report
+    from vlm_grpo.grpo.rewards import parse_reward_specs
+    from vlm_grpo.recipes import get_recipe
+
+    cfg = load_recipe_config(args.config, extra)
+    recipe = get_recipe(cfg.data.recipe)
+    rewards = parse_reward_specs(cfg.data.rewards) if cfg.data.rewards else None
+    device = torch.device(cfg.model.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    adapter = load_policy(cfg, device)
+    report = evaluate(
+        adapter,
+        recipe,
+        split=cfg.eval.split,
+        size=cfg.eval.size,
+        seed=cfg.seed,
+        batch_size=cfg.eval.eval_batch_size,
+        max_new_tokens=cfg.generation.max_new_tokens,
+        recipe_options=cfg.data.recipe_options,
+        rewards=rewards,
+        length_edges=cfg.eval.length_edges or None,
+    )
+    report["model"] = cfg.model.init_from or cfg.model.name
+    out = Path(cfg.eval.out) if cfg.eval.out else Path(cfg.logging.output_dir) / f"eval-{cfg.eval.split}.json"
+    print(format_report(report))
+    print(f"written to {write_report(report, out)}")
+    return 0

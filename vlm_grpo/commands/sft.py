@@ -1,0 +1,36 @@
+"""`vlm-grpo sft`: supervised warm-up on a recipe's reference responses (see vlm_grpo/grpo/sft.py)."""
+
+from __future__ import annotations
+
+DEFAULT_RUN_DIR = "runs/latest"  # LoggingConfig's default: an SFT run without --output-dir goes elsewhere
+SFT_RUN_DIR = "runs/sft-latest"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "sft",
+        help="supervised warm-up on the recipe's reference responses (before GRPO)",
+        description="Supervised fine-tuning on each sample's reference response, loss on completion tokens only. "
+        "Settings as for train (--model, --recipe, --max-steps, --batch-size, --learning-rate, --freeze, --lora.r, "
+        "--output-dir (default runs/sft-latest), --sft.max_reference_tokens ...). The model in OUTPUT_DIR/final "
+        "starts a GRPO run with `vlm-grpo train --init-from OUTPUT_DIR/final`.",
+    )
+    p.add_argument("--config", default=None, help="YAML file of settings (command-line values win)")
+    p.set_defaults(func=run, takes_extra=True)
+
+
+def run(args, extra: list[str]) -> int:
+    from vlm_grpo.grpo.config import load_recipe_config
+    from vlm_grpo.grpo.sft import SFTTrainer
+
+    cfg = load_recipe_config(args.config, extra)
+    if cfg.logging.output_dir == DEFAULT_RUN_DIR:
+        cfg.logging.output_dir = SFT_RUN_DIR  # never overwrite a GRPO run by accident
+    trainer = SFTTrainer(cfg)
+    history = trainer.train()
+    if history and trainer.is_main:
+        first, last = history[0]["loss"], history[-1]["loss"]
+        final = trainer.run_dir / "final"
+        print(f"done: {len(history)} SFT steps, loss {first:.4f} -> {last:.4f}; model in {final}")
+        print(f"continue with GRPO: vlm-grpo train --init-from {final} --recipe {cfg.data.recipe} ...")
+    return 0

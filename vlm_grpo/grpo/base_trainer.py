@@ -1,0 +1,235 @@
+"""What every training stage shares (GRPO, SFT warm-up): one place for the run's plumbing.
+
+- the run directory (checked writable before any model is loaded), the accelerator and the seed;
+- the recipe's training split and the policy (`model.init_from` wins over `model.name`);
+- LoRA or the freeze policy, the per-module-group optimizer and its schedule (grpo/optim.py, grpo/lora.py);
+- atomic checkpoints, `--resume`, the final model (plus a merged copy under LoRA), metrics.jsonl;
+- the step loop with progress bar, trackers and periodic saves.
+
+A stage subclasses `BaseTrainer` and supplies `train_step(step) -> metrics`; a few class attributes and
+hooks say what differs (whether dropout is on, how many scheduler steps a run takes, what the progress
+bar shows).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+
+from vlm_grpo.adapters.registry import load_adapter
+from vlm_grpo.grpo import checkpoint as ckpt
+from vlm_grpo.grpo.config import TrainConfig
+from vlm_grpo.grpo.data_order import batch_indices
+from vlm_grpo.grpo.lora import apply_lora, is_lora_wrapped, save_merged
+from vlm_grpo.grpo.optim import apply_freeze, build_optimizer, build_scheduler, trainable_table
+from vlm_grpo.grpo.run_log import RunLog
+from vlm_grpo.recipes import get_recipe
+
+MERGED_DIR = "merged"  # under a LoRA run's final/: the full model with the LoRA deltas folded in
+
+
+def resolve_model_path(spec: str) -> str:
+    """A LoRA run's `final/` holds only the adapter; a model is loaded from its merged copy."""
+    path = Path(spec)
+    if path.is_dir() and not (path / "config.json").is_file() and (path / "adapter_config.json").is_file():
+        merged = path / MERGED_DIR
+        if (merged / "config.json").is_file():
+            return str(merged)
+        raise ValueError(
+            f"{spec} holds only a LoRA adapter and no merged model; train with logging.save_merged true, "
+            "or merge the adapter into its base first"
+        )
+    return spec
+
+
+def load_policy(cfg: TrainConfig, device: torch.device):
+    """The adapter of `model.init_from` (a checkpoint to start from) or else `model.name`, on `device`."""
+    spec = cfg.model.init_from or cfg.model.name
+    adapter = load_adapter(
+        resolve_model_path(spec),
+        seed=cfg.seed,
+        dtype=cfg.model.dtype,
+        device=None if device.type == "cpu" else str(device),
+        attn_implementation=cfg.model.attn_implementation,
+        load_in_4bit=cfg.lora.load_in_4bit,
+        trust_remote_code=cfg.model.trust_remote_code,
+        cache_policy=cfg.model.cache_policy,
+    )
+    adapter.cache_policy = cfg.model.cache_policy
+    if not cfg.lora.load_in_4bit:
+        adapter.model.to(device)
+    return adapter
+
+
+def check_writable(run_dir: Path) -> None:
+    """Create `run_dir` and fail now, not at the first checkpoint, if it cannot be written."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    probe = run_dir / ".write-test"
+    probe.write_text("ok")
+    probe.unlink()
+
+
+class BaseTrainer:
+    stage = "train"  # names the progress bar and is recorded in checkpoints
+    dropout = False  # whether the model trains in train() mode (GRPO: no, the ratio compares like with like)
+
+    def __init__(self, cfg: TrainConfig, adapter=None, recipe=None):
+        self.cfg = cfg
+        self.accelerator = Accelerator(
+            cpu=not torch.cuda.is_available(),  # lets torchrun-launched CPU processes form a gloo group
+            mixed_precision=cfg.mixed_precision,
+            log_with=cfg.logging.report_to or None,
+            project_dir=cfg.logging.output_dir,
+        )
+        set_seed(cfg.seed)
+        self.run_dir = Path(cfg.logging.output_dir)
+        if self.is_main:
+            check_writable(self.run_dir)
+        self.recipe = recipe or get_recipe(cfg.data.recipe)
+        self._prepare_task()
+        self.dataset = self.recipe.build(split="train", size=cfg.data.train_size, seed=cfg.seed, **cfg.data.recipe_options)
+        self.adapter = adapter or load_policy(cfg, self.accelerator.device)
+        self._setup_training()
+        self.log = RunLog(self.run_dir, enabled=self.is_main)
+        self.step = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    # ---------------------------------------------------------------- hooks
+    def _prepare_task(self) -> None:
+        """Stage-specific checks that need only the config and recipe (fail before loading a model)."""
+
+    def _after_freeze(self) -> None:
+        """Runs once the trainable set is final, before the optimizer is built (GRPO: reference copy)."""
+
+    def scheduler_steps(self) -> int:
+        return self.cfg.max_steps
+
+    def progress_postfix(self, metrics: dict[str, Any]) -> dict[str, str]:
+        return {"loss": f"{metrics.get('loss', float('nan')):.4f}"}
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- setup
+    def _setup_training(self) -> None:
+        cfg, adapter = self.cfg, self.adapter
+        if cfg.lora.r > 0:
+            apply_lora(adapter, cfg.lora)
+        else:
+            apply_freeze(adapter, cfg.optim)
+        self._after_freeze()
+        adapter.model.train(self.dropout)
+        optimizer = build_optimizer(adapter, cfg.optim)
+        self.scheduler = build_scheduler(optimizer, cfg.optim, total_steps=self.scheduler_steps())
+        self.model, self.optimizer = self.accelerator.prepare(adapter.model, optimizer)
+        if self.is_main:
+            print(trainable_table(adapter, cfg.optim))
+
+    # ---------------------------------------------------------------- data
+    def _samples(self, step: int):
+        acc = self.accelerator
+        idx = batch_indices(len(self.dataset), self.cfg.data.batch_size, step, self.cfg.seed, acc.process_index, acc.num_processes)
+        return [self.dataset[i] for i in idx], idx
+
+    def _mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
+        if self.accelerator.num_processes == 1:
+            return metrics
+        keys = sorted(metrics)
+        values = torch.tensor([float(metrics[k]) for k in keys], device=self.accelerator.device)
+        values = self.accelerator.reduce(values, reduction="mean")
+        return dict(zip(keys, values.tolist()))
+
+    # ---------------------------------------------------------------- checkpoints
+    def save(self, step: int) -> Path | None:
+        self.accelerator.wait_for_everyone()
+        path = None
+        if self.is_main:
+            state = {"config": self.cfg.to_dict(), "num_processes": self.accelerator.num_processes, "stage": self.stage}
+            path = ckpt.save_checkpoint(
+                self.run_dir, step, self.adapter, self.optimizer, self.scheduler, state, keep=self.cfg.logging.keep_checkpoints
+            )
+        self.accelerator.wait_for_everyone()
+        return path
+
+    def resume(self) -> int:
+        latest = ckpt.latest_checkpoint(self.run_dir)
+        if latest is None:
+            if self.is_main:
+                print(f"--resume: no complete checkpoint in {self.run_dir}; starting from step 0")
+            return 0
+        ckpt.load_weights(self.adapter.model, latest)
+        state = ckpt.load_training_state(latest, self.optimizer, self.scheduler)
+        self.log.truncate_after(state["step"])
+        if self.is_main:
+            print(f"resumed from {latest} (step {state['step']})")
+        return int(state["step"])
+
+    def save_final(self) -> Path:
+        final = self.run_dir / "final"
+        self.accelerator.wait_for_everyone()
+        if self.is_main:
+            tmp = self.run_dir / ".tmp-final"
+            shutil.rmtree(tmp, ignore_errors=True)
+            ckpt.save_model(self.adapter, tmp)
+            if is_lora_wrapped(self.adapter) and self.cfg.logging.save_merged:
+                save_merged(self.adapter, tmp / MERGED_DIR)
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+        self.accelerator.wait_for_everyone()
+        return final
+
+    # ---------------------------------------------------------------- the loop
+    def train(self) -> list[dict[str, Any]]:
+        cfg = self.cfg
+        start = self.resume() if cfg.resume else 0
+        if cfg.logging.report_to:
+            flat = {k: str(v) for k, v in flatten(cfg.to_dict()).items()}
+            self.accelerator.init_trackers("vlm-grpo", config=flat)
+        history = []
+        progress = _progress(start, cfg.max_steps, self.stage, enabled=self.is_main and cfg.logging.progress)
+        for step in range(start, cfg.max_steps):
+            started = time.perf_counter()
+            metrics = self.train_step(step)
+            metrics.setdefault("step", step + 1)
+            metrics.setdefault("step_time", time.perf_counter() - started)
+            history.append(metrics)
+            self.log.metrics(metrics)
+            if cfg.logging.report_to:
+                self.accelerator.log(metrics, step=metrics["step"])
+            progress.update(1)
+            progress.set_postfix(self.progress_postfix(metrics))
+            done = step + 1
+            if cfg.logging.save_every and done % cfg.logging.save_every == 0 and done < cfg.max_steps:
+                self.save(done)
+        progress.close()
+        if start < cfg.max_steps or not ckpt.latest_checkpoint(self.run_dir):
+            self.save(cfg.max_steps)
+        self.save_final()
+        if cfg.logging.report_to:
+            self.accelerator.end_training()
+        return history
+
+
+def _progress(start: int, total: int, desc: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=start, disable=not enabled, desc=desc, unit="step", dynamic_ncols=True)
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

@@ -1,0 +1,177 @@
+"""Greedy evaluation of a policy on a recipe split: reward components, accuracy, and accuracy by
+reasoning length (the shape-counting chapter's check: accuracy against response length should be an
+inverted U; too short is guessing, too long is overthinking or hallucinating).
+
+Completion length is counted as the training metric counts it: tokens up to and including the first
+EOS (all `max_new_tokens` when the model never stops; such samples are flagged `truncated`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from vlm_grpo.grpo.rewards import score
+from vlm_grpo.grpo.rollout import collect_fields, mask_after_eos
+
+
+def quartile_edges(lengths: Sequence[int], buckets: int = 4) -> list[int]:
+    """Inner edges splitting `lengths` into about `buckets` equal-count groups (ties merge groups)."""
+    ordered = sorted(lengths)
+    if not ordered:
+        return []
+    edges = []
+    for k in range(1, buckets):
+        edge = ordered[min(len(ordered) - 1, math.ceil(k * len(ordered) / buckets))]
+        if edge > ordered[0] and edge not in edges:
+            edges.append(edge)
+    return edges
+
+
+def length_buckets(lengths: Sequence[int], correct: Sequence[bool] | None, edges: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """Count and accuracy per length bucket [lo, hi); the first starts at 0, the last is open.
+
+    `edges` are inner edges (ascending); none: quartiles of `lengths`. Every sample lands in one bucket.
+    """
+    inner = sorted(set(int(e) for e in edges)) if edges else quartile_edges(lengths)
+    bounds = [0, *[e for e in inner if e > 0], None]
+    out = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        rows = [i for i, n in enumerate(lengths) if n >= lo and (hi is None or n < hi)]
+        hits = None if correct is None else sum(bool(correct[i]) for i in rows)
+        out.append(
+            {
+                "bucket": f"[{lo}, {hi})" if hi is not None else f"[{lo}, inf)",
+                "low": lo,
+                "high": hi,
+                "count": len(rows),
+                "accuracy": None if hits is None or not rows else hits / len(rows),
+                "mean_length": sum(lengths[i] for i in rows) / len(rows) if rows else None,
+            }
+        )
+    return out
+
+
+def inverted_u(buckets: list[dict[str, Any]]) -> bool | None:
+    """Whether accuracy peaks in an inner bucket, above both the shortest and the longest (None: < 3 buckets)."""
+    filled = [b["accuracy"] for b in buckets if b["count"] and b["accuracy"] is not None]
+    if len(filled) < 3:
+        return None
+    peak = max(range(len(filled)), key=lambda i: filled[i])
+    return 0 < peak < len(filled) - 1 and filled[peak] > filled[0] and filled[peak] > filled[-1]
+
+
+def evaluate(
+    adapter,
+    recipe,
+    split: str = "test",
+    size: int = 64,
+    seed: int = 0,
+    batch_size: int = 8,
+    max_new_tokens: int = 64,
+    recipe_options: dict[str, Any] | None = None,
+    rewards=None,
+    length_edges: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """Greedy completions for `size` samples of `split`; every reward component's mean, accuracy (share of
+    samples whose `recipe.accuracy_reward` component is > 0), mean completion length, accuracy by length
+    bucket, and one record per sample. `rewards` replaces the recipe's (list of `Reward`)."""
+    if size < 1 or batch_size < 1:
+        raise ValueError(f"eval size and batch size must be >= 1, got {size} and {batch_size}")
+    rewards = list(recipe.rewards) if rewards is None else list(rewards)
+    accuracy_key = recipe.accuracy_reward
+    if accuracy_key is not None and accuracy_key not in {r.name for r in rewards}:
+        accuracy_key = None
+    dataset = recipe.build(split=split, size=size, seed=seed, **(recipe_options or {}))
+    model = adapter.model
+    was_training = model.training
+    model.eval()
+    param = next(model.parameters())
+    records: list[dict[str, Any]] = []
+    try:
+        for start in range(0, len(dataset), batch_size):
+            indices = list(range(start, min(start + batch_size, len(dataset))))
+            samples = [dataset[i] for i in indices]
+            batch = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples])
+            batch = batch.to(param.device, dtype=param.dtype)
+            out = adapter.generate(batch, max_new_tokens=max_new_tokens, do_sample=False)
+            ids = out.sequences[:, batch.input_ids.shape[1]:]
+            mask = mask_after_eos(ids, adapter.eos_token_ids)
+            texts = adapter.tokenizer.batch_decode(ids * mask + adapter.pad_token_id * (1 - mask), skip_special_tokens=True)
+            stopped = (torch.isin(ids, torch.tensor(adapter.eos_token_ids, device=ids.device)) & mask.bool()).any(1)
+            total, components = score(rewards, texts, collect_fields(samples, 1))
+            for row, index in enumerate(indices):
+                parts = {name: v[row].item() for name, v in components.items()}
+                records.append(
+                    {
+                        "index": index,
+                        "completion": texts[row],
+                        "length": int(mask[row].sum().item()),
+                        "truncated": not bool(stopped[row].item()),
+                        "reward": total[row].item(),
+                        "rewards": parts,
+                        "correct": None if accuracy_key is None else parts[accuracy_key] > 0,
+                    }
+                )
+    finally:
+        model.train(was_training)
+    return summarize(records, [r.name for r in rewards], accuracy_key, split=split, length_edges=length_edges)
+
+
+def summarize(records: list[dict[str, Any]], reward_names: list[str], accuracy_key: str | None, split: str = "",
+              length_edges: Sequence[int] | None = None) -> dict[str, Any]:
+    n = len(records)
+    lengths = [r["length"] for r in records]
+    correct = None if accuracy_key is None else [bool(r["correct"]) for r in records]
+    buckets = length_buckets(lengths, correct, length_edges)
+    return {
+        "split": split,
+        "size": n,
+        "reward": sum(r["reward"] for r in records) / n,
+        "rewards": {name: sum(r["rewards"][name] for r in records) / n for name in reward_names},
+        "accuracy_reward": accuracy_key,
+        "accuracy": None if correct is None else sum(correct) / n,
+        "completion_length": sum(lengths) / n,
+        "truncated": sum(r["truncated"] for r in records) / n,
+        "length_buckets": buckets,
+        "inverted_u": inverted_u(buckets),
+        "samples": records,
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """A plain-text table: summary lines, then accuracy by completion-length bucket."""
+    def num(v):
+        return "-" if v is None else f"{v:.3f}"
+
+    lines = [f"split {report['split']}: {report['size']} samples"]
+    lines.append(f"  accuracy ({report['accuracy_reward'] or 'n/a'} > 0)  {num(report['accuracy'])}")
+    lines.append(f"  reward (weighted total)  {num(report['reward'])}")
+    for name, value in report["rewards"].items():
+        lines.append(f"  rewards/{name}  {num(value)}")
+    lines.append(f"  completion length  {report['completion_length']:.1f} tokens ({100 * report['truncated']:.0f}% hit max_new_tokens)")
+    rows = [("length (tokens)", "count", "accuracy")] + [
+        (b["bucket"], str(b["count"]), num(b["accuracy"])) for b in report["length_buckets"]
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines.append("")
+    for k, (a, b, c) in enumerate(rows):
+        lines.append(f"  {a.ljust(widths[0])}  {b.rjust(widths[1])}  {c.rjust(widths[2])}")
+        if k == 0:
+            lines.append("  " + "  ".join("-" * w for w in widths))
+    shape = {True: "yes", False: "no", None: "n/a (fewer than 3 filled buckets)"}[report["inverted_u"]]
+    lines.append(f"  inverted U (accuracy peaks at a middle length): {shape}")
+    return "\n".join(lines)
+
+
+def write_report(report: dict[str, Any], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2, default=str))
+    tmp.replace(path)
+    return path

@@ -1,0 +1,179 @@
+"""Supervised warm-up (SFT) on a recipe's reference responses, before GRPO.
+
+GRPO's reward is sparse while the policy cannot yet read images; a short supervised stage on reference
+answers gives it the format and a first grip on the task (the qwen-0.5b seed: SFT, then GRPO).
+
+Only completion tokens are learned: the prompt is encoded by the adapter exactly as a rollout encodes it,
+the reference is the assistant turn of the family's own chat template (ending with its end-of-turn /
+EOS token), and the forward goes through `adapter.completion_inputs`, so each family's extra inputs
+(M-RoPE token types, pixel masks, tiles) are the ones the GRPO forward uses. Prompt, image and padding
+positions carry no loss (label -100); the loss is the mean negative log-likelihood over completion tokens.
+
+Everything else (run dir, freeze/LoRA, per-module learning rates, checkpoints, resume, final model) is
+`BaseTrainer`'s, shared with GRPO, so `checkpoints/final` loads with `vlm-grpo train --init-from PATH`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+import torch
+
+from vlm_grpo.adapters.batch import PromptBatch
+from vlm_grpo.grpo.base_trainer import BaseTrainer
+from vlm_grpo.grpo.config import TrainConfig
+from vlm_grpo.grpo.data_order import step_seed
+from vlm_grpo.grpo.logprobs import completion_logits, token_logprobs
+from vlm_grpo.grpo.optim import clip_gradients
+from vlm_grpo.recipes.base import Sample
+
+log = logging.getLogger(__name__)
+IGNORE_INDEX = -100  # the label of a position that carries no loss (transformers' convention)
+
+
+@dataclass
+class SFTBatch:
+    """Prompts encoded once (left-padded) + reference completions (right-padded) and their mask."""
+
+    prompts: PromptBatch
+    completion_ids: torch.Tensor  # [B, T], pad id after each reference
+    completion_mask: torch.Tensor  # [B, T], 1 on reference tokens (end-of-turn included)
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def select(self, rows: Sequence[int]) -> "SFTBatch":
+        idx = torch.tensor(list(rows), dtype=torch.long, device=self.completion_ids.device)
+        return SFTBatch(self.prompts.select(rows), self.completion_ids[idx], self.completion_mask[idx])
+
+    def to(self, device, dtype: torch.dtype | None = None) -> "SFTBatch":
+        return replace(
+            self,
+            prompts=self.prompts.to(device, dtype=dtype),
+            completion_ids=self.completion_ids.to(device),
+            completion_mask=self.completion_mask.to(device),
+        )
+
+    def model_inputs(self, adapter) -> dict[str, torch.Tensor]:
+        """The teacher-forced forward's kwargs over prompt + reference (the adapter's own extension)."""
+        return adapter.completion_inputs(self.prompts, self.completion_ids, self.completion_mask)
+
+    def labels(self) -> torch.Tensor:
+        """[B, L+T] labels aligned with `model_inputs()['input_ids']`: the reference tokens, -100 elsewhere."""
+        prompt = torch.full_like(self.prompts.input_ids, IGNORE_INDEX)
+        completion = self.completion_ids.masked_fill(self.completion_mask == 0, IGNORE_INDEX)
+        return torch.cat([prompt, completion], dim=1)
+
+
+def reference_token_ids(adapter, sample: Sample, max_tokens: int | None = None) -> list[int]:
+    """The reference as the family's chat template writes an assistant turn after this prompt, ending
+    with the first EOS id the policy stops at (appended when the template has none)."""
+    if sample.reference is None:
+        raise ValueError("SFT needs reference responses, and this recipe's samples have none (Sample.reference)")
+    processor = adapter.processor
+    prompt_text = processor.apply_chat_template(list(sample.prompt), add_generation_prompt=True, tokenize=False)
+    reply = {"role": "assistant", "content": [{"type": "text", "text": sample.reference}]}
+    full_text = processor.apply_chat_template([*sample.prompt, reply], tokenize=False)
+    tail = full_text[len(prompt_text):] if full_text.startswith(prompt_text) else sample.reference
+    ids = adapter.tokenizer(tail, add_special_tokens=False)["input_ids"]
+    eos = set(adapter.eos_token_ids)
+    end = next((i for i, t in enumerate(ids) if t in eos), None)
+    ids = ids[: end + 1] if end is not None else ids + [adapter.eos_token_ids[0]]
+    if max_tokens is not None and len(ids) > max_tokens:
+        warnings.warn(f"a reference of {len(ids)} tokens is cut to sft.max_reference_tokens={max_tokens}", stacklevel=2)
+        ids = ids[:max_tokens]
+    forbidden = set(adapter.suppressed_token_ids())
+    if forbidden & set(ids):
+        raise ValueError("a reference response contains an image placeholder token; it cannot be a completion")
+    return ids
+
+
+def build_sft_batch(adapter, samples: Sequence[Sample], max_tokens: int | None = None) -> SFTBatch:
+    """Encode the prompts with `adapter.encode_prompts` and append each reference, right-padded."""
+    prompts = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples])
+    refs = [reference_token_ids(adapter, s, max_tokens) for s in samples]
+    width = max(len(r) for r in refs)
+    ids = torch.full((len(refs), width), adapter.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(refs), width), dtype=torch.long)
+    for row, ref in enumerate(refs):
+        ids[row, : len(ref)] = torch.tensor(ref, dtype=torch.long)
+        mask[row, : len(ref)] = 1
+    return SFTBatch(prompts, ids, mask)
+
+
+def completion_nll(adapter, batch: SFTBatch, model=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Summed NLL over completion tokens, their count, and how many the argmax predicts right."""
+    logits = completion_logits(adapter, batch.prompts, batch.completion_ids, batch.completion_mask, model=model)
+    mask = batch.completion_mask.float()
+    nll = -token_logprobs(logits, batch.completion_ids)
+    with torch.no_grad():
+        hits = ((logits.argmax(-1) == batch.completion_ids).float() * mask).sum()
+    return (nll * mask).sum(), mask.sum(), hits
+
+
+def sft_loss(adapter, batch: SFTBatch, model=None) -> torch.Tensor:
+    """Mean NLL over the batch's completion tokens."""
+    total, tokens, _ = completion_nll(adapter, batch, model=model)
+    return total / tokens.clamp(min=1)
+
+
+class SFTTrainer(BaseTrainer):
+    stage = "sft"
+    dropout = True
+
+    def _prepare_task(self) -> None:
+        if self.cfg.sft.max_reference_tokens < 1:
+            raise ValueError(f"sft.max_reference_tokens must be >= 1, got {self.cfg.sft.max_reference_tokens}")
+        steps, batch = self.cfg.gradient_accumulation_steps, self.cfg.data.batch_size
+        if steps < 1 or batch % steps:
+            raise ValueError(f"gradient_accumulation_steps={steps} must divide data.batch_size={batch}")
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        cfg, acc = self.cfg, self.accelerator
+        torch.manual_seed(step_seed(cfg.seed, step, acc.process_index))  # dropout: same on resume
+        samples, _ = self._samples(step)
+        dtype = next(self.adapter.model.parameters()).dtype
+        batch = build_sft_batch(self.adapter, samples, cfg.sft.max_reference_tokens).to(acc.device, dtype=dtype)
+        rows = list(range(len(batch)))
+        per = len(rows) // cfg.gradient_accumulation_steps
+        chunks = [rows[i : i + per] for i in range(0, len(rows), per)]
+        # The mean over the step's completion tokens; DDP averages gradients, so scale by the process count.
+        tokens = acc.reduce(batch.completion_mask.sum().float(), reduction="sum") / acc.num_processes
+        self.optimizer.zero_grad(set_to_none=True)
+        nll_sum = hit_sum = 0.0
+        for k, chunk in enumerate(chunks):
+            sync = contextlib.nullcontext() if k == len(chunks) - 1 else acc.no_sync(self.model)
+            with sync:
+                total, _, hits = completion_nll(self.adapter, batch.select(chunk), model=self.model)
+                acc.backward(total / tokens)
+            nll_sum += total.item()
+            hit_sum += hits.item()
+        grad_norm = clip_gradients(self.optimizer, cfg.optim)
+        skipped = 0
+        if torch.isfinite(torch.as_tensor(grad_norm)).item():
+            self.optimizer.step()
+        else:
+            skipped = 1
+            log.warning("sft step %d: non-finite gradient norm, update skipped", step)
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        n = batch.completion_mask.sum().item()
+        metrics = {
+            "loss": nll_sum / max(n, 1),
+            "token_accuracy": hit_sum / max(n, 1),
+            "completion_length": batch.completion_mask.sum(1).float().mean().item(),
+            "grad_norm": float(grad_norm),
+            "skipped_updates": skipped,
+            **{f"lr/{g['name']}": g["lr"] for g in self.optimizer.param_groups},
+        }
+        metrics = self._mean_over_processes(metrics)
+        metrics["step"] = step + 1
+        return metrics
+
+
+def sft(cfg: TrainConfig) -> list[dict[str, Any]]:
+    return SFTTrainer(cfg).train()
