@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from vlm_grpo.recipes.base import Recipe, Reward, Sample
-from vlm_grpo.recipes import shapes
+from vlm_grpo.recipes import clevr_count, cryptogram, mm_math, shapes, vsr
 
-RECIPES: dict[str, Recipe] = {r.name: r for r in (shapes.RECIPE,)}
+RECIPES: dict[str, Recipe] = {
+    r.name: r for r in (shapes.RECIPE, cryptogram.RECIPE, vsr.RECIPE, clevr_count.RECIPE, mm_math.RECIPE)
+}
 
 
 def get_recipe(name: str) -> Recipe:

@@ -1,0 +1,64 @@
+"""Fixture writers shared by the recipe tests: small generated images, row files, a 2-step smoke run."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from PIL import Image
+
+COLORS = ("red", "green", "blue", "orange", "purple", "gray")
+
+
+def image(index: int = 0, size: int = 56) -> Image.Image:
+    img = Image.new("RGB", (size, size), "white")
+    img.paste(COLORS[index % len(COLORS)], (8, 8, size - 8, size - 8))
+    return img
+
+
+def png_bytes(index: int = 0, size: int = 56) -> bytes:
+    buf = io.BytesIO()
+    image(index, size).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def save_image(path: Path, index: int = 0, size: int = 56) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image(index, size).save(path)
+    return path
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def write_parquet(path: Path, rows: list[dict]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def smoke_train(recipe: str, out: Path, options: str) -> list[dict]:
+    """Two GRPO steps of `recipe` on the tiny Qwen2.5-VL twin."""
+    from vlm_grpo.grpo.config import load_config
+    from vlm_grpo.grpo.trainer import GRPOTrainer
+
+    cfg = load_config(overrides=[
+        "--model", "tiny:qwen2_5_vl", "--recipe", recipe, "--max-steps", "2", "--output-dir", str(out),
+        "--max-new-tokens", "8", "--logging.progress", "false", "--data.train-size", "4",
+        "--data.recipe_options", options,
+    ])
+    return GRPOTrainer(cfg).train()
+
+
+def same_sample(a, b) -> bool:
+    return (
+        a.prompt == b.prompt and a.fields == b.fields and a.reference == b.reference
+        and [i.tobytes() for i in a.images] == [i.tobytes() for i in b.images]
+    )

@@ -1,0 +1,215 @@
+"""Rows for file-based recipes: read them (JSONL, JSON, parquet, a folder, or a hub dataset), check each
+one, and turn the checked records into Samples lazily.
+
+Every problem is a `ValueError` that names the source, the row index and the field, so a bad row in a
+70k-row file is found without a debugger. Images may be PIL images, bytes, file paths or the hub's
+`{"bytes": ..., "path": ...}` dicts; paths are resolved against `image_root`, then the data file's folder,
+then its `images/` subfolder. Images are checked (header read) when the set is built and decoded to RGB
+when a sample is taken.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from PIL import Image
+
+from vlm_grpo.recipes.base import Sample
+
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+# ------------------------------------------------------------------ reading
+def find_data_file(folder: Path, split: str) -> Path:
+    """`<split>.jsonl|json|parquet`, the hub layout `data/<split>-*.parquet`, or the folder's only data file."""
+    for suffix in DATA_SUFFIXES:
+        if (folder / f"{split}{suffix}").is_file():
+            return folder / f"{split}{suffix}"
+    hub_layout = sorted((folder / "data").glob(f"{split}-*.parquet")) if (folder / "data").is_dir() else []
+    if len(hub_layout) == 1:
+        return hub_layout[0]
+    found = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in DATA_SUFFIXES)
+    if len(found) == 1:
+        return found[0]
+    names = ", ".join(p.name for p in found) or "none"
+    raise ValueError(f"{folder}: no {split}.jsonl/.json/.parquet and not exactly one data file (found: {names})")
+
+
+def read_file(path: Path) -> list[Any]:
+    if path.suffix == ".jsonl":
+        rows = []
+        for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}: row {len(rows)} (line {line_no}) is not valid JSON: {err}") from None
+        return rows
+    if path.suffix == ".json":
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: a .json data file must hold a list of rows")
+        return data
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    raise ValueError(f"{path}: unsupported data file (use {', '.join(DATA_SUFFIXES)})")
+
+
+def read_rows(path: str | Path | None, hub_id: str | None, split: str, size: int | None) -> tuple[list[Any], str, Path | None]:
+    """(rows, a name for messages, the folder relative image paths start from)."""
+    if (path is None) == (hub_id is None):
+        raise ValueError("give exactly one of path (a local JSONL/JSON/parquet file or folder) and hub_id")
+    if hub_id is not None:
+        from datasets import load_dataset
+
+        dataset = load_dataset(hub_id, split=split)
+        if size:
+            dataset = dataset.select(range(min(size, len(dataset))))
+        return list(dataset), hub_id, None
+    path = Path(path).expanduser()
+    if path.is_dir():
+        path = find_data_file(path, split)
+    elif not path.is_file():
+        raise ValueError(f"data path {path} does not exist")
+    rows = read_file(path)
+    return (rows[:size] if size else rows), str(path), path.parent
+
+
+# ----------------------------------------------------------------- checking
+@dataclass
+class RowChecker:
+    """Checks one source's rows; every message names the source, row and field."""
+
+    source: str
+    base_dir: Path | None = None
+    image_root: Path | None = None
+
+    def fail(self, index: int, name: str, problem: str) -> ValueError:
+        return ValueError(f"{self.source}: row {index}: field {name!r} {problem}")
+
+    def row(self, index: int, row: Any) -> dict[str, Any]:
+        if not isinstance(row, dict):
+            raise ValueError(f"{self.source}: row {index} is a {type(row).__name__}, not a mapping of fields")
+        return row
+
+    def text(self, index: int, row: dict, name: str, required: bool = True) -> str | None:
+        if name not in row or row[name] is None:
+            if required:
+                raise self.fail(index, name, "is missing")
+            return None
+        value = row[name]
+        if not isinstance(value, str):
+            raise self.fail(index, name, f"must be a string, got {type(value).__name__}")
+        if not value.strip():
+            raise self.fail(index, name, "is empty")
+        return value
+
+    def image(self, index: int, row: dict, names: tuple[str, ...]) -> "ImageRef":
+        """The first of `names` present in the row, checked to be a readable image."""
+        name = next((n for n in names if row.get(n) is not None), None)
+        if name is None:
+            raise self.fail(index, " or ".join(names), "is missing")
+        value = row[name]
+        if isinstance(value, list) and len(value) == 1:  # some sets store one image as a one-item list
+            value = value[0]
+        if isinstance(value, Image.Image):
+            return ImageRef(image=value)
+        if isinstance(value, dict):
+            if value.get("bytes"):
+                value = value["bytes"]
+            elif value.get("path"):
+                value = value["path"]
+            else:
+                raise self.fail(index, name, "is an image mapping with neither bytes nor path")
+        if isinstance(value, (bytes, bytearray)):
+            ref = ImageRef(data=bytes(value))
+        elif isinstance(value, (str, Path)):
+            ref = ImageRef(path=self._resolve(index, name, Path(value)))
+        else:
+            raise self.fail(index, name, f"must be an image, bytes or a file path, got {type(value).__name__}")
+        try:
+            ref.probe()
+        except Exception as err:  # noqa: BLE001 - any decoder failure means the image is unusable
+            where = f" ({ref.path})" if ref.path else ""
+            raise self.fail(index, name, f"is not a readable image{where}: {err}") from None
+        return ref
+
+    def _resolve(self, index: int, name: str, path: Path) -> Path:
+        path = path.expanduser()
+        if path.is_absolute():
+            candidates = [path]
+        else:
+            roots = [r for r in (self.image_root, self.base_dir, self.base_dir / "images" if self.base_dir else None) if r]
+            candidates = [root / path for root in roots] or [path]
+        for candidate in candidates:
+            if candidate.is_file():
+                return candidate
+        raise self.fail(index, name, f"names an image file that does not exist: {', '.join(map(str, candidates))}")
+
+
+@dataclass
+class ImageRef:
+    """An image to decode when the sample is taken (a PIL image, encoded bytes or a file)."""
+
+    image: Image.Image | None = None
+    data: bytes | None = None
+    path: Path | None = None
+
+    def _open(self) -> Image.Image:
+        if self.image is not None:
+            return self.image
+        return Image.open(io.BytesIO(self.data) if self.data is not None else self.path)
+
+    def probe(self) -> None:
+        img = self._open()
+        _ = img.size  # the header has been parsed
+
+    def load(self, max_side: int | None = None) -> Image.Image:
+        img = self._open()
+        img.load()
+        img = img.convert("RGB")
+        if max_side and max(img.size) != max_side:
+            scale = max_side / max(img.size)
+            img = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))), Image.BILINEAR)
+        return img
+
+
+# ------------------------------------------------------------------ samples
+@dataclass
+class RecordDataset:
+    """Checked records; `to_sample(record)` builds the Sample (and decodes its image) on access."""
+
+    records: list[dict[str, Any]]
+    to_sample: Callable[[dict[str, Any]], Sample]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> Sample:
+        if not 0 <= index < len(self.records):
+            raise IndexError(index)
+        return self.to_sample(self.records[index])
+
+
+def load_records(
+    check: Callable[[RowChecker, int, dict], dict[str, Any]],
+    path: str | Path | None,
+    hub_id: str | None,
+    split: str,
+    size: int | None,
+    image_root: str | Path | None = None,
+) -> list[dict[str, Any]]:
+    """Read the rows and run `check(checker, index, row)` on each; raises if there are none."""
+    rows, source, base_dir = read_rows(path, hub_id, split, size)
+    checker = RowChecker(source, base_dir, Path(image_root).expanduser() if image_root else None)
+    records = [check(checker, i, checker.row(i, row)) for i, row in enumerate(rows)]
+    if not records:
+        raise ValueError(f"{source}: no rows")
+    return records
