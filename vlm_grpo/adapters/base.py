@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, NamedTuple, Sequence
 
 import torch
 from PIL import Image
@@ -130,7 +130,7 @@ class VLMAdapter(ABC):
             self.processor.apply_chat_template(list(conv), add_generation_prompt=True, tokenize=False)
             for conv in conversations
         ]
-        images = [[img.convert("RGB") for img in sample] for sample in images]
+        images = [[prepare_image(img, i) for img in sample] for i, sample in enumerate(images)]
         features = self._run_processor(texts, images)
         batch = self._to_batch(features, images)
         self.check_alignment(batch)
@@ -263,6 +263,46 @@ class VLMAdapter(ABC):
             groups[self.module_group_of(name)].append(name)
         return groups
 
+    # ---------------------------------------------------------------- attention-map layout
+    def image_token_positions(
+        self, batch: PromptBatch, sample: int, image: int, image_size: tuple[int, int] | None = None
+    ) -> list["ImageCell"]:
+        """Where each image token of one image looks: one ImageCell per placeholder token, in prompt order.
+
+        The rectangle is in normalized coordinates of the original image (0..1, y down). Tokens of a
+        global tile or thumbnail cover the whole image, so cells may overlap. `image_size` is the original
+        (height, width); families whose layout depends on it (InternVL's tiling) require it.
+        """
+        raise NotImplementedError(f"{self.family}: no image token layout declared")
+
+    def image_token_indices(self, batch: PromptBatch, sample: int, image: int) -> list[int]:
+        """Positions in `batch.input_ids[sample]` of the image's placeholder tokens (delimiters skipped)."""
+        start, end = batch.image_spans[sample][image]
+        ids = batch.input_ids[sample, start:end].tolist()
+        return [start + k for k, tok in enumerate(ids) if tok == self.image_token_id]
+
+
+class ImageCell(NamedTuple):
+    """One image token and the rectangle of the image it encodes (normalized coordinates, y down)."""
+
+    token_index: int  # position in the prompt's input_ids
+    y0: float
+    x0: float
+    y1: float
+    x1: float
+
+
+def grid_cells(token_indices: Sequence[int], rows: int, cols: int, box=(0.0, 0.0, 1.0, 1.0)) -> list[ImageCell]:
+    """`rows` x `cols` tokens laid out row-major over `box` = (y0, x0, y1, x1)."""
+    if len(token_indices) != rows * cols:
+        raise ValueError(f"{len(token_indices)} image tokens do not fill a {rows}x{cols} grid")
+    y0, x0, y1, x1 = box
+    h, w = (y1 - y0) / rows, (x1 - x0) / cols
+    return [
+        ImageCell(tok, y0 + (k // cols) * h, x0 + (k % cols) * w, y0 + (k // cols + 1) * h, x0 + (k % cols + 1) * w)
+        for k, tok in enumerate(token_indices)
+    ]
+
 
 PEFT_PREFIX = "base_model.model."
 
@@ -270,6 +310,16 @@ PEFT_PREFIX = "base_model.model."
 def strip_wrapper_prefix(name: str) -> str:
     """A parameter/module name as the unwrapped model spells it (peft prefixes "base_model.model.")."""
     return name[len(PEFT_PREFIX):] if name.startswith(PEFT_PREFIX) else name
+
+
+def prepare_image(img: Image.Image, sample: int) -> Image.Image:
+    """8-bit RGB, fully decoded, size-capped; a bad image names its sample."""
+    from vlm_grpo.images import BadImage, prepare
+
+    try:
+        return prepare(img)
+    except BadImage as err:
+        raise ValueError(f"sample {sample}: field 'images': the image {err}") from None
 
 
 def _runs(row: list[int], token_id: int) -> list[tuple[int, int]]:

@@ -13,7 +13,11 @@ bar shows).
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,10 +30,12 @@ from vlm_grpo.adapters.registry import load_adapter
 from vlm_grpo.grpo import checkpoint as ckpt
 from vlm_grpo.grpo.config import TrainConfig
 from vlm_grpo.grpo.data_order import batch_indices
+from vlm_grpo.grpo.guards import KLWatchdog, NonFiniteGuard, check_disk_space
 from vlm_grpo.grpo.lora import apply_lora, is_lora_wrapped, save_merged
 from vlm_grpo.grpo.optim import apply_freeze, build_optimizer, build_scheduler, trainable_table
 from vlm_grpo.grpo.run_log import RunLog
 from vlm_grpo.recipes import get_recipe
+from vlm_grpo.recipes.checked import CheckedSource
 
 MERGED_DIR = "merged"  # under a LoRA run's final/: the full model with the LoRA deltas folded in
 
@@ -93,11 +99,20 @@ class BaseTrainer:
             check_writable(self.run_dir)
         self.recipe = recipe or get_recipe(cfg.data.recipe)
         self._prepare_task()
-        self.dataset = self.recipe.build(split="train", size=cfg.data.train_size, seed=cfg.seed, **cfg.data.recipe_options)
+        self.dataset = CheckedSource(self._build_dataset(), cfg.data.on_bad_sample)
         self.adapter = adapter or load_policy(cfg, self.accelerator.device)
         self._setup_training()
+        if self.is_main:
+            check_disk_space(self.run_dir, self.adapter.model)
         self.log = RunLog(self.run_dir, enabled=self.is_main)
         self.step = 0
+
+    def _build_dataset(self):
+        cfg = self.cfg
+        options = dict(cfg.data.recipe_options)
+        if "on_bad_sample" in inspect.signature(self.recipe.build).parameters:  # row-checking loaders
+            options.setdefault("on_bad_sample", cfg.data.on_bad_sample)
+        return self.recipe.build(split="train", size=cfg.data.train_size, seed=cfg.seed, **options)
 
     @property
     def is_main(self) -> bool:
@@ -194,29 +209,68 @@ class BaseTrainer:
         if cfg.logging.report_to:
             flat = {k: str(v) for k, v in flatten(cfg.to_dict()).items()}
             self.accelerator.init_trackers("vlm-grpo", config=flat)
+        nonfinite, kl_watch = NonFiniteGuard(cfg.guard.max_nonfinite_steps), KLWatchdog(cfg.guard)
         history = []
         progress = _progress(start, cfg.max_steps, self.stage, enabled=self.is_main and cfg.logging.progress)
-        for step in range(start, cfg.max_steps):
-            started = time.perf_counter()
-            metrics = self.train_step(step)
-            metrics.setdefault("step", step + 1)
-            metrics.setdefault("step_time", time.perf_counter() - started)
-            history.append(metrics)
-            self.log.metrics(metrics)
-            if cfg.logging.report_to:
-                self.accelerator.log(metrics, step=metrics["step"])
-            progress.update(1)
-            progress.set_postfix(self.progress_postfix(metrics))
-            done = step + 1
-            if cfg.logging.save_every and done % cfg.logging.save_every == 0 and done < cfg.max_steps:
-                self.save(done)
+        with _stop_on_signals() as stop:
+            for step in range(start, cfg.max_steps):
+                started = time.perf_counter()
+                metrics = self.train_step(step)
+                metrics.setdefault("step", step + 1)
+                metrics.setdefault("step_time", time.perf_counter() - started)
+                metrics["skipped_samples"] = len(self.dataset.skipped)
+                history.append(metrics)
+                self.log.metrics(metrics)
+                if cfg.logging.report_to:
+                    self.accelerator.log(metrics, step=metrics["step"])
+                progress.update(1)
+                progress.set_postfix(self.progress_postfix(metrics))
+                # A guard that trips raises before this step is saved: the newest checkpoint stays the last good one.
+                nonfinite.observe(metrics)
+                kl_watch.observe(metrics)
+                done = step + 1
+                if stop.signum is not None:
+                    self.save(done)
+                    progress.close()
+                    if self.is_main:
+                        print(f"\n{signal.Signals(stop.signum).name}: checkpoint-{done} saved in {self.run_dir}; --resume continues")
+                    return history
+                if cfg.logging.save_every and done % cfg.logging.save_every == 0 and done < cfg.max_steps:
+                    self.save(done)
         progress.close()
         if start < cfg.max_steps or not ckpt.latest_checkpoint(self.run_dir):
             self.save(cfg.max_steps)
         self.save_final()
+        if self.dataset.skipped and self.is_main:
+            print(f"skipped {len(self.dataset.skipped)} bad samples: {list(self.dataset.skipped)}")
         if cfg.logging.report_to:
             self.accelerator.end_training()
         return history
+
+
+class _StopRequest:
+    signum: int | None = None
+
+
+@contextlib.contextmanager
+def _stop_on_signals():
+    """SIGINT/SIGTERM ask the loop to save a checkpoint after the current step and return."""
+    request = _StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+
+    def handler(signum, _frame):
+        if request.signum is not None:  # a second signal: stop now
+            raise KeyboardInterrupt
+        request.signum = signum
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield request
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _progress(start: int, total: int, desc: str, enabled: bool):

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from vlm_grpo.grpo.guards import GuardConfig
 from vlm_grpo.grpo.loss import LossConfig
 from vlm_grpo.grpo.lora import LoraSettings
 from vlm_grpo.grpo.optim import OptimConfig
@@ -39,6 +40,8 @@ class DataConfig:
     num_generations: int = 4  # completions per prompt (G)
     recipe_options: dict[str, Any] = field(default_factory=dict)  # passed to the recipe's builder
     rewards: list[str] = field(default_factory=list)  # name=module:function*weight; replaces the recipe's
+    on_bad_sample: str = "error"  # error | skip: a bad row stops the run naming row and field, or is skipped
+    on_reward_error: str = "raise"  # raise | zero: a failing reward stops the run, or scores 0 and is counted
 
 
 @dataclass
@@ -88,6 +91,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     lora: LoraSettings = field(default_factory=LoraSettings)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     max_steps: int = 3

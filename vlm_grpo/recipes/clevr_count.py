@@ -77,10 +77,11 @@ def build(
     image_root: str | Path | None = None,
     image_size: int | None = None,
     require_thinking: bool = False,
+    on_bad_sample: str = "error",
 ):
     """The first `size` rows (all when 0/None); `require_thinking=True` insists on SFT rows."""
     records = load_records(
-        lambda c, i, r: check_row(c, i, r, require_thinking), path, hub_id, split, size, image_root
+        lambda c, i, r: check_row(c, i, r, require_thinking), path, hub_id, split, size, image_root, on_bad_sample
     )
 
     def to_sample(record: dict) -> Sample:

@@ -132,9 +132,10 @@ def build(
     hub_id: str | None = None,
     image_root: str | Path | None = None,
     image_size: int | None = None,
+    on_bad_sample: str = "error",
 ):
     """The first `size` rows (all when 0/None); `seed` is unused (the order is the source's)."""
-    records = load_records(check_row, path, hub_id, split, size, image_root)
+    records = load_records(check_row, path, hub_id, split, size, image_root, on_bad_sample)
 
     def to_sample(record: dict) -> Sample:
         return Sample(

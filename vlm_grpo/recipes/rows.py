@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from PIL import Image
 
+from vlm_grpo.images import BadImage, prepare
 from vlm_grpo.recipes.base import Sample
 
+log = logging.getLogger(__name__)
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
@@ -119,8 +122,14 @@ class RowChecker:
         value = row[name]
         if isinstance(value, list) and len(value) == 1:  # some sets store one image as a one-item list
             value = value[0]
+        where = f"{self.source}: row {index}: field {name!r}"
         if isinstance(value, Image.Image):
-            return ImageRef(image=value)
+            ref = ImageRef(image=value, where=where)
+            try:
+                ref.probe()
+            except BadImage as err:
+                raise self.fail(index, name, str(err)) from None
+            return ref
         if isinstance(value, dict):
             if value.get("bytes"):
                 value = value["bytes"]
@@ -129,9 +138,9 @@ class RowChecker:
             else:
                 raise self.fail(index, name, "is an image mapping with neither bytes nor path")
         if isinstance(value, (bytes, bytearray)):
-            ref = ImageRef(data=bytes(value))
+            ref = ImageRef(data=bytes(value), where=where)
         elif isinstance(value, (str, Path)):
-            ref = ImageRef(path=self._resolve(index, name, Path(value)))
+            ref = ImageRef(path=self._resolve(index, name, Path(value)), where=where)
         else:
             raise self.fail(index, name, f"must be an image, bytes or a file path, got {type(value).__name__}")
         try:
@@ -161,6 +170,7 @@ class ImageRef:
     image: Image.Image | None = None
     data: bytes | None = None
     path: Path | None = None
+    where: str = "image"  # "<source>: row N: field 'image'", for messages raised at decode time
 
     def _open(self) -> Image.Image:
         if self.image is not None:
@@ -169,12 +179,14 @@ class ImageRef:
 
     def probe(self) -> None:
         img = self._open()
-        _ = img.size  # the header has been parsed
+        if img.width == 0 or img.height == 0:  # the header has been parsed
+            raise BadImage(f"has zero size ({img.width}x{img.height})")
 
     def load(self, max_side: int | None = None) -> Image.Image:
-        img = self._open()
-        img.load()
-        img = img.convert("RGB")
+        try:
+            img = prepare(self._open())
+        except (BadImage, OSError) as err:
+            raise ValueError(f"{self.where}: {err}") from None
         if max_side and max(img.size) != max_side:
             scale = max_side / max(img.size)
             img = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))), Image.BILINEAR)
@@ -188,6 +200,11 @@ class RecordDataset:
 
     records: list[dict[str, Any]]
     to_sample: Callable[[dict[str, Any]], Sample]
+
+    @property
+    def skipped_rows(self) -> dict[int, str]:
+        """Rows the loader left out as bad (skip mode), by their index in the source."""
+        return getattr(self.records, "skipped", {})
 
     def __len__(self) -> int:
         return len(self.records)
@@ -205,11 +222,34 @@ def load_records(
     split: str,
     size: int | None,
     image_root: str | Path | None = None,
+    on_bad_sample: str = "error",
 ) -> list[dict[str, Any]]:
-    """Read the rows and run `check(checker, index, row)` on each; raises if there are none."""
+    """Read the rows and run `check(checker, index, row)` on each; raises if there are none.
+
+    on_bad_sample="skip": a bad row is left out instead of stopping the run; how many and which is logged.
+    """
+    if on_bad_sample not in ("error", "skip"):
+        raise ValueError(f"on_bad_sample must be error or skip, not {on_bad_sample!r}")
     rows, source, base_dir = read_rows(path, hub_id, split, size)
     checker = RowChecker(source, base_dir, Path(image_root).expanduser() if image_root else None)
-    records = [check(checker, i, checker.row(i, row)) for i, row in enumerate(rows)]
+    records, skipped = [], []
+    for i, row in enumerate(rows):
+        try:
+            records.append(check(checker, i, checker.row(i, row)))
+        except ValueError as err:
+            if on_bad_sample == "error":
+                raise
+            skipped.append((i, str(err)))
+    if skipped:
+        log.warning("%s: skipped %d bad rows (on_bad_sample=skip): %s", source, len(skipped), "; ".join(m for _, m in skipped[:20]))
     if not records:
-        raise ValueError(f"{source}: no rows")
-    return records
+        raise ValueError(f"{source}: no usable rows" + (f" ({len(skipped)} skipped as bad)" if skipped else ""))
+    return Records(records, skipped=dict(skipped))
+
+
+class Records(list):
+    """Checked records, plus the rows left out as bad (row index -> reason) in skip mode."""
+
+    def __init__(self, items, skipped: dict[int, str] | None = None):
+        super().__init__(items)
+        self.skipped = skipped or {}

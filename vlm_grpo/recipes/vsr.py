@@ -80,9 +80,10 @@ def build(
     hub_id: str | None = None,
     image_root: str | Path | None = None,
     image_size: int | None = None,
+    on_bad_sample: str = "error",
 ):
     """The first `size` rows of the split (all when size is 0/None); `seed` is unused (the order is the file's)."""
-    records = load_records(check_row, path, hub_id, split, size, image_root)
+    records = load_records(check_row, path, hub_id, split, size, image_root, on_bad_sample)
 
     def to_sample(record: dict) -> Sample:
         return Sample(

@@ -1,0 +1,56 @@
+"""Turning whatever image a user's data holds into the 8-bit RGB picture every processor expects."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from PIL import Image
+
+log = logging.getLogger(__name__)
+DEFAULT_MAX_PIXELS = 4096 * 4096  # larger images are scaled down before the processor sees them
+_capped_logged: set[tuple[int, int]] = set()
+
+
+class BadImage(ValueError):
+    """An image that cannot be used (empty, undecodable); the caller adds which row and field."""
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """8-bit RGB. Transparency is composited on white; 16/32-bit and float images are rescaled, not clipped."""
+    if img.width == 0 or img.height == 0:
+        raise BadImage(f"has zero size ({img.width}x{img.height})")
+    if img.mode == "RGB":
+        return img
+    if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+        values = np.asarray(img, dtype=np.float64)
+        low, high = float(values.min()), float(values.max())
+        scaled = np.zeros_like(values) if high == low else (values - low) / (high - low) * 255.0
+        return Image.fromarray(scaled.round().astype(np.uint8), mode="L").convert("RGB")
+    if img.mode == "P" or img.mode in ("RGBA", "LA", "PA") or "transparency" in img.info:
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return img.convert("RGB")  # L, 1, CMYK, YCbCr, LAB, HSV
+
+
+def cap_pixels(img: Image.Image, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """Scale an image above `max_pixels` down to it (aspect kept); the first time per size is logged."""
+    pixels = img.width * img.height
+    if pixels <= max_pixels:
+        return img
+    scale = (max_pixels / pixels) ** 0.5
+    size = (max(1, int(img.width * scale)), max(1, int(img.height * scale)))
+    if img.size not in _capped_logged:
+        _capped_logged.add(img.size)
+        log.warning("image of %dx%d px scaled to %dx%d (max_pixels %d)", img.width, img.height, *size, max_pixels)
+    return img.resize(size, Image.BILINEAR)
+
+
+def prepare(img: Image.Image, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """Decode fully (a truncated file fails here, not inside the model), convert, cap."""
+    try:
+        img.load()
+    except Exception as err:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError... for bad data
+        raise BadImage(f"cannot be decoded: {err}") from None
+    return cap_pixels(to_rgb(img), max_pixels)

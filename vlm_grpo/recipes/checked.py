@@ -1,0 +1,89 @@
+"""Samples checked on the way into training: a bad one is named (or skipped), never trained on."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from PIL import Image
+
+from vlm_grpo.recipes.base import Sample, SampleSource
+
+log = logging.getLogger(__name__)
+
+
+def _image_parts(prompt: list[dict[str, Any]]) -> int:
+    return sum(
+        1
+        for message in prompt
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if isinstance(part, dict) and part.get("type") == "image"
+    )
+
+
+def _text(prompt: list[dict[str, Any]]) -> str:
+    out = []
+    for message in prompt:
+        content = message.get("content")
+        if isinstance(content, str):
+            out.append(content)
+        elif isinstance(content, list):
+            out += [p.get("text") or "" for p in content if isinstance(p, dict) and p.get("type") == "text"]
+    return "".join(out)
+
+
+def validate_sample(sample: Any, index: int) -> Sample:
+    """Raise ValueError naming the row and field unless `sample` is usable."""
+    where = f"row {index}"
+    if not isinstance(sample, Sample):
+        raise ValueError(f"{where}: expected a Sample, got {type(sample).__name__}")
+    if not isinstance(sample.prompt, list) or not all(isinstance(m, dict) and "role" in m for m in sample.prompt):
+        raise ValueError(f"{where}: field 'prompt' must be a list of chat messages with a role")
+    if not _text(sample.prompt).strip():
+        raise ValueError(f"{where}: field 'prompt' has no text (empty prompt)")
+    if not isinstance(sample.images, list) or not all(isinstance(img, Image.Image) for img in sample.images):
+        raise ValueError(f"{where}: field 'images' must be a list of PIL images")
+    parts = _image_parts(sample.prompt)
+    if parts != len(sample.images):
+        raise ValueError(f"{where}: field 'images' holds {len(sample.images)} images but the prompt has {parts} image parts")
+    if not isinstance(sample.fields, dict):
+        raise ValueError(f"{where}: field 'fields' must be a mapping")
+    return sample
+
+
+class CheckedSource:
+    """Wraps a sample source: every sample is validated when taken; in skip mode a bad one is replaced
+    by the next good one and recorded in `skipped` (index -> reason)."""
+
+    def __init__(self, source: SampleSource, on_bad_sample: str = "error"):
+        if on_bad_sample not in ("error", "skip"):
+            raise ValueError(f"on_bad_sample must be error or skip, not {on_bad_sample!r}")
+        self.source = source
+        self.on_bad_sample = on_bad_sample
+        # rows the loader already left out, then samples that failed when taken
+        self.skipped: dict[int | str, str] = {f"source row {i}": m for i, m in getattr(source, "skipped_rows", {}).items()}
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def _take(self, index: int) -> Sample:
+        try:
+            return validate_sample(self.source[index], index)
+        except ValueError as err:
+            message = str(err) if f"row {index}" in str(err) else f"row {index}: {err}"
+            raise ValueError(message) from None
+
+    def __getitem__(self, index: int) -> Sample:
+        if self.on_bad_sample == "error":
+            return self._take(index)
+        for offset in range(len(self.source)):
+            candidate = (index + offset) % len(self.source)
+            if candidate in self.skipped:
+                continue
+            try:
+                return self._take(candidate)
+            except ValueError as err:
+                self.skipped[candidate] = str(err)
+                log.warning("skipping bad sample (%d so far): %s", len(self.skipped), err)
+        raise ValueError(f"every one of the {len(self.source)} samples is bad: {next(iter(self.skipped.values()))}")
