@@ -133,7 +133,13 @@ def cmd_demo(args) -> int:
 
 # Commands that live in their own modules: each exposes `add_parser(subparsers)`, which sets
 # `func` (and `takes_extra=True` if it accepts free --key value settings).
-COMMAND_MODULES: tuple[str, ...] = ("vlm_grpo.commands.sft", "vlm_grpo.commands.eval")
+COMMAND_MODULES: tuple[str, ...] = (
+    "vlm_grpo.commands.sft",
+    "vlm_grpo.commands.eval",
+    "vlm_grpo.inspect.plot_command",
+    "vlm_grpo.inspect.attention_command",
+    "vlm_grpo.inspect.completions",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,7 +17,7 @@ from transformers import (
     SiglipVisionModel,
 )
 
-from vlm_grpo.adapters.base import LLAVA_STYLE_GROUPS, VLMAdapter
+from vlm_grpo.adapters.base import LLAVA_STYLE_GROUPS, VLMAdapter, grid_cells
 from vlm_grpo.adapters.batch import PromptBatch
 from vlm_grpo.adapters.compose import assemble_llava, assemble_qwen, mrope_section
 from vlm_grpo.adapters.qwen2_5_vl import (
@@ -141,6 +141,33 @@ class LlavaHybridAdapter(VLMAdapter):
         mask = inputs["attention_mask"].long()
         inputs["position_ids"] = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
         return inputs
+
+    # ---------------------------------------------------------------- attention-map layout
+    def image_grid(self, batch: PromptBatch, sample: int, image: int) -> tuple[int, int]:
+        """(side, side) patches of the vision tower's square input (same for every image)."""
+        vision = self.model.config.vision_config
+        side = vision.image_size // vision.patch_size
+        return side, side
+
+    def covered_box(self, image_size: tuple[int, int] | None) -> tuple[float, float, float, float]:
+        """(y0, x0, y1, x1) of the original image the patch grid sees: all of it when the processor resizes
+        to a square (SigLIP); the central crop when it resizes the shortest edge and crops (CLIP)."""
+        ip = self.processor.image_processor
+        if not getattr(ip, "do_center_crop", False) or image_size is None:
+            return 0.0, 0.0, 1.0, 1.0
+        h, w = image_size
+        short = (ip.size or {}).get("shortest_edge")
+        scale = short / min(h, w) if short else 1.0
+        rh, rw = h * scale, w * scale
+        ch, cw = min(ip.crop_size["height"], rh), min(ip.crop_size["width"], rw)
+        y0, x0 = (rh - ch) / 2 / rh, (rw - cw) / 2 / rw
+        return y0, x0, y0 + ch / rh, x0 + cw / rw
+
+    def image_token_positions(self, batch, sample, image, image_size=None):
+        """The square patch grid row-major; a CLS token kept by the feature strategy (first) has no place."""
+        rows, cols = self.image_grid(batch, sample, image)
+        tokens = self.image_token_indices(batch, sample, image)
+        return grid_cells(tokens[len(tokens) - rows * cols :], rows, cols, self.covered_box(image_size))
 
 
 register(HybridAdapter)

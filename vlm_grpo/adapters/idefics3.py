@@ -24,7 +24,7 @@ from transformers import (
     Idefics3Processor,
 )
 
-from vlm_grpo.adapters.base import ImageTokenMismatch, VLMAdapter, _runs
+from vlm_grpo.adapters.base import ImageTokenMismatch, VLMAdapter, _runs, grid_cells
 from vlm_grpo.adapters.batch import PromptBatch
 from vlm_grpo.adapters.registry import register
 from vlm_grpo.adapters.seeding import seeded_model
@@ -242,6 +242,20 @@ class TiledImageAdapter(VLMAdapter):
                 if self._token_id(f"<row_{i}_col_{j}>") in tokens:
                     rows, cols = max(rows, i), max(cols, j)
         return TileGrid(rows, cols, int(round(self.image_seq_len**0.5)))
+
+    def image_token_positions(self, batch, sample, image, image_size=None):
+        """Split tiles row-major over the image (each side x side tokens, row-major), then the global tile."""
+        grid = self.image_grid(batch, sample, image)
+        tokens = self.image_token_indices(batch, sample, image)
+        per_tile = grid.side * grid.side
+        if len(tokens) != grid.tiles * per_tile:
+            raise ValueError(f"{self.family}: {len(tokens)} image tokens for {grid.tiles} tiles of {per_tile}")
+        cells = []
+        for t in range(grid.rows * grid.cols):
+            r, c = divmod(t, grid.cols)
+            box = (r / grid.rows, c / grid.cols, (r + 1) / grid.rows, (c + 1) / grid.cols)
+            cells += grid_cells(tokens[t * per_tile : (t + 1) * per_tile], grid.side, grid.side, box)
+        return cells + grid_cells(tokens[-per_tile:], grid.side, grid.side)
 
 
 IDEFICS3_SPEC = TiledSpec(

@@ -17,7 +17,7 @@ from transformers import (
     InternVLVideoProcessor,
 )
 
-from vlm_grpo.adapters.base import LLAVA_STYLE_GROUPS, VLMAdapter
+from vlm_grpo.adapters.base import LLAVA_STYLE_GROUPS, VLMAdapter, grid_cells
 from vlm_grpo.adapters.batch import PromptBatch, sum_per_sample
 from vlm_grpo.adapters.chat_templates import chatml_template
 from vlm_grpo.adapters.registry import register
@@ -203,6 +203,44 @@ class InternVLAdapter(VLMAdapter):
         """
         side = int(round(self.image_seq_length**0.5))
         return side, side
+
+    def tile_layout(self, image_size: tuple[int, int]) -> tuple[int, int]:
+        """(rows, cols) of crops the image processor cuts an image of (height, width) into (1, 1: no split)."""
+        from transformers.models.got_ocr2.image_processing_got_ocr2 import get_optimal_tiled_canvas
+
+        ip = self.processor.image_processor
+        kwargs = self.processor._merge_kwargs()["images_kwargs"]  # the processor's own merged settings
+        if not kwargs.get("crop_to_patches", ip.crop_to_patches):
+            return 1, 1
+        max_patches = kwargs.get("max_patches", ip.max_patches)
+        if max_patches <= 1:
+            return 1, 1
+        size = kwargs.get("size", ip.size)
+        tile_h, tile_w = (size["height"], size["width"]) if isinstance(size, dict) else (size.height, size.width)
+        cols, rows = get_optimal_tiled_canvas(
+            tuple(image_size), (tile_h, tile_w), kwargs.get("min_patches", ip.min_patches), max_patches
+        )
+        return rows, cols
+
+    def image_token_positions(self, batch, sample, image, image_size=None):
+        """Crops row-major over the image (each a tile token grid, row-major), then the thumbnail over all of it."""
+        tokens = self.image_token_indices(batch, sample, image)
+        side_r, side_c = self.image_grid(batch, sample, image)
+        per_tile = side_r * side_c
+        tiles = len(tokens) // per_tile
+        if tiles == 1:
+            return grid_cells(tokens, side_r, side_c)
+        if image_size is None:
+            raise ValueError("InternVL: the crop layout of a tiled image depends on its size; pass image_size")
+        rows, cols = self.tile_layout(image_size)
+        if rows * cols + 1 != tiles:
+            raise ValueError(f"InternVL: {tiles} tiles in the prompt but the tiling rule gives {rows}x{cols} + thumbnail")
+        cells = []
+        for t in range(rows * cols):
+            r, c = divmod(t, cols)
+            box = (r / rows, c / cols, (r + 1) / rows, (c + 1) / cols)
+            cells += grid_cells(tokens[t * per_tile : (t + 1) * per_tile], side_r, side_c, box)
+        return cells + grid_cells(tokens[-per_tile:], side_r, side_c)
 
 
 register(InternVLAdapter)

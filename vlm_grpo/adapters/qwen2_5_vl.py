@@ -11,7 +11,7 @@ from transformers import (
     Qwen2VLVideoProcessor,
 )
 
-from vlm_grpo.adapters.base import VLMAdapter
+from vlm_grpo.adapters.base import VLMAdapter, grid_cells
 from vlm_grpo.adapters.batch import PromptBatch, sum_per_sample
 from vlm_grpo.adapters.chat_templates import chatml_template
 from vlm_grpo.adapters.registry import register
@@ -172,6 +172,11 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         offset = sum(batch.mm_rows["image_grid_thw"][:sample]) + image
         _, h, w = batch.mm["image_grid_thw"][offset].tolist()
         return h // self.merge_size, w // self.merge_size
+
+    def image_token_positions(self, batch, sample, image, image_size=None):
+        """Merged patches row-major over the whole (resized, never cropped) image."""
+        rows, cols = self.image_grid(batch, sample, image)
+        return grid_cells(self.image_token_indices(batch, sample, image), rows, cols)
 
 
 register(Qwen2_5_VLAdapter)

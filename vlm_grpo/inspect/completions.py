@@ -1,0 +1,128 @@
+"""`vlm-grpo completions RUN_DIR`: read completions with their reward components, to spot reward hacking.
+
+Plain text, sized to the terminal. A completion that scores high for the wrong reason (a format tag
+with no answer, a keyword stuffed in to please a component) is quickest to see next to its
+components and its advantage, sorted best or worst first.
+"""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from pathlib import Path
+from typing import Any, Iterable
+
+from vlm_grpo.grpo.run_log import COMPLETIONS, read_jsonl
+
+
+def load_completions(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / COMPLETIONS
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: is {run_dir} a training run directory?")
+    return read_jsonl(path)
+
+
+def select(
+    rows: list[dict[str, Any]], *, step: int | None = None, order: str = "log", limit: int | None = None,
+    sort_key: str = "reward",
+) -> list[dict[str, Any]]:
+    """Filter to `step` (-1: the last logged step), sort (`best`/`worst` by `sort_key`, or log order), cut to `limit`.
+
+    `sort_key` is "reward", "advantage" or a reward component's name. Ties keep log order.
+    """
+    if step is not None:
+        if step == -1 and rows:
+            step = max(int(r["step"]) for r in rows)
+        rows = [r for r in rows if int(r["step"]) == step]
+    if order in ("best", "worst"):
+        def key(r):
+            value = r.get(sort_key, r.get("rewards", {}).get(sort_key))
+            return float("-inf") if value is None else float(value)
+
+        rows = sorted(rows, key=key, reverse=order == "best")
+    elif order != "log":
+        raise ValueError(f"unknown order {order!r}")
+    return rows[:limit] if limit else rows
+
+
+def printable(text: str) -> str:
+    """Control characters shown as escapes so a completion cannot garble the terminal."""
+    out = []
+    for ch in text:
+        if ch == "\n":
+            out.append("⏎ ")
+        elif ch == "\t":
+            out.append(" ")
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(ascii(ch)[1:-1])
+    return "".join(out)
+
+
+def _num(v: Any) -> str:
+    return "-" if v is None else f"{float(v):+.3f}" if isinstance(v, (int, float)) else str(v)
+
+
+def format_rows(rows: Iterable[dict[str, Any]], *, width: int | None = None, max_lines: int = 6,
+                show_prompt: bool = False) -> str:
+    """One block per completion: a header (step, sample, reward, advantage, components) and the text."""
+    width = width or shutil.get_terminal_size((100, 24)).columns
+    width = max(40, width)
+    blocks = []
+    for n, r in enumerate(rows, 1):
+        comps = "  ".join(f"{k}={_num(v)}" for k, v in (r.get("rewards") or {}).items())
+        head = (
+            f"#{n} step {r.get('step')}  sample {r.get('sample_index')}  proc {r.get('process', 0)}  "
+            f"reward {_num(r.get('reward'))}  adv {_num(r.get('advantage'))}"
+        )
+        lines = textwrap.wrap(head, width) + textwrap.wrap("   " + comps, width, subsequent_indent="   ")
+        if show_prompt:
+            lines += textwrap.wrap(printable(str(r.get("prompt", ""))), width, initial_indent="   prompt: ",
+                                   subsequent_indent="           ")
+        body = textwrap.wrap(printable(str(r.get("completion", ""))) or "∅", width - 3, initial_indent="│ ",
+                             subsequent_indent="│ ", drop_whitespace=False)
+        if len(body) > max_lines:
+            body = body[: max_lines - 1] + [f"│ … ({len(body) - max_lines + 1} more lines)"]
+        blocks.append("\n".join(lines + body))
+    rule = "─" * min(width, 100)
+    return ("\n" + rule + "\n").join(blocks)
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "no completions match"
+    rewards = [float(r.get("reward", 0.0)) for r in rows]
+    steps = sorted({int(r["step"]) for r in rows})
+    where = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}–{steps[-1]}"
+    return f"{len(rows)} completions, {where}, reward mean {sum(rewards) / len(rewards):.3f} (min {min(rewards):.3f}, max {max(rewards):.3f})"
+
+
+def cmd_completions(args) -> int:
+    rows = load_completions(args.run_dir)
+    total = len(rows)
+    order = "best" if args.best else "worst" if args.worst else "log"
+    chosen = select(rows, step=args.step, order=order, limit=None, sort_key=args.by)
+    head = f"{summary(chosen)} (of {total} logged)"
+    print(head if order == "log" else f"{head}; {order} first by {args.by}")
+    shown = chosen[: args.limit] if args.limit else chosen
+    if shown:
+        print(format_rows(shown, width=args.width, max_lines=args.max_lines, show_prompt=args.prompt))
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "completions", help="read a run's completions with their reward components (spot reward hacking)"
+    )
+    p.add_argument("run_dir", help="training run directory (holds completions.jsonl)")
+    p.add_argument("--step", type=int, default=None, help="only this step (-1: the last logged step)")
+    order = p.add_mutually_exclusive_group()
+    order.add_argument("--best", action="store_true", help="highest first")
+    order.add_argument("--worst", action="store_true", help="lowest first")
+    p.add_argument("--by", default="reward", help="sort key: reward (default), advantage or a reward component")
+    p.add_argument("--limit", type=int, default=10, help="how many to show (0: all; default 10)")
+    p.add_argument("--width", type=int, default=None, help="columns (default: the terminal's)")
+    p.add_argument("--max-lines", type=int, default=6, help="lines of text per completion before cutting")
+    p.add_argument("--prompt", action="store_true", help="also show each prompt")
+    p.set_defaults(func=cmd_completions)
