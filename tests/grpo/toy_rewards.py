@@ -4,3 +4,13 @@
 def lowercase_share(completions, **_):
     """Fraction of a completion's characters that are lowercase ASCII letters."""
     return [sum("a" <= c <= "z" for c in text) / max(len(text), 1) for text in completions]
+
+
+def fails_on_digits(completions, **_):
+    """Raises on completions that contain a digit (a reward with a parsing bug)."""
+    out = []
+    for text in completions:
+        if any(c.isdigit() for c in text):
+            raise ValueError(f"cannot parse {text[:20]!r}")
+        out.append(1.0)
+    return out

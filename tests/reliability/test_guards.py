@@ -98,3 +98,15 @@ def test_kl_spike_watchdog(tmp_path, caplog, action):
         assert checkpoints[-1] == "checkpoint-4" and not (tmp_path / "final").exists()  # the last good state
     else:
         assert (tmp_path / "final").is_dir()
+
+
+def test_a_raising_reward_stops_the_run_naming_it_or_scores_zero(tmp_path):
+    base = ["--max-steps", "3", "--data.rewards", "digits=tests.grpo.toy_rewards:fails_on_digits", *FAST,
+            "--max-new-tokens", "16", "--num-generations", "8"]
+    from vlm_grpo.grpo.rewards import RewardError
+
+    with pytest.raises(RewardError, match=r"reward 'digits' raised on completion \d+ .*ValueError: cannot parse"):
+        GRPOTrainer(load_config(overrides=[*base, "--output-dir", str(tmp_path / "raise")])).train()
+    history = GRPOTrainer(load_config(overrides=[*base, "--output-dir", str(tmp_path / "zero"), "--on-reward-error", "zero"])).train()
+    errors = sum(m["reward_errors/digits"] for m in history)
+    assert errors > 0 and (tmp_path / "zero" / "final").is_dir()

@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 
 from vlm_grpo.adapters.batch import PromptBatch
+from vlm_grpo.adapters.features import ImageFeatures, flatten_pooled, generation_positions, hf_core
 
 Conversation = list[dict[str, Any]]
 MODULE_GROUPS = ("vision", "projector", "language", "head")
@@ -72,11 +73,18 @@ class VLMAdapter(ABC):
         load_in_4bit: bool = False,
         trust_remote_code: bool = False,
         cache_policy: str = "auto",
+        allow_pickle_weights: bool = False,
     ) -> "VLMAdapter":
-        """A checkpoint from a local directory or a hub id."""
+        """A checkpoint from a local directory or a hub id.
+
+        Safe by default: no code shipped with the checkpoint runs, and only safetensors weights load
+        (pickled .bin files can execute code when unpickled) unless `allow_pickle_weights`.
+        """
         from transformers import AutoProcessor
 
         kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+        if not allow_pickle_weights:
+            kwargs["use_safetensors"] = True
         if attn_implementation:
             kwargs["attn_implementation"] = attn_implementation
         if load_in_4bit:
@@ -222,6 +230,18 @@ class VLMAdapter(ABC):
     ):
         """Completions for `batch` with the adapter's suppressed ids and cache policy."""
         use_cache = self.uses_cache() if use_cache is None else use_cache
+        kwargs = self._generation_kwargs(
+            max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
+            use_cache=use_cache, output_logits=output_logits, min_new_tokens=min_new_tokens, eos_token_id=eos_token_id,
+        )
+        with torch.no_grad():
+            out = self.model.generate(**self.model_inputs(batch), **kwargs)
+        return out
+
+    def _generation_kwargs(
+        self, *, max_new_tokens, do_sample, temperature, top_p, top_k, use_cache, output_logits, min_new_tokens, eos_token_id
+    ) -> dict[str, Any]:
+        """`generate()` settings shared by the plain and the shared-prefix paths (suppression, EOS, sampling)."""
         kwargs = dict(
             max_new_tokens=max_new_tokens,
             min_new_tokens=min_new_tokens,
@@ -237,9 +257,7 @@ class VLMAdapter(ABC):
             kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k)
         else:
             kwargs.update(temperature=None, top_p=None, top_k=None)
-        with torch.no_grad():
-            out = self.model.generate(**self.model_inputs(batch), **kwargs)
-        return out
+        return kwargs
 
     def uses_cache(self) -> bool:
         if self._use_cache is None:
@@ -247,6 +265,149 @@ class VLMAdapter(ABC):
 
             self._use_cache = resolve_use_cache(self, self.cache_policy)
         return self._use_cache
+
+    # ---------------------------------------------------------------- sharing work across a group
+    # A GRPO group is one prompt and G completions: its images are encoded once (image_features) and
+    # placed into every sequence that shows them (embed_with_features); its prompt is prefilled once and
+    # the KV cache expanded G times (generate_shared). Families adjust positions and generation state
+    # through the two hooks `shared_position_ids` and `expand_generation_state`.
+    pixel_keys: ClassVar[tuple[str, ...]] = ("pixel_values", "pixel_attention_mask")  # read only by the encoder
+
+    def text_side(self, batch: PromptBatch) -> PromptBatch:
+        """`batch` without the pixel tensors (kept: grids and token types, which positions need)."""
+        from dataclasses import replace
+
+        keep = [k for k in batch.mm if k not in self.pixel_keys]
+        return replace(batch, mm={k: batch.mm[k] for k in keep}, mm_rows={k: batch.mm_rows[k] for k in keep})
+
+    def vision_inputs(self, batch: PromptBatch) -> dict[str, torch.Tensor]:
+        """The tensors `get_image_features` takes for `batch` (none when no sample has an image)."""
+        inputs = self.model_inputs(batch)
+        return {k: v for k, v in inputs.items() if k in batch.mm and k not in batch.token_keys}
+
+    def image_features(self, batch: PromptBatch, model: torch.nn.Module | None = None) -> ImageFeatures:
+        """Every image token's feature for `batch`, from the model's own `get_image_features` (one encoder call)."""
+        core = hf_core(self.model if model is None else model)
+        counts = self.feature_counts(batch)
+        vision = self.vision_inputs(batch)
+        if not vision or not sum(counts):
+            emb = core.get_input_embeddings()
+            return ImageFeatures(emb.weight.new_zeros(0, emb.embedding_dim), counts)
+        encoder = core.model if hasattr(getattr(core, "model", None), "get_image_features") else core
+        out = encoder.get_image_features(**vision, return_dict=True)
+        return ImageFeatures(flatten_pooled(out.pooler_output), counts)
+
+    def embed_with_features(
+        self,
+        batch: PromptBatch,
+        features: ImageFeatures | torch.Tensor,
+        completion_ids: torch.Tensor,
+        completion_mask: torch.Tensor,
+        model: torch.nn.Module | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Model kwargs for prompt + completion with `inputs_embeds` in place of ids and pixels.
+
+        `features` holds the image features of `batch`'s rows in order (e.g. `ImageFeatures.for_samples`
+        of each row's prompt); they are scattered at the image-token positions, as the model's own forward
+        does. `batch` may lack the pixel tensors (`text_side`).
+        """
+        core = hf_core(self.model if model is None else model)
+        full = self.completion_inputs(batch, completion_ids, completion_mask)
+        ids = full["input_ids"]
+        embeds = core.get_input_embeddings()(ids)
+        flat = features.flat if isinstance(features, ImageFeatures) else features
+        image_mask = ids == self.image_token_id
+        n_tokens = int(image_mask.sum())
+        if n_tokens != flat.shape[0]:
+            raise ImageTokenMismatch(f"{self.family}: {n_tokens} image tokens but {flat.shape[0]} image features to place")
+        if n_tokens:
+            embeds = embeds.masked_scatter(image_mask.unsqueeze(-1), flat.to(embeds.device, embeds.dtype))
+        inputs = {"inputs_embeds": embeds, "attention_mask": full["attention_mask"]}
+        positions = self.shared_position_ids(full, core)
+        if positions is not None:
+            inputs["position_ids"] = positions
+        return inputs
+
+    def shared_position_ids(self, full_inputs: dict[str, torch.Tensor], core: torch.nn.Module) -> torch.Tensor | None:
+        """Position ids for an `inputs_embeds` forward, given the kwargs the plain forward would get
+        (default: whatever `completion_inputs` set; None lets the model count positions itself)."""
+        return full_inputs.get("position_ids")
+
+    def expand_generation_state(self, prefix: PromptBatch, repeats: int, core: torch.nn.Module) -> None:
+        """After prefilling `prefix` and expanding its KV cache `repeats` times: expand any per-row state the
+        model keeps outside the cache (default: none)."""
+
+    def vision_module(self, model: torch.nn.Module | None = None) -> torch.nn.Module:
+        """The vision tower: the deepest module that holds every `vision` parameter (for call counting)."""
+        model = self.model if model is None else model
+        names = [n.split(".")[:-1] for n, _ in model.named_parameters() if self.module_group_of(n) == "vision"]
+        if not names:
+            raise ValueError(f"{self.family}: no vision parameters")
+        prefix = names[0]
+        for parts in names[1:]:
+            k = 0
+            while k < min(len(prefix), len(parts)) and prefix[k] == parts[k]:
+                k += 1
+            prefix = prefix[:k]
+        return model.get_submodule(".".join(prefix))
+
+    def vision_call_images(self, args: tuple, kwargs: dict) -> int:
+        """Images (tiles, for tiled families) one call of `vision_module` encodes."""
+        pixels = kwargs.get("pixel_values", args[0] if args else None)
+        return int(pixels.shape[0]) if isinstance(pixels, torch.Tensor) else 0
+
+    def generate_shared(
+        self,
+        batch: PromptBatch,
+        num_generations: int,
+        *,
+        features: ImageFeatures | None = None,
+        max_new_tokens: int,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        use_cache: bool | None = None,
+        output_logits: bool = False,
+        min_new_tokens: int = 0,
+        eos_token_id: list[int] | None = None,
+    ) -> "GroupGeneration":
+        """`num_generations` completions of each prompt of `batch`, rows grouped like `batch.repeat(G)`.
+
+        Each prompt's images are encoded once and its prompt (all but the last token) prefilled once; the KV
+        cache is expanded G times and `generate()` continues from it with the same suppression, EOS and
+        sampling settings as `generate`. Where the cache policy forbids the KV cache, or the prompt cannot
+        be split before its last token, this is exactly `generate(batch.repeat(G))`.
+        """
+        use_cache = self.uses_cache() if use_cache is None else use_cache
+        kwargs = self._generation_kwargs(
+            max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
+            use_cache=use_cache, output_logits=output_logits, min_new_tokens=min_new_tokens, eos_token_id=eos_token_id,
+        )
+        length = batch.input_ids.shape[1]
+        if not use_cache or length < 2 or bool((batch.input_ids[:, -1] == self.image_token_id).any()):
+            grouped = batch.repeat(num_generations)
+            with torch.no_grad():
+                out = self.model.generate(**self.model_inputs(grouped), **kwargs)
+            return GroupGeneration(out, None, int(grouped.attention_mask.sum()), shared=False)
+        core = hf_core(self.model)
+        prefix = _prompt_prefix(self.text_side(batch), length - 1)
+        with torch.no_grad():
+            features = self.image_features(batch) if features is None else features
+            empty = batch.input_ids[:, :0]
+            inputs = self.embed_with_features(prefix, features, empty, empty)
+            inputs.setdefault("position_ids", generation_positions(inputs["attention_mask"]))
+            cache = self.model(**inputs, use_cache=True, logits_to_keep=1).past_key_values
+            cache.batch_repeat_interleave(num_generations)
+            self.expand_generation_state(prefix, num_generations, core)
+            out = self.model.generate(
+                input_ids=batch.input_ids.repeat_interleave(num_generations, dim=0),
+                attention_mask=batch.attention_mask.repeat_interleave(num_generations, dim=0),
+                past_key_values=cache,
+                **kwargs,
+            )
+        prefill = int(prefix.attention_mask.sum()) + len(batch) * num_generations  # + each row's last prompt token
+        return GroupGeneration(out, features.detach(), prefill, shared=True)
 
     # ---------------------------------------------------------------- parameters
     def module_group_of(self, name: str) -> str:
@@ -280,6 +441,23 @@ class VLMAdapter(ABC):
         start, end = batch.image_spans[sample][image]
         ids = batch.input_ids[sample, start:end].tolist()
         return [start + k for k, tok in enumerate(ids) if tok == self.image_token_id]
+
+
+class GroupGeneration(NamedTuple):
+    """What `VLMAdapter.generate_shared` returns: `generate()`'s output for B*G rows and what it cost."""
+
+    output: Any  # generate()'s output; `.sequences` are the prompt (left-padded) + completion of every row
+    features: ImageFeatures | None  # the prompts' image features (detached) when they were computed here
+    prefill_tokens: int  # prompt tokens the model processed (pads excluded)
+    shared: bool  # whether the prompt prefix was prefilled once per prompt
+
+
+def _prompt_prefix(batch: PromptBatch, length: int) -> PromptBatch:
+    """The first `length` positions of every (left-padded) prompt, token-shaped tensors included."""
+    from dataclasses import replace
+
+    mm = {k: (v[:, :length] if k in batch.token_keys else v) for k, v in batch.mm.items()}
+    return replace(batch, input_ids=batch.input_ids[:, :length], attention_mask=batch.attention_mask[:, :length], mm=mm)
 
 
 class ImageCell(NamedTuple):

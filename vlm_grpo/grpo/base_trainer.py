@@ -65,6 +65,7 @@ def load_policy(cfg: TrainConfig, device: torch.device):
         attn_implementation=cfg.model.attn_implementation,
         load_in_4bit=cfg.lora.load_in_4bit,
         trust_remote_code=cfg.model.trust_remote_code,
+        allow_pickle_weights=cfg.model.allow_pickle_weights,
         cache_policy=cfg.model.cache_policy,
     )
     adapter.cache_policy = cfg.model.cache_policy

@@ -29,6 +29,7 @@ class ModelConfig:
     attn_implementation: str | None = None
     cache_policy: str = "auto"
     trust_remote_code: bool = False
+    allow_pickle_weights: bool = False  # only safetensors checkpoints load unless this is set
     init_from: str | None = None  # a checkpoint (e.g. from `vlm-grpo sft`) to start from
 
 

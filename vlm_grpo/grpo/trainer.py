@@ -89,7 +89,8 @@ class GRPOTrainer(BaseTrainer):
         torch.manual_seed(step_seed(cfg.seed, step, acc.process_index))
         samples, indices = self._samples(step)
         ro = rollout(self.adapter, samples, cfg.generation, cfg.data.num_generations, acc.device)
-        total, components = score(self.rewards, ro.completions, ro.fields)
+        reward_errors: dict[str, int] = {}
+        total, components = score(self.rewards, ro.completions, ro.fields, cfg.data.on_reward_error, reward_errors)
         advantages, adv_metrics = group_advantages(total, cfg.data.num_generations, cfg.scale_rewards)
         advantages = advantages.to(acc.device)
         mask = ro.completion_mask
@@ -143,6 +144,7 @@ class GRPOTrainer(BaseTrainer):
             "completion_length": mask.sum(1).float().mean().item(),
             "grad_norm": float(grad_norm),
             "skipped_updates": skipped,
+            **{f"reward_errors/{r.name}": reward_errors.get(r.name, 0) for r in self.rewards if cfg.data.on_reward_error == "zero"},
             **{f"lr/{g['name']}": g["lr"] for g in self.optimizer.param_groups},
         }
         metrics = self._mean_over_processes(metrics)
