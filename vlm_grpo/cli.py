@@ -90,14 +90,11 @@ def cmd_compose(args) -> int:
 
 
 def cmd_train(args, extra: list[str]) -> int:
-    from vlm_grpo.grpo.config import load_config
+    from vlm_grpo.grpo.config import load_recipe_config
     from vlm_grpo.grpo.trainer import GRPOTrainer
-    from vlm_grpo.recipes import get_recipe
 
-    cfg = load_config(args.config, extra)
-    defaults = get_recipe(cfg.data.recipe).defaults
-    if defaults:  # recipe defaults sit under the file and the command line
-        cfg = load_config(args.config, extra, base=defaults)
+    # recipe defaults (and a shipped checkpoint's GRPO settings) sit under the file and the command line
+    cfg = load_recipe_config(args.config, extra)
     trainer = GRPOTrainer(cfg)
     history = trainer.train()
     if history and trainer.is_main:
@@ -139,6 +136,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "vlm_grpo.inspect.plot_command",
     "vlm_grpo.inspect.attention_command",
     "vlm_grpo.inspect.completions",
+    "vlm_grpo.commands.bench",
 )
 
 

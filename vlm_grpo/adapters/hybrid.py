@@ -65,6 +65,34 @@ def _build_3b_vit_0_5b(seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> "H
     )
 
 
+# The shipped `pretrained:shapes-tiny` before training (`vlm-grpo sft --model preset:shapes_tiny_init`): a LLaVA
+# hybrid sized for 64-px shape counting on CPU. Weights come from the seed alone, always in float32.
+SHAPES_TINY_SIGLIP = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, image_size=64, patch_size=8,
+)
+SHAPES_TINY_LM = dict(
+    hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+    max_position_embeddings=1024, rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+)
+
+
+def _build_shapes_tiny_init(seed: int = 0, dtype: torch.dtype | None = None) -> "LlavaHybridAdapter":
+    del dtype  # trained on CPU in float32 whatever the preset default
+    vision_cfg = SiglipVisionConfig(**SHAPES_TINY_SIGLIP)
+    with seeded(seed):
+        vision = SiglipVisionModel(vision_cfg).eval()
+    tokenizer = qwen_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), tie_word_embeddings=True, bos_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **SHAPES_TINY_LM,
+    )
+    with seeded(seed + 1):
+        lm = Qwen2ForCausalLM(config).eval()
+    size = {"height": vision_cfg.image_size, "width": vision_cfg.image_size}
+    composed = assemble_llava(vision, SiglipImageProcessor(size=size), lm, tokenizer, seed=seed)
+    return LlavaHybridAdapter(composed.model, composed.processor, source="preset:shapes_tiny_init")
+
+
 class HybridAdapter(Qwen2_5_VLAdapter):
     family = "hybrid"
     model_types = ()  # a composed checkpoint says qwen2_5_vl (or llava): bare paths go to those adapters
@@ -92,6 +120,7 @@ class LlavaHybridAdapter(VLMAdapter):
     model_types = ("llava",)
     model_class = LlavaForConditionalGeneration
     module_patterns = LLAVA_STYLE_GROUPS
+    presets = {"shapes_tiny_init": _build_shapes_tiny_init}
 
     @classmethod
     def tiny(cls, seed: int = 0) -> "LlavaHybridAdapter":

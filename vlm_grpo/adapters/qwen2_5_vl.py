@@ -161,6 +161,33 @@ class Qwen2_5_VLAdapter(VLMAdapter):
             token_keys = ("mm_token_type_ids",)
         return self._batch(features, images, mm, mm_rows, token_keys)
 
+    # ---------------------------------------------------------------- sharing hooks (M-RoPE)
+    def _rope_index(self, inputs: dict, core) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(3-D positions, per-row rope delta) the model's own rope index gives; None without images."""
+        if "image_grid_thw" not in inputs or "mm_token_type_ids" not in inputs:
+            return None
+        return core.model.get_rope_index(
+            inputs["input_ids"],
+            mm_token_type_ids=inputs["mm_token_type_ids"],
+            image_grid_thw=inputs["image_grid_thw"],
+            attention_mask=inputs["attention_mask"],
+        )
+
+    def shared_position_ids(self, full_inputs, core):
+        # An inputs_embeds forward cannot rebuild M-RoPE positions: give it those of the rope index.
+        index = self._rope_index(full_inputs, core)
+        return None if index is None else index[0]
+
+    def expand_generation_state(self, prefix, repeats, core):
+        # generate() continues from a filled cache with positions = text positions + model.rope_deltas.
+        index = self._rope_index(self.model_inputs(prefix), core)
+        deltas = torch.zeros(len(prefix), 1, dtype=torch.long, device=prefix.input_ids.device) if index is None else index[1]
+        core.model.rope_deltas = deltas.repeat_interleave(repeats, dim=0)
+
+    def vision_call_images(self, args, kwargs):
+        grid = kwargs.get("grid_thw", args[1] if len(args) > 1 else None)
+        return int(grid.shape[0]) if isinstance(grid, torch.Tensor) else 0
+
     def feature_counts(self, batch: PromptBatch) -> list[int]:
         if "image_grid_thw" not in batch.mm:
             return [0] * len(batch)

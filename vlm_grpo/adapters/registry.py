@@ -1,4 +1,5 @@
-"""Model selection with one flag: `family:PATH`, `tiny:family`, `preset:name`, or a bare path."""
+"""Model selection with one flag: `family:PATH`, `tiny:family`, `preset:name`, `pretrained:name` (shipped in
+the package), or a bare path."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def read_model_type(path: str) -> str:
 
 
 def load_adapter(spec: str, **load_kwargs: Any):
-    """`tiny:F` | `preset:NAME` | `FAMILY:PATH_OR_HUB_ID` | `PATH` (family read from config.model_type)."""
+    """`tiny:F` | `preset:NAME` | `pretrained:NAME` | `FAMILY:PATH_OR_HUB_ID` | `PATH` (family read from config.model_type)."""
     _ensure_loaded()
     prefix, sep, rest = spec.partition(":")
     if sep and prefix == "tiny":
@@ -66,6 +67,10 @@ def load_adapter(spec: str, **load_kwargs: Any):
             raise ValueError(f"unknown preset {rest!r}; known presets: {', '.join(sorted(presets))}")
         return presets[rest].preset(rest, seed=int(load_kwargs.get("seed", 0)))
     load_kwargs.pop("seed", None)
+    if sep and prefix == "pretrained":  # a checkpoint shipped inside the package (vlm_grpo/pretrained)
+        from vlm_grpo import pretrained
+
+        spec = str(pretrained.path(rest))
     if sep and prefix in FAMILIES and not os.path.isabs(spec):
         return FAMILIES[prefix].load(rest, **load_kwargs)
     if sep and not os.path.exists(spec):

@@ -36,7 +36,7 @@ def run(args, extra: list[str]) -> int:
         recipe,
         split=cfg.eval.split,
         size=cfg.eval.size,
-        seed=cfg.seed,
+        seed=cfg.seed if cfg.eval.data_seed is None else cfg.eval.data_seed,
         batch_size=cfg.eval.eval_batch_size,
         max_new_tokens=cfg.generation.max_new_tokens,
         recipe_options=cfg.data.recipe_options,

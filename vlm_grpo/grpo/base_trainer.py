@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import shutil
 import signal
 import threading
@@ -37,6 +38,7 @@ from vlm_grpo.grpo.run_log import RunLog
 from vlm_grpo.recipes import get_recipe
 from vlm_grpo.recipes.checked import CheckedSource
 
+log = logging.getLogger(__name__)
 MERGED_DIR = "merged"  # under a LoRA run's final/: the full model with the LoRA deltas folded in
 
 
@@ -246,7 +248,23 @@ class BaseTrainer:
             print(f"skipped {len(self.dataset.skipped)} bad samples: {list(self.dataset.skipped)}")
         if cfg.logging.report_to:
             self.accelerator.end_training()
+        if cfg.logging.plot:
+            self.write_plots()
         return history
+
+    def write_plots(self) -> list[Path]:
+        """The run's charts as PNGs under <run_dir>/plots (logging.plot); a failure only warns."""
+        if not self.is_main:
+            return []
+        from vlm_grpo.inspect.plots import write_plots
+
+        try:
+            written = write_plots(self.run_dir)
+        except (ValueError, OSError, ImportError) as err:
+            log.warning("could not write the run's plots: %s", err)
+            return []
+        print(f"charts written to {self.run_dir / 'plots'} ({', '.join(p.name for p in written)})")
+        return written
 
 
 class _StopRequest:

@@ -23,7 +23,7 @@ from vlm_grpo.grpo.optim import OptimConfig
 
 @dataclass
 class ModelConfig:
-    name: str = "tiny:qwen2_5_vl"  # the --model value: tiny:F | preset:N | F:PATH | PATH
+    name: str = "pretrained:shapes-tiny"  # the --model value: pretrained:N | tiny:F | preset:N | F:PATH | PATH
     dtype: str = "auto"
     device: str | None = None
     attn_implementation: str | None = None
@@ -51,6 +51,17 @@ class GenerationConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_new_tokens: int = 0  # = max_new_tokens ignores EOS: fixed-length completions (benchmarks)
+
+
+@dataclass
+class PerfConfig:
+    """How a step shares work across a prompt's G completions. All on by default; off only to debug."""
+
+    shared_prefix: bool = True  # rollout: encode + prefill each prompt once, sample its G completions from that cache
+    share_image_features: bool = True  # log-prob forwards: encode each image once, place it into its G sequences
+    reuse_frozen_features: bool = True  # vision tower + projector frozen: reuse the rollout's features, no encoder call
+    logprob_chunk_mb: int = 256  # fp32 working set of one log-prob chunk (never a full [rows, T, vocab] in fp32)
 
 
 @dataclass
@@ -62,6 +73,7 @@ class LoggingConfig:
     report_to: list[str] = field(default_factory=list)  # accelerate trackers: tensorboard, wandb, mlflow
     progress: bool = True
     save_merged: bool = True  # with LoRA, also write a merged copy of the final model
+    plot: bool = False  # write the run's charts (reward, accuracy, held-out accuracy ...) to <output_dir>/plots at the end
 
 
 @dataclass
@@ -70,6 +82,7 @@ class SFTConfig:
     rates, freezing and LoRA come from the shared settings (max_steps, data.batch_size, optim.*, lora.*)."""
 
     max_reference_tokens: int = 256  # longer references (end-of-turn token included) are cut
+    eval_every: int = 0  # > 0: greedy held-out evaluation (the eval section's split/size) every N steps and at the end
 
 
 @dataclass
@@ -81,6 +94,8 @@ class EvalConfig:
     eval_batch_size: int = 8
     length_edges: list[int] = field(default_factory=list)  # reasoning-length bucket edges; empty: quartiles
     out: str | None = None  # JSON report; None: <output_dir>/eval-<split>.json
+    data_seed: int | None = None  # seed of the evaluated samples; None: the run's seed (fix it to compare seeds)
+    before_after: bool = False  # `train`: evaluate the policy before the first and after the last GRPO step
 
 
 @dataclass
@@ -95,6 +110,7 @@ class TrainConfig:
     guard: GuardConfig = field(default_factory=GuardConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    perf: PerfConfig = field(default_factory=PerfConfig)
     max_steps: int = 3
     scale_rewards: str = "group"  # group | batch | none: what the group advantage is divided by
     num_iterations: int = 1  # optimizer updates per rollout batch
@@ -218,13 +234,33 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return cfg
 
 
+def merge_settings(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Setting mappings merged section by section; a later layer wins."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if key in SECTIONS and isinstance(value, dict) and isinstance(out.get(key), dict):
+                out[key] = {**out[key], **value}
+            else:
+                out[key] = value
+    return out
+
+
 def load_recipe_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """`load_config` with the chosen recipe's defaults underneath the file and the command line."""
+    """`load_config` with defaults underneath the file and the command line: the chosen recipe's, then, when
+    the policy is a checkpoint shipped in the package (`pretrained:NAME`, no `init_from`) and the recipe is
+    the one it was trained for, the GRPO settings that go with it (vlm_grpo/pretrained)."""
+    from vlm_grpo import pretrained
     from vlm_grpo.recipes import get_recipe
 
     cfg = load_config(path, overrides)
-    defaults = get_recipe(cfg.data.recipe).defaults
-    return load_config(path, overrides, base=defaults) if defaults else cfg
+    layers = [get_recipe(cfg.data.recipe).defaults]
+    if cfg.model.init_from is None:
+        model_defaults = pretrained.run_defaults(cfg.model.name)
+        if model_defaults.get("data", {}).get("recipe", cfg.data.recipe) == cfg.data.recipe:
+            layers.append(model_defaults)
+    base = merge_settings(*layers)
+    return load_config(path, overrides, base=base) if base else cfg
 
 
 def from_dict(data: dict[str, Any]) -> TrainConfig:

@@ -122,6 +122,31 @@ def evaluate(
     return summarize(records, [r.name for r in rewards], accuracy_key, split=split, length_edges=length_edges)
 
 
+def evaluate_run(adapter, recipe, cfg, rewards=None) -> dict[str, Any]:
+    """`evaluate` with a run config's settings: the eval section (split, size, batch size, data seed),
+    generation.max_new_tokens, data.recipe_options; `rewards` as the run scores (None: the recipe's)."""
+    return evaluate(
+        adapter,
+        recipe,
+        split=cfg.eval.split,
+        size=cfg.eval.size,
+        seed=cfg.seed if cfg.eval.data_seed is None else cfg.eval.data_seed,
+        batch_size=cfg.eval.eval_batch_size,
+        max_new_tokens=cfg.generation.max_new_tokens,
+        recipe_options=cfg.data.recipe_options,
+        rewards=rewards,
+        length_edges=cfg.eval.length_edges or None,
+    )
+
+
+def heldout_metrics(report: dict[str, Any]) -> dict[str, float]:
+    """A report's headline numbers as metrics.jsonl keys (eval/accuracy, eval/reward, eval/completion_length)."""
+    out = {"eval/reward": report["reward"], "eval/completion_length": report["completion_length"]}
+    if report["accuracy"] is not None:
+        out["eval/accuracy"] = report["accuracy"]
+    return out
+
+
 def summarize(records: list[dict[str, Any]], reward_names: list[str], accuracy_key: str | None, split: str = "",
               length_edges: Sequence[int] | None = None) -> dict[str, Any]:
     n = len(records)

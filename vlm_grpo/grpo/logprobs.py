@@ -1,26 +1,131 @@
-"""Per-token log-probabilities of completions from one teacher-forced forward."""
+"""Per-token log-probabilities of completions from one teacher-forced forward.
+
+Memory: the model returns logits only for the completion positions (`logits_to_keep`), in its own dtype.
+`token_logprobs` then works through them in chunks: each chunk is cast to fp32, reduced to
+log p(token) (and optionally the entropy) and dropped, and the backward pass recomputes the softmax
+chunk by chunk. So no fp32 [rows, T, vocab] tensor (nor a saved log-softmax of that size) ever exists.
+"""
 
 from __future__ import annotations
 
 import torch
 
+CHUNK_BYTES = 256 * 2**20  # fp32 working set of one chunk
 
-def completion_logits(adapter, batch, completion_ids: torch.Tensor, completion_mask: torch.Tensor, model=None):
-    """Logits that predict each completion token: [B, T, V], from a single prompt+completion forward."""
+
+def completion_logits(adapter, batch, completion_ids: torch.Tensor, completion_mask: torch.Tensor, model=None, inputs=None):
+    """Logits that predict each completion token: [B, T, V], from a single prompt+completion forward.
+
+    `inputs`: ready model kwargs (e.g. `adapter.embed_with_features`); default `adapter.completion_inputs`.
+    """
     model = adapter.model if model is None else model
-    inputs = adapter.completion_inputs(batch, completion_ids, completion_mask)
+    if inputs is None:
+        inputs = adapter.completion_inputs(batch, completion_ids, completion_mask)
     steps = completion_ids.shape[1]
     # logits_to_keep=T+1 keeps the last prompt position (predicts token 0) through the second-to-last token.
     out = model(**inputs, logits_to_keep=steps + 1, use_cache=False)
     return out.logits[:, :-1, :]
 
 
-def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """log p(token) under `logits`, computed in fp32: [B, T]."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return logp.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
+def _blocks(rows: int, steps: int, vocab: int, chunk_bytes: int):
+    """(row slice, step slice) blocks whose fp32 copy stays under `chunk_bytes`."""
+    per_token = max(1, vocab * 4)
+    tokens = max(1, chunk_bytes // per_token)
+    if tokens >= steps:
+        per_rows = max(1, tokens // max(1, steps))
+        for r in range(0, rows, per_rows):
+            yield slice(r, min(rows, r + per_rows)), slice(0, steps)
+    else:
+        for r in range(rows):
+            for t in range(0, steps, tokens):
+                yield slice(r, r + 1), slice(t, min(steps, t + tokens))
+
+
+class _TokenLogProbs(torch.autograd.Function):
+    """log softmax(logits)[token] (+ entropy, no gradient) in fp32 chunks; backward recomputes per chunk."""
+
+    @staticmethod
+    def forward(ctx, logits, token_ids, chunk_bytes, with_entropy):
+        rows, steps, vocab = logits.shape
+        logps = torch.empty(rows, steps, dtype=torch.float32, device=logits.device)
+        lse = torch.empty_like(logps)
+        entropy = torch.zeros_like(logps)
+        for rs, ts in _blocks(rows, steps, vocab, chunk_bytes):
+            x = logits[rs, ts].float()
+            norm = torch.logsumexp(x, dim=-1)
+            lse[rs, ts] = norm
+            logps[rs, ts] = x.gather(-1, token_ids[rs, ts].unsqueeze(-1)).squeeze(-1) - norm
+            if with_entropy:
+                p = torch.exp(x - norm.unsqueeze(-1))
+                entropy[rs, ts] = norm - (p * x).sum(-1)
+        ctx.save_for_backward(logits, token_ids, lse)
+        ctx.chunk_bytes = chunk_bytes
+        ctx.mark_non_differentiable(entropy)
+        return logps, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logps, _grad_entropy):
+        logits, token_ids, lse = ctx.saved_tensors
+        rows, steps, vocab = logits.shape
+        grad = torch.empty_like(logits)
+        for rs, ts in _blocks(rows, steps, vocab, ctx.chunk_bytes):
+            g = grad_logps[rs, ts].float().unsqueeze(-1)
+            block = -torch.exp(logits[rs, ts].float() - lse[rs, ts].unsqueeze(-1)) * g
+            block.scatter_add_(-1, token_ids[rs, ts].unsqueeze(-1), g)
+            grad[rs, ts] = block.to(grad.dtype)
+        return grad, None, None, None
+
+
+def token_logprobs_and_entropy(
+    logits: torch.Tensor, token_ids: torch.Tensor, with_entropy: bool = True, chunk_bytes: int = CHUNK_BYTES
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p(token), entropy) per position, both fp32 [B, T]; only the log-probs carry a gradient."""
+    return _TokenLogProbs.apply(logits, token_ids, chunk_bytes, with_entropy)
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
+    """log p(token) under `logits`, computed in fp32 chunks: [B, T]."""
+    return token_logprobs_and_entropy(logits, token_ids, with_entropy=False, chunk_bytes=chunk_bytes)[0]
 
 
 def completion_logprobs(adapter, batch, completion_ids, completion_mask, model=None) -> torch.Tensor:
     logits = completion_logits(adapter, batch, completion_ids, completion_mask, model=model)
     return token_logprobs(logits, completion_ids)
+
+
+def group_logits(
+    adapter,
+    prompts,
+    prompt_index: list[int],
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    model=None,
+    *,
+    share_features: bool = True,
+    features=None,
+    context=None,
+):
+    """Completion logits for rows `k` = (prompt `prompt_index[k]` of `prompts`, completion k).
+
+    share_features: each distinct prompt's images are encoded once (`adapter.image_features` on the
+    distinct prompts, with gradient when the encoder trains) and placed into all its rows;
+    `features` (an ImageFeatures of all of `prompts`, e.g. the rollout's, detached) skips the encoder.
+    Otherwise every row's prompt is repeated, pixels included, and the model encodes each copy.
+    `context`: entered around the feature and embedding computation (e.g. the accelerator's autocast).
+    """
+    import contextlib
+
+    model = adapter.model if model is None else model
+    if not share_features:
+        return completion_logits(adapter, prompts.select(prompt_index), completion_ids, completion_mask, model=model)
+    with context() if context is not None else contextlib.nullcontext():
+        if features is None:
+            distinct = sorted(set(prompt_index))
+            where = {p: k for k, p in enumerate(distinct)}
+            encoded = adapter.image_features(prompts.select(distinct), model=model)
+            row_features = encoded.for_samples([where[p] for p in prompt_index])
+        else:
+            row_features = features.for_samples(prompt_index)
+        text = adapter.text_side(prompts).select(prompt_index)
+        inputs = adapter.embed_with_features(text, row_features, completion_ids, completion_mask, model=model)
+    return completion_logits(adapter, text, completion_ids, completion_mask, model=model, inputs=inputs)

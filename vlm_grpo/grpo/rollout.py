@@ -1,26 +1,44 @@
-"""Rollout: encode B prompts once, sample G completions each, mask everything after the first EOS."""
+"""Rollout: encode B prompts once, sample G completions each, mask everything after the first EOS.
+
+By default (`shared_prefix`) each prompt's images are encoded once and its prompt prefilled once; the G
+completions are sampled from that shared KV cache (`VLMAdapter.generate_shared`). Greedy decoding gives
+the same tokens as the plain path, which repeats every prompt G times before generating.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
 
 from vlm_grpo.adapters.base import ImageTokenMismatch
 from vlm_grpo.adapters.batch import PromptBatch
+from vlm_grpo.adapters.features import ImageFeatures
 from vlm_grpo.recipes.base import Sample, expand
 
 
 @dataclass
 class Rollout:
     prompts: PromptBatch  # B prompts, encoded once
-    grouped: PromptBatch  # the same prompts, each repeated G times in a row
     completion_ids: torch.Tensor  # [B*G, T]
     completion_mask: torch.Tensor  # [B*G, T], 1 up to and including the first EOS
     completions: list[str]
     fields: dict[str, list[Any]]  # sample fields, expanded to B*G
     prompt_texts: list[str]  # B
+    num_generations: int = 1
+    features: ImageFeatures | None = None  # the prompts' image features (detached), when the rollout computed them
+    stats: dict[str, int] = field(default_factory=dict)  # prefill_tokens, decode_tokens
+
+    @cached_property
+    def grouped(self) -> PromptBatch:
+        """The prompts, each repeated G times in a row (built on first use: it copies the pixels G times)."""
+        return self.prompts.repeat(self.num_generations)
+
+    def prompt_index(self, rows: list[int]) -> list[int]:
+        """The prompt each completion row belongs to."""
+        return [r // self.num_generations for r in rows]
 
 
 def mask_after_eos(completion_ids: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
@@ -46,29 +64,40 @@ def collect_fields(samples: list[Sample], times: int) -> dict[str, list[Any]]:
     return {k: expand([s.fields.get(k) for s in samples], times) for k in sorted(keys)}
 
 
-def rollout(adapter, samples: list[Sample], gen, num_generations: int, device, use_cache: bool | None = None) -> Rollout:
+def rollout(
+    adapter, samples: list[Sample], gen, num_generations: int, device, use_cache: bool | None = None, shared_prefix: bool = True
+) -> Rollout:
     prompts = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples])
     prompts = prompts.to(device, dtype=next(adapter.model.parameters()).dtype)
-    grouped = prompts.repeat(num_generations)
-    out = adapter.generate(
-        grouped,
+    sampling = dict(
         max_new_tokens=gen.max_new_tokens,
+        min_new_tokens=getattr(gen, "min_new_tokens", 0),
         do_sample=True,
         temperature=gen.temperature,
         top_p=gen.top_p,
         top_k=gen.top_k,
         use_cache=use_cache,
     )
-    completion_ids = out.sequences[:, grouped.input_ids.shape[1] :]
+    features = None
+    if shared_prefix:
+        result = adapter.generate_shared(prompts, num_generations, **sampling)
+        out, features, prefill = result.output, result.features, result.prefill_tokens
+    else:
+        grouped = prompts.repeat(num_generations)
+        out = adapter.generate(grouped, **sampling)
+        prefill = int(grouped.attention_mask.sum())
+    completion_ids = out.sequences[:, prompts.input_ids.shape[1] :]
     mask = mask_after_eos(completion_ids, adapter.eos_token_ids)
     check_no_placeholders(adapter, completion_ids, mask, num_generations)
     texts = adapter.tokenizer.batch_decode(completion_ids * mask + adapter.pad_token_id * (1 - mask), skip_special_tokens=True)
     return Rollout(
         prompts=prompts,
-        grouped=grouped,
         completion_ids=completion_ids,
         completion_mask=mask,
         completions=texts,
         fields=collect_fields(samples, num_generations),
         prompt_texts=[adapter.tokenizer.decode(ids, skip_special_tokens=True) for ids in prompts.input_ids],
+        num_generations=num_generations,
+        features=features,
+        stats={"prefill_tokens": prefill, "decode_tokens": int(completion_ids.numel())},
     )

@@ -9,6 +9,9 @@ EOS token), and the forward goes through `adapter.completion_inputs`, so each fa
 (M-RoPE token types, pixel masks, tiles) are the ones the GRPO forward uses. Prompt, image and padding
 positions carry no loss (label -100); the loss is the mean negative log-likelihood over completion tokens.
 
+With `sft.eval_every N` the policy is evaluated greedily on the held-out split every N steps and at the
+end (`eval/accuracy` etc. in metrics.jsonl: the training curve of a shipped checkpoint).
+
 Everything else (run dir, freeze/LoRA, per-module learning rates, checkpoints, resume, final model) is
 `BaseTrainer`'s, shared with GRPO, so `checkpoints/final` loads with `vlm-grpo train --init-from PATH`.
 """
@@ -27,6 +30,7 @@ from vlm_grpo.adapters.batch import PromptBatch
 from vlm_grpo.grpo.base_trainer import BaseTrainer
 from vlm_grpo.grpo.config import TrainConfig
 from vlm_grpo.grpo.data_order import step_seed
+from vlm_grpo.grpo.evaluate import evaluate_run, heldout_metrics
 from vlm_grpo.grpo.logprobs import completion_logits, token_logprobs
 from vlm_grpo.grpo.optim import clip_gradients
 from vlm_grpo.recipes.base import Sample
@@ -131,6 +135,8 @@ class SFTTrainer(BaseTrainer):
         steps, batch = self.cfg.gradient_accumulation_steps, self.cfg.data.batch_size
         if steps < 1 or batch % steps:
             raise ValueError(f"gradient_accumulation_steps={steps} must divide data.batch_size={batch}")
+        if self.cfg.sft.eval_every < 0:
+            raise ValueError(f"sft.eval_every must be >= 0, got {self.cfg.sft.eval_every}")
 
     def train_step(self, step: int) -> dict[str, Any]:
         cfg, acc = self.cfg, self.accelerator
@@ -171,6 +177,9 @@ class SFTTrainer(BaseTrainer):
             **{f"lr/{g['name']}": g["lr"] for g in self.optimizer.param_groups},
         }
         metrics = self._mean_over_processes(metrics)
+        every = cfg.sft.eval_every
+        if every > 0 and ((step + 1) % every == 0 or step + 1 == cfg.max_steps):
+            metrics.update(heldout_metrics(evaluate_run(self.adapter, self.recipe, cfg)))
         metrics["step"] = step + 1
         return metrics
 

@@ -17,8 +17,10 @@ import torch
 from vlm_grpo.grpo.advantages import group_advantages
 from vlm_grpo.grpo.base_trainer import BaseTrainer, load_policy  # noqa: F401  (load_policy: public here too)
 from vlm_grpo.grpo.config import TrainConfig
+from vlm_grpo.grpo.counters import VisionCounter
 from vlm_grpo.grpo.data_order import step_seed
-from vlm_grpo.grpo.logprobs import completion_logits, token_logprobs
+from vlm_grpo.grpo.evaluate import evaluate_run, format_report, heldout_metrics, write_report
+from vlm_grpo.grpo.logprobs import group_logits, token_logprobs_and_entropy
 from vlm_grpo.grpo.lora import is_lora_wrapped, reference_disabled
 from vlm_grpo.grpo.loss import grpo_loss
 from vlm_grpo.grpo.optim import clip_gradients
@@ -28,10 +30,8 @@ from vlm_grpo.grpo.rollout import Rollout, rollout
 log = logging.getLogger(__name__)
 
 
-def entropy_of(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    ent = -(logp.exp() * logp).sum(-1)
-    return (ent * mask).sum() / mask.sum().clamp(min=1)
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum() / mask.sum().clamp(min=1)
 
 
 class GRPOTrainer(BaseTrainer):
@@ -42,7 +42,41 @@ class GRPOTrainer(BaseTrainer):
     def __init__(self, cfg: TrainConfig, adapter=None, recipe=None):
         cfg.loss.max_completion_length = cfg.generation.max_new_tokens
         self.reference = None
+        self.timings: dict[str, float] = {}  # seconds of the last step's phases (kept out of the metrics)
         super().__init__(cfg, adapter=adapter, recipe=recipe)
+
+    # ---------------------------------------------------------------- held-out evaluation around the run
+    def _heldout(self, when: str, step: int) -> dict[str, Any]:
+        """Greedy evaluation (eval section) written to eval-<when>.json and logged as a metrics row."""
+        report = evaluate_run(self.adapter, self.recipe, self.cfg, rewards=self.rewards)
+        if self.is_main:
+            report["model"] = self.cfg.model.init_from or self.cfg.model.name
+            report["step"] = step
+            write_report(report, self.run_dir / f"eval-{when}.json")
+            self.log.metrics({"step": step, "stage": f"eval-{when}", **heldout_metrics(report)})
+            print(f"\nheld-out evaluation {when} GRPO (step {step}):\n{format_report(report)}")
+        return report
+
+    def train(self) -> list[dict[str, Any]]:
+        """The GRPO loop; with eval.before_after, a held-out evaluation before the first and after the last step."""
+        from vlm_grpo.grpo.checkpoint import latest_checkpoint
+
+        cfg = self.cfg
+        if not cfg.eval.before_after:
+            return super().train()
+        resuming = cfg.resume and latest_checkpoint(self.run_dir) is not None
+        before = None if resuming else self._heldout("before", 0)  # a resumed run logged it the first time
+        history = super().train()
+        if history and history[-1]["step"] == cfg.max_steps:
+            after = self._heldout("after", cfg.max_steps)
+            if before is not None and self.is_main and before["accuracy"] is not None:
+                print(
+                    f"held-out accuracy ({after['size']} {cfg.eval.split} samples): "
+                    f"{before['accuracy']:.1%} before -> {after['accuracy']:.1%} after {cfg.max_steps} GRPO steps"
+                )
+            if cfg.logging.plot:
+                self.write_plots()  # again, now with the after point
+        return history
 
     # ---------------------------------------------------------------- hooks
     def _prepare_task(self) -> None:
@@ -53,6 +87,13 @@ class GRPOTrainer(BaseTrainer):
         if self.cfg.loss.beta > 0 and not is_lora_wrapped(self.adapter):
             # A frozen in-memory copy: never reloaded from disk by name.
             self.reference = copy.deepcopy(self.adapter.model).eval().requires_grad_(False)
+        groups = self.adapter.module_groups()
+        params = dict(self.adapter.model.named_parameters())
+        # The features the rollout computed stay valid for every forward of the step only if nothing that
+        # produces them trains (the projector included: features are taken after it).
+        self.encoder_frozen = not any(params[n].requires_grad for g in ("vision", "projector") for n in groups[g])
+        models = [self.adapter.model] + ([self.reference] if self.reference is not None else [])
+        self.vision_counter = VisionCounter(self.adapter, models)
 
     def scheduler_steps(self) -> int:
         return self.cfg.max_steps * self.cfg.num_iterations
@@ -61,10 +102,30 @@ class GRPOTrainer(BaseTrainer):
         return {"reward": f"{metrics['reward']:.3f}", "kl": f"{metrics.get('kl', 0.0):.2e}"}
 
     # ---------------------------------------------------------------- one step
-    def _logprobs(self, ro: Rollout, rows: list[int], model, with_logits: bool = False):
-        logits = completion_logits(self.adapter, ro.grouped.select(rows), ro.completion_ids[rows], ro.completion_mask[rows], model=model)
-        logps = token_logprobs(logits, ro.completion_ids[rows])
-        return (logps, logits) if with_logits else logps
+    def _reuse_features(self) -> bool:
+        perf = self.cfg.perf
+        return perf.share_image_features and perf.reuse_frozen_features and self.encoder_frozen
+
+    def _step_features(self, ro: Rollout):
+        """The step's image features when they may be reused (frozen encoder): the rollout's, or encoded once."""
+        if not self._reuse_features():
+            return None
+        if ro.features is None:
+            with torch.no_grad():
+                ro.features = self.adapter.image_features(ro.prompts).detach()
+        return ro.features
+
+    def _logprobs(self, ro: Rollout, rows: list[int], model, with_entropy: bool = False):
+        perf = self.cfg.perf
+        context = self.accelerator.autocast if model is self.model else None
+        logits = group_logits(
+            self.adapter, ro.prompts, ro.prompt_index(rows), ro.completion_ids[rows], ro.completion_mask[rows], model,
+            share_features=perf.share_image_features, features=self._step_features(ro), context=context,
+        )
+        logps, entropy = token_logprobs_and_entropy(
+            logits, ro.completion_ids[rows], with_entropy=with_entropy, chunk_bytes=perf.logprob_chunk_mb * 2**20
+        )
+        return (logps, entropy) if with_entropy else logps
 
     def _reference_logprobs(self, ro: Rollout, rows: list[int]) -> torch.Tensor | None:
         if self.cfg.loss.beta <= 0:
@@ -88,7 +149,14 @@ class GRPOTrainer(BaseTrainer):
         started = time.perf_counter()
         torch.manual_seed(step_seed(cfg.seed, step, acc.process_index))
         samples, indices = self._samples(step)
-        ro = rollout(self.adapter, samples, cfg.generation, cfg.data.num_generations, acc.device)
+        self.adapter.uses_cache()  # the first call may run the cache probe: resolve it before counting
+        self.vision_counter.reset()
+        rollout_started = time.perf_counter()
+        with acc.autocast():  # sample in the precision the policy forward runs in (a no-op without mixed precision)
+            ro = rollout(
+                self.adapter, samples, cfg.generation, cfg.data.num_generations, acc.device, shared_prefix=cfg.perf.shared_prefix
+            )
+        self.timings = {"rollout": time.perf_counter() - rollout_started}
         reward_errors: dict[str, int] = {}
         total, components = score(self.rewards, ro.completions, ro.fields, cfg.data.on_reward_error, reward_errors)
         advantages, adv_metrics = group_advantages(total, cfg.data.num_generations, cfg.scale_rewards)
@@ -110,7 +178,7 @@ class GRPOTrainer(BaseTrainer):
             for k, chunk in enumerate(chunks):
                 sync = contextlib.nullcontext() if k == len(chunks) - 1 else acc.no_sync(self.model)
                 with sync:
-                    logps, logits = self._logprobs(ro, chunk, self.model, with_logits=True)
+                    logps, entropy = self._logprobs(ro, chunk, self.model, with_entropy=True)
                     loss, loss_metrics = grpo_loss(
                         logps,
                         None if old is None else old[chunk],
@@ -124,7 +192,7 @@ class GRPOTrainer(BaseTrainer):
                     weight = 1.0 if cfg.loss.loss_type == "dapo" else len(chunk) / len(rows)
                     acc.backward(loss * weight)
                 with torch.no_grad():
-                    loss_metrics = {**loss_metrics, "loss": loss.item(), "entropy": entropy_of(logits.detach(), mask[chunk]).item()}
+                    loss_metrics = {**loss_metrics, "loss": loss.item(), "entropy": masked_mean(entropy, mask[chunk]).item()}
                 for key, value in loss_metrics.items():
                     sums[key] = sums.get(key, 0.0) + float(value) * len(chunk) / len(rows) / cfg.num_iterations
             grad_norm = clip_gradients(self.optimizer, cfg.optim)
@@ -146,6 +214,10 @@ class GRPOTrainer(BaseTrainer):
             "skipped_updates": skipped,
             **{f"reward_errors/{r.name}": reward_errors.get(r.name, 0) for r in self.rewards if cfg.data.on_reward_error == "zero"},
             **{f"lr/{g['name']}": g["lr"] for g in self.optimizer.param_groups},
+            "perf/vision_calls": self.vision_counter.calls,
+            "perf/vision_images": self.vision_counter.images,
+            "perf/prefill_tokens": ro.stats["prefill_tokens"],
+            "perf/decode_tokens": ro.stats["decode_tokens"],
         }
         metrics = self._mean_over_processes(metrics)
         metrics.update(step=step + 1, step_time=time.perf_counter() - started)

@@ -184,6 +184,23 @@ def _accuracy_chart(data: RunData, component: str | None, threshold: float):
     return Chart("accuracy", title, draw)
 
 
+def _heldout_chart(data: RunData):
+    """Greedy accuracy on held-out samples (eval/accuracy: SFT's eval_every, GRPO's eval.before_after)."""
+    if not data.has("eval/accuracy"):
+        return None
+    steps, values = data.series("eval/accuracy")
+    title = "Held-out accuracy (greedy)"
+
+    def draw(ax):
+        ax.plot(steps, values, "o-", color=PALETTE[3], linewidth=2, markersize=5)
+        for x, y in zip(steps, values):
+            ax.annotate(f"{y:.0%}", (x, y), ha="center", va="bottom", fontsize=7, xytext=(0, 3), textcoords="offset points")
+        ax.set_ylim(-0.03, 1.03)
+        _decorate(ax, title, "step", "accuracy (held-out)")
+
+    return Chart("heldout_accuracy", title, draw)
+
+
 def _length_accuracy_chart(data: RunData, component: str | None, unit: str, threshold: float):
     if not component or not data.completions:
         return None
@@ -212,8 +229,10 @@ def charts(data: RunData, *, accuracy_component: str | None = None, length_unit:
     comps = [(f"rewards/{c}", c) for c in data.reward_components()]
     candidates = [
         _line_chart(data, "reward", "Reward (total)", [("reward", "reward")], "mean reward"),
+        _line_chart(data, "loss", "Training loss", [("loss", "loss")], "loss"),
         _line_chart(data, "reward_components", "Reward components", comps, "mean reward"),
         _accuracy_chart(data, component, threshold),
+        _heldout_chart(data),
         _line_chart(data, "kl", "KL to reference (log scale)", [("kl", "kl")], "KL", log=True),
         _line_chart(data, "completion_length", "Completion length", [("completion_length", "length")], "tokens"),
         _line_chart(
@@ -260,7 +279,8 @@ def write_plots(run_dir: str | Path, out_dir: str | Path | None = None, *, dpi: 
     for ax, chart in zip(axes.flat, made):
         chart.draw(ax)
     last = int(data.metrics[-1].get("step", len(data.metrics)))
-    fig.suptitle(f"{data.run_dir.name}: {len(data.metrics)} logged steps (last step {last})", fontsize=13)
+    steps = sum("stage" not in row for row in data.metrics)  # held-out evaluation rows carry a stage
+    fig.suptitle(f"{data.run_dir.name}: {steps} logged steps (last step {last})", fontsize=13)
     fig.tight_layout()
     path = out / "overview.png"
     fig.savefig(path, dpi=dpi)

@@ -42,8 +42,17 @@ def draw_shapes(counts: dict[str, int], rng: random.Random) -> Image.Image:
     return img
 
 
-def reference_answer(counts: dict[str, int], target: str) -> str:
+REFERENCE_STYLES = ("chapter", "short")
+
+
+def reference_answer(counts: dict[str, int], target: str, style: str = "chapter") -> str:
+    """The SFT target. "chapter": the chapter's full sentence; "short": the same three counts and answer in
+    about half the tokens (a shorter completion makes SFT and later GRPO rollouts cheaper on small models)."""
     seen = ", ".join(f"{counts[s]} {s}" for s in SHAPES)
+    if style == "short":
+        return f"I see {seen}. So the number of {target} is {counts[target]}."
+    if style != "chapter":
+        raise ValueError(f"unknown shapes reference style {style!r}; choose one of {', '.join(REFERENCE_STYLES)}")
     return f"I see {seen} in the image. The question is about {target}. So the number of {target} is {counts[target]}."
 
 
@@ -54,6 +63,7 @@ class ShapesDataset:
     split: str = "train"
     counts: tuple[int, int] = (1, 5)
     image_size: int = CANVAS  # images are drawn at 256 px and resized for small models
+    reference: str = "chapter"  # style of Sample.reference (SFT only): chapter | short
 
     def __len__(self) -> int:
         return self.size
@@ -71,7 +81,7 @@ class ShapesDataset:
             prompt=user_turn(f"How many {target} are in the image?"),
             images=[image],
             fields={"answer": str(counts[target]), "target": target, "counts": counts},
-            reference=reference_answer(counts, target),
+            reference=reference_answer(counts, target, self.reference),
         )
 
 
@@ -94,10 +104,13 @@ def reasoning(completions: list[str], **_) -> list[float]:
     return [0.2 if any(w in t.lower() for w in REASONING_WORDS) else 0.0 for t in completions]
 
 
-def build(split: str = "train", size: int = 256, seed: int = 0, counts: tuple[int, int] | None = None, image_size: int = CANVAS):
+def build(split: str = "train", size: int = 256, seed: int = 0, counts: tuple[int, int] | None = None, image_size: int = CANVAS,
+          reference: str = "chapter"):
     if counts is None:
         counts = (1, 5)
-    return ShapesDataset(size=size, seed=seed, split=split, counts=tuple(counts), image_size=image_size)
+    if reference not in REFERENCE_STYLES:
+        raise ValueError(f"unknown shapes reference style {reference!r}; choose one of {', '.join(REFERENCE_STYLES)}")
+    return ShapesDataset(size=size, seed=seed, split=split, counts=tuple(counts), image_size=image_size, reference=reference)
 
 
 RECIPE = Recipe(

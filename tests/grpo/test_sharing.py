@@ -1,0 +1,195 @@
+"""Shared work across a GRPO group equals the plain path: shared-prefix rollout, shared and reused image
+features in the log-prob forwards, chunked log-probs, and the per-step work counters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.adapters.samples import mixed_batch, user_turn
+from vlm_grpo.adapters.registry import family_class
+from vlm_grpo.grpo.config import load_config
+from vlm_grpo.grpo.counters import VisionCounter
+from vlm_grpo.grpo.logprobs import group_logits, token_logprobs, token_logprobs_and_entropy
+from vlm_grpo.grpo.loss import LossConfig, grpo_loss
+from vlm_grpo.grpo.trainer import GRPOTrainer
+
+G, T = 2, 5
+TOL = 1e-5
+
+
+def _prompts(adapter):
+    """The contract suite's 3 image samples (sizes differ, one with 2 images) plus a text-only one."""
+    conversations, images = mixed_batch(adapter)
+    conversations.append(user_turn(0, "Say something without a picture."))
+    images.append([])
+    return adapter.encode_prompts(conversations, images)
+
+
+def _completions(adapter, rows: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    banned = set(adapter.suppressed_token_ids()) | set(adapter.eos_token_ids)
+    allowed = torch.tensor([i for i in range(len(adapter.tokenizer)) if i not in banned])
+    ids = allowed[torch.randint(len(allowed), (rows, T), generator=gen)]
+    mask = torch.ones(rows, T, dtype=torch.long)
+    mask[1, 3:] = 0  # a completion that ended early
+    return ids, mask
+
+
+def _vision_param(adapter) -> torch.nn.Parameter:
+    name = adapter.module_groups()["vision"][-1]
+    return dict(adapter.model.named_parameters())[name]
+
+
+def _loss(logps, mask):
+    adv = torch.linspace(-1.0, 1.0, logps.shape[0])
+    ref = logps.detach() + 0.01
+    return grpo_loss(logps, None, ref, adv, mask, LossConfig(beta=0.04, max_completion_length=T))[0]
+
+
+def _forward(adapter, prompts, ids, mask, **kwargs):
+    index = [r // G for r in range(len(prompts) * G)]
+    logits = group_logits(adapter, prompts, index, ids, mask, **kwargs)
+    logps = token_logprobs(logits, ids)
+    return logps, _loss(logps, mask)
+
+
+def test_shared_features_match_the_plain_path_with_a_trainable_vision_tower(family):
+    adapter = family_class(family).tiny(seed=0)
+    prompts = _prompts(adapter)
+    ids, mask = _completions(adapter, len(prompts) * G)
+    param = _vision_param(adapter)
+    results = {}
+    for share in (False, True):
+        adapter.model.zero_grad(set_to_none=True)
+        with VisionCounter(adapter, [adapter.model]) as counter:
+            logps, loss = _forward(adapter, prompts, ids, mask, share_features=share)
+            loss.backward()
+        results[share] = (logps.detach(), loss.detach(), param.grad.clone(), counter.snapshot())
+    (lp0, loss0, grad0, plain), (lp1, loss1, grad1, shared) = results[False], results[True]
+    assert (lp0 - lp1).abs().max().item() <= TOL
+    assert abs(loss0.item() - loss1.item()) <= TOL
+    assert grad0.abs().max() > 0
+    assert ((grad0 - grad1).norm() / grad0.norm()).item() <= 1e-4
+    assert shared["calls"] == 1 and plain["calls"] == 1  # one encoder call per forward either way ...
+    assert shared["images"] * G == plain["images"]  # ... but the plain path encodes every image G times
+
+
+def test_reused_features_skip_the_encoder_and_match(family):
+    adapter = family_class(family).tiny(seed=0)
+    prompts = _prompts(adapter)
+    ids, mask = _completions(adapter, len(prompts) * G, seed=1)
+    for name, p in adapter.model.named_parameters():
+        if adapter.module_group_of(name) in ("vision", "projector"):
+            p.requires_grad_(False)
+    with torch.no_grad():
+        features = adapter.image_features(prompts).detach()  # what the rollout hands over
+        plain, plain_loss = _forward(adapter, prompts, ids, mask, share_features=False)
+    with VisionCounter(adapter, [adapter.model]) as counter:
+        reused, reused_loss = _forward(adapter, prompts, ids, mask, features=features)
+        reused_loss.backward()
+    assert counter.calls == 0 and counter.images == 0
+    assert (plain - reused).abs().max().item() <= TOL
+    assert abs(plain_loss.item() - reused_loss.item()) <= TOL
+
+
+def test_greedy_shared_prefix_rollout_equals_plain_greedy(family):
+    adapter = family_class(family).tiny(seed=0)
+    prompts = _prompts(adapter)
+    settings = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, use_cache=True, output_logits=True)
+    plain = adapter.generate(prompts.repeat(G), **settings)
+    shared = adapter.generate_shared(prompts, G, **settings)
+    assert shared.shared
+    length = prompts.input_ids.shape[1]
+    assert torch.equal(plain.sequences[:, length:], shared.output.sequences[:, length:])
+    diff = (torch.stack(plain.logits, 1) - torch.stack(shared.output.logits, 1)).abs().max().item()
+    assert diff <= 1e-4
+    assert shared.prefill_tokens < int(prompts.repeat(G).attention_mask.sum())
+    assert shared.features.counts == adapter.feature_counts(prompts)
+
+
+def test_no_cache_policy_falls_back_to_the_plain_path():
+    adapter = family_class("qwen2_5_vl").tiny(seed=0)
+    adapter.cache_policy, adapter._use_cache = "no-cache", None
+    prompts = _prompts(adapter)
+    settings = dict(max_new_tokens=3, min_new_tokens=3, do_sample=False)
+    shared = adapter.generate_shared(prompts, G, **settings)
+    assert not shared.shared and shared.features is None
+    plain = adapter.generate(prompts.repeat(G), **settings)
+    assert torch.equal(shared.output.sequences, plain.sequences)
+
+
+def test_sampled_rollout_is_unchanged_for_a_fixed_seed():
+    from vlm_grpo.grpo.config import GenerationConfig
+    from vlm_grpo.grpo.rollout import rollout
+    from vlm_grpo.recipes import get_recipe
+
+    adapter = family_class("qwen2_5_vl").tiny(seed=0)
+    samples = [get_recipe("shapes").build(size=4, image_size=56)[i] for i in range(3)]
+    gen = GenerationConfig(max_new_tokens=6, min_new_tokens=6)
+    outs = {}
+    for shared in (False, True):
+        torch.manual_seed(123)
+        outs[shared] = rollout(adapter, samples, gen, G, "cpu", shared_prefix=shared)
+    assert torch.equal(outs[False].completion_ids, outs[True].completion_ids)
+    assert outs[True].features is not None and outs[False].features is None
+    assert outs[True].stats["decode_tokens"] == outs[False].stats["decode_tokens"] == 3 * G * 6
+    assert outs[True].stats["prefill_tokens"] < outs[False].stats["prefill_tokens"]
+
+
+def test_chunked_logprobs_and_entropy_match_full_log_softmax():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 7, 50, dtype=torch.float64).float().requires_grad_(True)
+    ids = torch.randint(50, (3, 7))
+    weights = torch.randn(3, 7)
+    full = torch.log_softmax(logits, -1)
+    want = full.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    want_entropy = -(full.exp() * full).sum(-1)
+    (want * weights).sum().backward()
+    want_grad = logits.grad.clone()
+    for chunk_bytes in (50 * 4 * 2, 50 * 4 * 7 * 2, 1 << 20):  # position blocks, row blocks, one block
+        logits.grad = None
+        got, entropy = token_logprobs_and_entropy(logits, ids, chunk_bytes=chunk_bytes)
+        (got * weights).sum().backward()
+        assert torch.allclose(got, want, atol=1e-6)
+        assert torch.allclose(entropy, want_entropy.detach(), atol=1e-5)
+        assert torch.allclose(logits.grad, want_grad, atol=1e-6)
+
+
+def test_vision_module_holds_exactly_the_vision_parameters(family):
+    adapter = family_class(family).tiny(seed=0)
+    module = adapter.vision_module()
+    inside = {id(p) for p in module.parameters()}
+    groups = adapter.module_groups()
+    params = dict(adapter.model.named_parameters())
+    assert all(id(params[n]) in inside for n in groups["vision"])
+    assert not any(id(params[n]) in inside for n in groups["language"] + groups["head"])
+
+
+FAST = ["--data.recipe_options", "{image_size: 56}", "--max-new-tokens", "4", "--logging.progress", "false",
+        "--log-completions", "false", "--model", "tiny:qwen2_5_vl", "--max-steps", "2"]
+
+
+def _run(tmp_path, name, *overrides):
+    cfg = load_config(overrides=["--output-dir", str(tmp_path / name), *FAST, *overrides])
+    return GRPOTrainer(cfg).train()
+
+
+@pytest.mark.parametrize(
+    "overrides, calls, images_per_call",
+    [
+        ((), 2, "B"),  # rollout + policy forward, each encodes the B unique prompts' images once
+        (("--freeze", "vision,projector"), 1, "B"),  # frozen: the rollout's features are reused
+        (("--freeze", "vision,projector", "--reuse-frozen-features", "false"), 2, "B"),
+        (("--shared-prefix", "false", "--share-image-features", "false"), 2, "BG"),  # the plain path
+        (("--beta", "0.04", "--num-iterations", "2"), 5, "B"),  # + reference + old + a second update
+    ],
+)
+def test_step_metrics_count_vision_calls_and_tokens(tmp_path, overrides, calls, images_per_call):
+    history = _run(tmp_path, "run", *overrides)
+    b, g = 2, 4  # the default batch size and num_generations
+    for metrics in history:
+        assert metrics["perf/vision_calls"] == calls
+        assert metrics["perf/vision_images"] == calls * (b if images_per_call == "B" else b * g)
+        assert metrics["perf/decode_tokens"] == b * g * 4
+        assert metrics["perf/prefill_tokens"] > 0

@@ -1,0 +1,73 @@
+"""Image features computed once per unique prompt and shared by every sequence that shows the same images.
+
+A GRPO step has B prompts and G completions each. The vision tower only needs to see each prompt's
+images once: `VLMAdapter.image_features` encodes the B prompts, `ImageFeatures.for_samples` lays the
+features out again for any list of prompt indices (repeats allowed, e.g. `i // G` for every row), and
+`VLMAdapter.embed_with_features` scatters them into the token embeddings at the image-token positions.
+Gradients of the gathered rows add up in the shared features, so a trainable vision tower gets exactly
+the gradient it would get from encoding every copy separately.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+@dataclass
+class ImageFeatures:
+    flat: torch.Tensor  # [sum(counts), D]: every image token's feature, sample after sample, in prompt order
+    counts: list[int]  # image features (= image placeholder tokens) of each sample
+
+    def __post_init__(self) -> None:
+        if self.flat.shape[0] != sum(self.counts):
+            raise ValueError(f"{self.flat.shape[0]} image features for {sum(self.counts)} image tokens {self.counts}")
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def offsets(self) -> list[int]:
+        out, total = [], 0
+        for n in self.counts:
+            out.append(total)
+            total += n
+        return out
+
+    def for_samples(self, indices: Sequence[int]) -> torch.Tensor:
+        """The features of samples `indices` (repeats allowed), concatenated in that order: [n, D]."""
+        starts = self.offsets()
+        rows = [r for i in indices for r in range(starts[i], starts[i] + self.counts[i])]
+        if len(rows) == self.flat.shape[0] and rows == list(range(len(rows))):
+            return self.flat
+        return self.flat.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.flat.device))
+
+    def select(self, indices: Sequence[int]) -> "ImageFeatures":
+        return ImageFeatures(self.for_samples(indices), [self.counts[int(i)] for i in indices])
+
+    def detach(self) -> "ImageFeatures":
+        return ImageFeatures(self.flat.detach(), list(self.counts))
+
+
+def hf_core(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside wrappers: DDP/accelerate (`.module`) and peft (`get_base_model()`).
+    LoRA layers injected by peft stay in place (and obey `disable_adapter()`)."""
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+        model = model.module
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    return model
+
+
+def generation_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """The 1-D positions `generate()` uses for a left-padded batch: counted from each row's first real token."""
+    mask = attention_mask.long()
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+
+def flatten_pooled(pooled) -> torch.Tensor:
+    """`get_image_features(...).pooler_output` (a tensor or a list of per-image tensors) -> [N, D]."""
+    if isinstance(pooled, (list, tuple)):
+        return torch.cat([p.reshape(-1, p.shape[-1]) for p in pooled], dim=0)
+    return pooled.reshape(-1, pooled.shape[-1])

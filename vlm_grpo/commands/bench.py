@@ -1,0 +1,62 @@
+"""`vlm-grpo bench`: one GRPO step through vlm-grpo and through TRL's GRPOTrainer (see vlm_grpo/grpo/bench.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _bool(value: str) -> bool:
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {value!r}")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="benchmark a GRPO step against TRL's GRPOTrainer (step time, rollout tokens/s, vision calls, memory)",
+        description="Runs the same model, data, G, fixed completion length, loss type and beta through vlm-grpo and "
+        "through TRL 1.16's GRPOTrainer in one process. CPU: --model bench:qwen_small | bench:hybrid_vit_heavy; "
+        "GPU: --model preset:qwen2_5_vl_3b | preset:hybrid_3b_vit_0_5b | preset:smolvlm_256m.",
+    )
+    p.add_argument("--model", default="bench:qwen_small")
+    p.add_argument("--batch-size", type=int, default=4, help="prompts per step (B)")
+    p.add_argument("--num-generations", type=int, default=8, help="completions per prompt (G)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="completion length (EOS ignored)")
+    p.add_argument("--beta", type=float, default=0.04)
+    p.add_argument("--loss-type", default="dapo", choices=["grpo", "dr_grpo", "dapo"])
+    p.add_argument("--learning-rate", type=float, default=1e-5)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--steps", type=int, default=3, help="measured steps per framework")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first")
+    p.add_argument("--threads", type=int, default=None, help="torch threads on CPU (default: the twin's setting)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--frameworks", default="vlm-grpo,trl", help="comma-separated subset of vlm-grpo,trl")
+    p.add_argument("--freeze", default="", help="module groups frozen in both runs, e.g. vision,projector")
+    p.add_argument("--shared-prefix", type=_bool, default=True, help="vlm-grpo: shared-prefix rollout (ablation: false)")
+    p.add_argument("--share-image-features", type=_bool, default=True, help="vlm-grpo: shared image features (ablation: false)")
+    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
+    p.add_argument("--json", default=None, help="also write the full report (per-step times included) to this file")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from vlm_grpo.grpo.bench import BenchSettings, format_report, run_benchmark
+
+    settings = BenchSettings(
+        model=args.model, batch_size=args.batch_size, num_generations=args.num_generations,
+        max_new_tokens=args.max_new_tokens, beta=args.beta, loss_type=args.loss_type, learning_rate=args.learning_rate,
+        image_size=args.image_size, steps=args.steps, warmup=args.warmup, threads=args.threads, seed=args.seed,
+        frameworks=tuple(f for f in args.frameworks.split(",") if f),
+        freeze=tuple(g for g in args.freeze.split(",") if g),
+        shared_prefix=args.shared_prefix, share_image_features=args.share_image_features, device=args.device,
+    )
+    report = run_benchmark(settings)
+    print(format_report(report))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
