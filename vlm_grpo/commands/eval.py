@@ -22,7 +22,7 @@ def run(args, extra: list[str]) -> int:
 
     from vlm_grpo.grpo.base_trainer import load_policy
     from vlm_grpo.grpo.config import load_recipe_config
-    from vlm_grpo.grpo.evaluate import evaluate, format_report, write_report
+    from vlm_grpo.grpo.evaluate import evaluate_run, format_report, write_report
     from vlm_grpo.grpo.rewards import parse_reward_specs
     from vlm_grpo.recipes import get_recipe
 
@@ -31,18 +31,7 @@ def run(args, extra: list[str]) -> int:
     rewards = parse_reward_specs(cfg.data.rewards) if cfg.data.rewards else None
     device = torch.device(cfg.model.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     adapter = load_policy(cfg, device)
-    report = evaluate(
-        adapter,
-        recipe,
-        split=cfg.eval.split,
-        size=cfg.eval.size,
-        seed=cfg.seed if cfg.eval.data_seed is None else cfg.eval.data_seed,
-        batch_size=cfg.eval.eval_batch_size,
-        max_new_tokens=cfg.generation.max_new_tokens,
-        recipe_options=cfg.data.recipe_options,
-        rewards=rewards,
-        length_edges=cfg.eval.length_edges or None,
-    )
+    report = evaluate_run(adapter, recipe, cfg, rewards=rewards)
     report["model"] = cfg.model.init_from or cfg.model.name
     out = Path(cfg.eval.out) if cfg.eval.out else Path(cfg.logging.output_dir) / f"eval-{cfg.eval.split}.json"
     print(format_report(report))
