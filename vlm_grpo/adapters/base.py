@@ -214,9 +214,16 @@ class VLMAdapter(ABC):
             inputs[key] = torch.cat([t, pad], dim=1)
         return inputs
 
-    def generate(
+    def generate(self, batch: PromptBatch, **settings: Any):
+        """Completions for `batch` with the adapter's suppressed ids and cache policy (settings: see
+        `_generation_kwargs`)."""
+        kwargs = self._generation_kwargs(**settings)
+        with torch.no_grad():
+            out = self.model.generate(**self.model_inputs(batch), **kwargs)
+        return out
+
+    def _generation_kwargs(
         self,
-        batch: PromptBatch,
         *,
         max_new_tokens: int,
         do_sample: bool = False,
@@ -227,26 +234,14 @@ class VLMAdapter(ABC):
         output_logits: bool = False,
         min_new_tokens: int = 0,
         eos_token_id: list[int] | None = None,
-    ):
-        """Completions for `batch` with the adapter's suppressed ids and cache policy."""
-        use_cache = self.uses_cache() if use_cache is None else use_cache
-        kwargs = self._generation_kwargs(
-            max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
-            use_cache=use_cache, output_logits=output_logits, min_new_tokens=min_new_tokens, eos_token_id=eos_token_id,
-        )
-        with torch.no_grad():
-            out = self.model.generate(**self.model_inputs(batch), **kwargs)
-        return out
-
-    def _generation_kwargs(
-        self, *, max_new_tokens, do_sample, temperature, top_p, top_k, use_cache, output_logits, min_new_tokens, eos_token_id
     ) -> dict[str, Any]:
-        """`generate()` settings shared by the plain and the shared-prefix paths (suppression, EOS, sampling)."""
+        """`generate()` settings shared by the plain and the shared-prefix paths: suppression, EOS, sampling,
+        and the cache policy when `use_cache` is None."""
         kwargs = dict(
             max_new_tokens=max_new_tokens,
             min_new_tokens=min_new_tokens,
             do_sample=do_sample,
-            use_cache=use_cache,
+            use_cache=self.uses_cache() if use_cache is None else use_cache,
             suppress_tokens=self.suppressed_token_ids(),
             pad_token_id=self.pad_token_id,
             eos_token_id=self.eos_token_ids if eos_token_id is None else eos_token_id,
@@ -357,20 +352,7 @@ class VLMAdapter(ABC):
         return int(pixels.shape[0]) if isinstance(pixels, torch.Tensor) else 0
 
     def generate_shared(
-        self,
-        batch: PromptBatch,
-        num_generations: int,
-        *,
-        features: ImageFeatures | None = None,
-        max_new_tokens: int,
-        do_sample: bool = False,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        use_cache: bool | None = None,
-        output_logits: bool = False,
-        min_new_tokens: int = 0,
-        eos_token_id: list[int] | None = None,
+        self, batch: PromptBatch, num_generations: int, *, features: ImageFeatures | None = None, **settings: Any
     ) -> "GroupGeneration":
         """`num_generations` completions of each prompt of `batch`, rows grouped like `batch.repeat(G)`.
 
@@ -379,13 +361,9 @@ class VLMAdapter(ABC):
         sampling settings as `generate`. Where the cache policy forbids the KV cache, or the prompt cannot
         be split before its last token, this is exactly `generate(batch.repeat(G))`.
         """
-        use_cache = self.uses_cache() if use_cache is None else use_cache
-        kwargs = self._generation_kwargs(
-            max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
-            use_cache=use_cache, output_logits=output_logits, min_new_tokens=min_new_tokens, eos_token_id=eos_token_id,
-        )
+        kwargs = self._generation_kwargs(**settings)
         length = batch.input_ids.shape[1]
-        if not use_cache or length < 2 or bool((batch.input_ids[:, -1] == self.image_token_id).any()):
+        if not kwargs["use_cache"] or length < 2 or bool((batch.input_ids[:, -1] == self.image_token_id).any()):
             grouped = batch.repeat(num_generations)
             with torch.no_grad():
                 out = self.model.generate(**self.model_inputs(grouped), **kwargs)
