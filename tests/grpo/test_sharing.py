@@ -137,19 +137,20 @@ def test_sampled_rollout_is_unchanged_for_a_fixed_seed():
     assert outs[True].stats["prefill_tokens"] < outs[False].stats["prefill_tokens"]
 
 
-def test_chunked_logprobs_and_entropy_match_full_log_softmax():
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_logprobs_and_entropy_match_full_log_softmax(temperature):
     torch.manual_seed(0)
     logits = torch.randn(3, 7, 50, dtype=torch.float64).float().requires_grad_(True)
     ids = torch.randint(50, (3, 7))
     weights = torch.randn(3, 7)
-    full = torch.log_softmax(logits, -1)
+    full = torch.log_softmax(logits / temperature, -1)
     want = full.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     want_entropy = -(full.exp() * full).sum(-1)
     (want * weights).sum().backward()
     want_grad = logits.grad.clone()
     for chunk_bytes in (50 * 4 * 2, 50 * 4 * 7 * 2, 1 << 20):  # position blocks, row blocks, one block
         logits.grad = None
-        got, entropy = token_logprobs_and_entropy(logits, ids, chunk_bytes=chunk_bytes)
+        got, entropy = token_logprobs_and_entropy(logits, ids, chunk_bytes=chunk_bytes, temperature=temperature)
         (got * weights).sum().backward()
         assert torch.allclose(got, want, atol=1e-6)
         assert torch.allclose(entropy, want_entropy.detach(), atol=1e-5)

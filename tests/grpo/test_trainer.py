@@ -166,3 +166,25 @@ def test_yaml_config_and_overrides(tmp_path):
     assert cfg.max_steps == 9 and cfg.loss.epsilon == 0.3 and cfg.optim.vision_lr == 1e-6
     with pytest.raises(ValueError, match="not a valid int"):
         load_config(path, ["--max-steps", "many"])
+
+
+def test_logprobs_are_taken_at_the_sampling_temperature(tmp_path):
+    """Ratio, KL and entropy use the distribution the completions came from: softmax(logits / T), as in TRL."""
+    from vlm_grpo.grpo.logprobs import group_logits
+    from vlm_grpo.grpo.rollout import rollout
+    from vlm_grpo.recipes.shapes import build
+
+    cfg = run_config(tmp_path, "--model", "tiny:qwen2_5_vl", "--temperature", "0.5")
+    trainer = GRPOTrainer(cfg)
+    adapter = trainer.adapter
+    samples = [build(size=2, image_size=56)[i] for i in range(2)]
+    with torch.no_grad():
+        ro = rollout(adapter, samples, cfg.generation, 2, "cpu")
+        rows = list(range(4))
+        got, entropy = trainer._logprobs(ro, rows, adapter.model, with_entropy=True)
+        logits = group_logits(adapter, ro.prompts, ro.prompt_index(rows), ro.completion_ids, ro.completion_mask)
+    for temperature, expect_match in ((0.5, True), (1.0, False)):
+        full = torch.log_softmax(logits.float() / temperature, -1)
+        want = full.gather(-1, ro.completion_ids.unsqueeze(-1)).squeeze(-1)
+        assert torch.allclose(got, want, atol=1e-5) == expect_match
+        assert torch.allclose(entropy, -(full.exp() * full).sum(-1), atol=1e-4) == expect_match

@@ -42,16 +42,17 @@ def _blocks(rows: int, steps: int, vocab: int, chunk_bytes: int):
 
 
 class _TokenLogProbs(torch.autograd.Function):
-    """log softmax(logits)[token] (+ entropy, no gradient) in fp32 chunks; backward recomputes per chunk."""
+    """log softmax(logits / temperature)[token] (+ entropy, no gradient) in fp32 chunks; backward recomputes
+    per chunk. Dividing inside the chunk loop keeps a scaled copy of the logits from ever existing."""
 
     @staticmethod
-    def forward(ctx, logits, token_ids, chunk_bytes, with_entropy):
+    def forward(ctx, logits, token_ids, chunk_bytes, with_entropy, temperature):
         rows, steps, vocab = logits.shape
         logps = torch.empty(rows, steps, dtype=torch.float32, device=logits.device)
         lse = torch.empty_like(logps)
         entropy = torch.zeros_like(logps)
         for rs, ts in _blocks(rows, steps, vocab, chunk_bytes):
-            x = logits[rs, ts].float()
+            x = logits[rs, ts].float() / temperature
             norm = torch.logsumexp(x, dim=-1)
             lse[rs, ts] = norm
             logps[rs, ts] = x.gather(-1, token_ids[rs, ts].unsqueeze(-1)).squeeze(-1) - norm
@@ -60,6 +61,7 @@ class _TokenLogProbs(torch.autograd.Function):
                 entropy[rs, ts] = norm - (p * x).sum(-1)
         ctx.save_for_backward(logits, token_ids, lse)
         ctx.chunk_bytes = chunk_bytes
+        ctx.temperature = temperature
         ctx.mark_non_differentiable(entropy)
         return logps, entropy
 
@@ -70,17 +72,23 @@ class _TokenLogProbs(torch.autograd.Function):
         grad = torch.empty_like(logits)
         for rs, ts in _blocks(rows, steps, vocab, ctx.chunk_bytes):
             g = grad_logps[rs, ts].float().unsqueeze(-1)
-            block = -torch.exp(logits[rs, ts].float() - lse[rs, ts].unsqueeze(-1)) * g
+            block = -torch.exp(logits[rs, ts].float() / ctx.temperature - lse[rs, ts].unsqueeze(-1)) * g
             block.scatter_add_(-1, token_ids[rs, ts].unsqueeze(-1), g)
-            grad[rs, ts] = block.to(grad.dtype)
-        return grad, None, None, None
+            grad[rs, ts] = (block / ctx.temperature).to(grad.dtype)
+        return grad, None, None, None, None
 
 
 def token_logprobs_and_entropy(
-    logits: torch.Tensor, token_ids: torch.Tensor, with_entropy: bool = True, chunk_bytes: int = CHUNK_BYTES
+    logits: torch.Tensor, token_ids: torch.Tensor, with_entropy: bool = True, chunk_bytes: int = CHUNK_BYTES,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log p(token), entropy) per position, both fp32 [B, T]; only the log-probs carry a gradient."""
-    return _TokenLogProbs.apply(logits, token_ids, chunk_bytes, with_entropy)
+    """(log p(token), entropy) per position, both fp32 [B, T]; only the log-probs carry a gradient.
+
+    `temperature`: the distribution the tokens were sampled from is softmax(logits / temperature); GRPO's
+    ratio, KL and entropy are taken under that same distribution (as TRL does)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    return _TokenLogProbs.apply(logits, token_ids, chunk_bytes, with_entropy, float(temperature))
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:

@@ -123,7 +123,8 @@ class GRPOTrainer(BaseTrainer):
             share_features=perf.share_image_features, features=self._step_features(ro), context=context,
         )
         logps, entropy = token_logprobs_and_entropy(
-            logits, ro.completion_ids[rows], with_entropy=with_entropy, chunk_bytes=perf.logprob_chunk_mb * 2**20
+            logits, ro.completion_ids[rows], with_entropy=with_entropy, chunk_bytes=perf.logprob_chunk_mb * 2**20,
+            temperature=self.cfg.generation.temperature,
         )
         return (logps, entropy) if with_entropy else logps
 
