@@ -6,6 +6,8 @@ import argparse
 import contextlib
 import sys
 
+from vlm_grpo.commands import add_settings_command
+
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -164,14 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the re-initialised projector")
     p.set_defaults(func=cmd_compose)
 
-    p = sub.add_parser(
-        "train",
+    add_settings_command(
+        sub, "train", cmd_train,
         help="GRPO training",
         description="GRPO training. Any setting can be given as --key value (e.g. --model tiny:smolvlm "
         "--recipe shapes --max-steps 3 --output-dir runs/x --loss.beta 0.04 --vision-lr 1e-6 --resume).",
     )
-    p.add_argument("--config", default=None, help="YAML file of settings (command-line values win)")
-    p.set_defaults(func=cmd_train, takes_extra=True)
 
     p = sub.add_parser("families", help="supported families, model types, module groups and presets")
     p.set_defaults(func=cmd_families)

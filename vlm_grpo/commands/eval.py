@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vlm_grpo.commands import add_settings_command
+
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "eval",
+    add_settings_command(
+        sub, "eval", run,
         help="greedy evaluation: reward components, accuracy, accuracy by reasoning length",
         description="Greedy generation over --size samples of --split (default test); prints a table and writes "
         "JSON (--out, default OUTPUT_DIR/eval-SPLIT.json). Any setting as --key value, e.g. --model PATH "
         "--recipe shapes --max-new-tokens 64 --eval-batch-size 16 --length-edges 16,32,64.",
     )
-    p.add_argument("--config", default=None, help="YAML file of settings (command-line values win)")
-    p.set_defaults(func=run, takes_extra=True)
 
 
 def run(args, extra: list[str]) -> int:

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
+from vlm_grpo.commands import add_settings_command
+
 DEFAULT_RUN_DIR = "runs/latest"  # LoggingConfig's default: an SFT run without --output-dir goes elsewhere
 SFT_RUN_DIR = "runs/sft-latest"
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "sft",
+    add_settings_command(
+        sub, "sft", run,
         help="supervised warm-up on the recipe's reference responses (before GRPO)",
         description="Supervised fine-tuning on each sample's reference response, loss on completion tokens only. "
         "Settings as for train (--model, --recipe, --max-steps, --batch-size, --learning-rate, --freeze, --lora.r, "
         "--output-dir (default runs/sft-latest), --sft.max_reference_tokens ...). The model in OUTPUT_DIR/final "
         "starts a GRPO run with `vlm-grpo train --init-from OUTPUT_DIR/final`.",
     )
-    p.add_argument("--config", default=None, help="YAML file of settings (command-line values win)")
-    p.set_defaults(func=run, takes_extra=True)
 
 
 def run(args, extra: list[str]) -> int:
