@@ -46,3 +46,14 @@ def test_two_grpo_steps(recipe, family, data, tmp_path):
     assert [m["step"] for m in history] == [1, 2]
     assert {f"rewards/{r.name}" for r in get_recipe(recipe).rewards} <= set(history[0])
     assert (tmp_path / "final" / "config.json").is_file()
+
+
+def test_row_checking_recipes_declare_it():
+    """The trainer passes data.on_bad_sample to exactly the recipes that declare `checks_rows`."""
+    import inspect
+
+    from vlm_grpo.recipes import RECIPES
+
+    for name, recipe in RECIPES.items():
+        takes_it = "on_bad_sample" in inspect.signature(recipe.build).parameters
+        assert recipe.checks_rows == takes_it, name

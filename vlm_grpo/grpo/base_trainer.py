@@ -14,7 +14,6 @@ bar shows).
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import shutil
 import signal
@@ -113,7 +112,7 @@ class BaseTrainer:
     def _build_dataset(self):
         cfg = self.cfg
         options = dict(cfg.data.recipe_options)
-        if "on_bad_sample" in inspect.signature(self.recipe.build).parameters:  # row-checking loaders
+        if self.recipe.checks_rows:
             options.setdefault("on_bad_sample", cfg.data.on_bad_sample)
         return self.recipe.build(split="train", size=cfg.data.train_size, seed=cfg.seed, **options)
 

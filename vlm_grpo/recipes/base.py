@@ -42,6 +42,7 @@ class Recipe:
     rewards: list[Reward]
     accuracy_reward: str | None = None  # the component that means "the answer is right"
     defaults: dict[str, Any] = field(default_factory=dict)  # config overrides this task needs
+    checks_rows: bool = False  # build() reads a dataset's rows and takes on_bad_sample (error | skip)
 
 
 def user_turn(text: str, n_images: int = 1) -> list[dict[str, Any]]:

@@ -103,4 +103,5 @@ RECIPE = Recipe(
     build=build,
     rewards=[Reward("format", strict_format), Reward("correctness", correctness)],
     accuracy_reward="correctness",
+    checks_rows=True,
 )

@@ -152,4 +152,5 @@ RECIPE = Recipe(
     build=build,
     rewards=[Reward("format", format_reward), Reward("accuracy", accuracy)],
     accuracy_reward="accuracy",
+    checks_rows=True,
 )

@@ -104,4 +104,5 @@ RECIPE = Recipe(
     build=build,
     rewards=[Reward("accuracy", accuracy), Reward("format", format_reward)],
     accuracy_reward="accuracy",
+    checks_rows=True,
 )
