@@ -41,6 +41,11 @@ def _blocks(rows: int, steps: int, vocab: int, chunk_bytes: int):
                 yield slice(r, r + 1), slice(t, min(steps, t + tokens))
 
 
+def _scaled_chunk(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    x = logits.float()
+    return x if temperature == 1.0 else x / temperature  # T=1 (and fp32 logits): no copy at all
+
+
 class _TokenLogProbs(torch.autograd.Function):
     """log softmax(logits / temperature)[token] (+ entropy, no gradient) in fp32 chunks; backward recomputes
     per chunk. Dividing inside the chunk loop keeps a scaled copy of the logits from ever existing."""
@@ -52,7 +57,7 @@ class _TokenLogProbs(torch.autograd.Function):
         lse = torch.empty_like(logps)
         entropy = torch.zeros_like(logps)
         for rs, ts in _blocks(rows, steps, vocab, chunk_bytes):
-            x = logits[rs, ts].float() / temperature
+            x = _scaled_chunk(logits[rs, ts], temperature)
             norm = torch.logsumexp(x, dim=-1)
             lse[rs, ts] = norm
             logps[rs, ts] = x.gather(-1, token_ids[rs, ts].unsqueeze(-1)).squeeze(-1) - norm
@@ -72,9 +77,11 @@ class _TokenLogProbs(torch.autograd.Function):
         grad = torch.empty_like(logits)
         for rs, ts in _blocks(rows, steps, vocab, ctx.chunk_bytes):
             g = grad_logps[rs, ts].float().unsqueeze(-1)
-            block = -torch.exp(logits[rs, ts].float() / ctx.temperature - lse[rs, ts].unsqueeze(-1)) * g
+            block = -torch.exp(_scaled_chunk(logits[rs, ts], ctx.temperature) - lse[rs, ts].unsqueeze(-1)) * g
             block.scatter_add_(-1, token_ids[rs, ts].unsqueeze(-1), g)
-            grad[rs, ts] = (block / ctx.temperature).to(grad.dtype)
+            if ctx.temperature != 1.0:
+                block /= ctx.temperature  # d/dlogits of logits / T
+            grad[rs, ts] = block.to(grad.dtype)
         return grad, None, None, None, None
 
 
