@@ -14,13 +14,11 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-from vlm_grpo.adapters.registry import FAMILIES, family_class  # noqa: E402
+from vlm_grpo.adapters.registry import families, family_class  # noqa: E402
 
 
 def _families() -> list[str]:
-    import vlm_grpo.adapters  # noqa: F401  (registers)
-
-    return sorted(FAMILIES)
+    return sorted(families())
 
 
 @functools.lru_cache(maxsize=None)

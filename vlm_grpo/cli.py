@@ -24,26 +24,20 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of tiny twins and presets")
 
 
-def _load(args):
-    import torch
+def _load(args, decide_cache: bool = True):
+    from vlm_grpo.loader import load_model
 
-    from vlm_grpo.adapters import load_adapter
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    adapter = load_adapter(
+    return load_model(
         args.model,
         seed=args.seed,
         dtype=args.dtype,
-        device=device,
+        device=args.device,
         attn_implementation=args.attn_implementation,
         load_in_4bit=args.load_in_4bit,
         trust_remote_code=args.trust_remote_code,
         cache_policy=args.cache_policy,
+        decide_cache=decide_cache,
     )
-    if args.model.startswith(("tiny:", "preset:")):
-        adapter.model.to(device)
-    adapter.cache_policy = args.cache_policy
-    return adapter
 
 
 def cmd_check_cache(args) -> int:
@@ -51,7 +45,7 @@ def cmd_check_cache(args) -> int:
     from vlm_grpo.compat.cache_probe import probe_cache
     from vlm_grpo.compat.simulated_quirk import image_features_dropped_after_prefill
 
-    adapter = _load(args)
+    adapter = _load(args, decide_cache=False)
     simulate = image_features_dropped_after_prefill(adapter) if args.simulate_quirk else contextlib.nullcontext()
     with simulate:
         report = probe_cache(adapter, steps=args.steps)
@@ -114,10 +108,10 @@ def cmd_families(args) -> int:
 
 def cmd_demo(args) -> int:
     """The offline main job until training lands: cache probe + a generation on every tiny twin."""
-    from vlm_grpo.adapters.registry import FAMILIES
+    from vlm_grpo.adapters.registry import families
 
     failures = 0
-    for family in sorted(FAMILIES):
+    for family in sorted(families()):
         print(f"\n=== tiny:{family} ===")
         ns = argparse.Namespace(
             model=f"tiny:{family}", device="cpu", dtype="auto", attn_implementation=None, load_in_4bit=False,

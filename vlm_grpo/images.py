@@ -54,3 +54,11 @@ def prepare(img: Image.Image, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Ima
     except Exception as err:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError... for bad data
         raise BadImage(f"cannot be decoded: {err}") from None
     return cap_pixels(to_rgb(img), max_pixels)
+
+
+def prepare_sample_image(img: Image.Image, sample: int) -> Image.Image:
+    """`prepare` for the images of prompt `sample`; a bad image names its sample."""
+    try:
+        return prepare(img)
+    except BadImage as err:
+        raise ValueError(f"sample {sample}: field 'images': the image {err}") from None

@@ -21,13 +21,17 @@ from transformers import (
 )
 
 from vlm_grpo.adapters.compose import UnsupportedPairing, compose
-from vlm_grpo.adapters.hybrid import TINY_SIGLIP, HybridAdapter, LlavaHybridAdapter, tiny_qwen2_lm
-from vlm_grpo.adapters.qwen2_5_vl import Qwen2_5_VLAdapter
-from vlm_grpo.adapters.registry import load_adapter
+from vlm_grpo.adapters.families.hybrid import TINY_LM, TINY_SIGLIP, HybridAdapter, LlavaHybridAdapter, qwen2_lm
+from vlm_grpo.adapters.families.qwen2_5_vl import Qwen2_5_VLAdapter
+from vlm_grpo.loader import load_model
 from vlm_grpo.adapters.seeding import seeded
 from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
 
 torch.set_num_threads(1)
+
+def tiny_qwen2_lm(seed: int, tie: bool):
+    return qwen2_lm(dict(TINY_LM, tie_word_embeddings=tie), seed)
+
 
 PROMPT = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many red circles?"}]}]
 
@@ -91,7 +95,7 @@ def test_qwen_pairing(donors, tmp_path, lm_name):
             assert torch.equal(ours[name], weight), name
     assert ours["merger.mlp.2.weight"].shape == (48, donor["merger.mlp.2.weight"].shape[1])
     _generates(adapter)
-    assert type(load_adapter(f"hybrid:{out}")) is HybridAdapter
+    assert type(load_model(f"hybrid:{out}")) is HybridAdapter
 
 
 @pytest.mark.parametrize("vision_name", ["siglip", "clip"])
@@ -99,7 +103,7 @@ def test_llava_pairing(donors, tmp_path, vision_name):
     out = compose(str(donors / vision_name), str(donors / "lm"), str(tmp_path / "hybrid"), seed=0)
     adapter = HybridAdapter.load(str(out))
     assert type(adapter) is LlavaHybridAdapter
-    assert type(load_adapter(str(out))) is LlavaHybridAdapter  # bare path: model_type llava
+    assert type(load_model(str(out))) is LlavaHybridAdapter  # bare path: model_type llava
     assert _text_logit_diff(adapter, donors / "lm") <= 1e-5
 
     cls = SiglipVisionModel if vision_name == "siglip" else CLIPVisionModel

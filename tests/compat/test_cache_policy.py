@@ -11,6 +11,7 @@ from vlm_grpo.compat.cache_policy import resolve_use_cache
 from vlm_grpo.compat.cache_probe import CacheProbeReport, probe_cache
 from vlm_grpo.compat.known_quirks import known_cache_quirk
 from vlm_grpo.compat.simulated_quirk import image_features_dropped_after_prefill
+from vlm_grpo.loader import apply_cache_policy
 from vlm_grpo.grpo.logprobs import completion_logprobs, token_logprobs
 from tests.adapters.samples import picture, user_turn
 
@@ -22,12 +23,12 @@ def test_every_family_passes_the_probe_today(adapter):
 
 
 def test_simulated_quirk_is_caught_and_auto_switches_off_the_cache(adapter):
-    fresh = type(adapter)(adapter.model, adapter.processor, cache_policy="auto")
+    fresh = type(adapter)(adapter.model, adapter.processor)
     with image_features_dropped_after_prefill(fresh):
         report = probe_cache(fresh, steps=3)
         assert not report.cache_ok, report.table()
         assert report.path_ok(False), report.table()
-        assert fresh.uses_cache() is False
+        assert apply_cache_policy(fresh, "auto") is False and fresh.use_cache is False
 
         batch = fresh.encode_prompts([user_turn(1, "Count the squares.")], [[picture(56, 56, 5)]])
         out = fresh.generate(batch, max_new_tokens=4, min_new_tokens=4, output_logits=True)

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import vlm_grpo.adapters.hybrid  # noqa: F401  (registers the hybrid twins)
 from tests.adapters.samples import picture, user_turn
-from vlm_grpo.adapters.registry import FAMILIES, family_class
+from vlm_grpo.adapters.registry import families, family_class
 from vlm_grpo.grpo.logprobs import completion_logprobs
 from vlm_grpo.grpo.lora import (
     DEFAULT_TARGETS,
@@ -21,7 +20,7 @@ from vlm_grpo.grpo.lora import (
 )
 from vlm_grpo.grpo.optim import OptimConfig, build_optimizer, is_lora_param, param_groups
 
-ALL_FAMILIES = sorted(FAMILIES)
+ALL_FAMILIES = sorted(families())
 
 
 def fresh(family: str):

@@ -11,11 +11,11 @@ import functools
 import pytest
 import torch
 
-import vlm_grpo.adapters.hybrid  # noqa: F401  (registers the hybrid twins)
 from tests.adapters.samples import picture, user_turn
-from vlm_grpo.adapters.base import MODULE_GROUPS
-from vlm_grpo.adapters.qwen2_5_vl import TINY_PIXELS, TINY_TEXT, TINY_VISION, Qwen2_5_VLAdapter, build_qwen_adapter
-from vlm_grpo.adapters.registry import FAMILIES, family_class
+from vlm_grpo.adapters.module_groups import MODULE_GROUPS
+from vlm_grpo.adapters.architecture import Architecture
+from vlm_grpo.adapters.families.qwen2_5_vl import TINY_PIXELS, TINY_TEXT, TINY_VISION, Qwen2_5_VLAdapter
+from vlm_grpo.adapters.registry import families, family_class
 from vlm_grpo.grpo.optim import (
     FREEZE_PRESETS,
     OptimConfig,
@@ -27,7 +27,7 @@ from vlm_grpo.grpo.optim import (
     trainable_table,
 )
 
-ALL_FAMILIES = sorted(FAMILIES)
+ALL_FAMILIES = sorted(families())
 LRS = dict(learning_rate=1e-3, vision_lr=1e-2, projector_lr=2e-2, language_lr=3e-2, head_lr=4e-2)
 
 
@@ -100,9 +100,7 @@ def test_seed_hybrid_preset_is_the_seeds_policy(family):
 
 
 def test_seed_hybrid_stops_after_five_language_layers():
-    adapter = build_qwen_adapter(
-        Qwen2_5_VLAdapter, vision=TINY_VISION, text={**TINY_TEXT, "num_hidden_layers": 7}, pixels=TINY_PIXELS, seed=0
-    )
+    adapter = Qwen2_5_VLAdapter.build(Architecture(TINY_VISION, {**TINY_TEXT, "num_hidden_layers": 7}, TINY_PIXELS), seed=0)
     apply_freeze(adapter, OptimConfig(freeze_preset="seed_hybrid"))
     trainable = {n for n, p in adapter.model.named_parameters() if p.requires_grad}
     assert trainable == _expected_seed_hybrid(adapter, "model.visual.merger.mlp.2", 5)

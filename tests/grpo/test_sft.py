@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from tests.conftest import tiny_adapter
-from vlm_grpo.adapters.registry import family_class, load_adapter
+from vlm_grpo.adapters.registry import family_class
+from vlm_grpo.loader import load_model
 from vlm_grpo.cli import main
 from vlm_grpo.grpo.config import load_config
 from vlm_grpo.grpo.run_log import read_jsonl
@@ -66,7 +67,7 @@ def test_sft_learns_then_grpo_starts_from_it(tmp_path):
     assert losses[-1] < 0.5 * losses[0], losses
     final = sft_dir / "final"
     saved = load_file(final / "model.safetensors")
-    reloaded = load_adapter(str(final))  # a bare path: the family comes from config.json
+    reloaded = load_model(str(final))  # a bare path: the family comes from config.json
     assert reloaded.family == "qwen2_5_vl"
     fresh = family_class("qwen2_5_vl").tiny(seed=0)
     vision = fresh.module_groups()["vision"]

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from tests.adapters.samples import mixed_batch, user_turn
+from vlm_grpo.adapters.module_groups import vision_module
 from vlm_grpo.adapters.registry import family_class
+from vlm_grpo.adapters.sharing import generate_shared, image_features
 from vlm_grpo.grpo.config import load_config
 from vlm_grpo.grpo.counters import VisionCounter
 from vlm_grpo.grpo.logprobs import group_logits, token_logprobs, token_logprobs_and_entropy
@@ -83,7 +85,7 @@ def test_reused_features_skip_the_encoder_and_match(family):
         if adapter.module_group_of(name) in ("vision", "projector"):
             p.requires_grad_(False)
     with torch.no_grad():
-        features = adapter.image_features(prompts).detach()  # what the rollout hands over
+        features = image_features(adapter, prompts).detach()  # what the rollout hands over
         plain, plain_loss = _forward(adapter, prompts, ids, mask, share_features=False)
     with VisionCounter(adapter, [adapter.model]) as counter:
         reused, reused_loss = _forward(adapter, prompts, ids, mask, features=features)
@@ -98,7 +100,7 @@ def test_greedy_shared_prefix_rollout_equals_plain_greedy(family):
     prompts = _prompts(adapter)
     settings = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, use_cache=True, output_logits=True)
     plain = adapter.generate(prompts.repeat(G), **settings)
-    shared = adapter.generate_shared(prompts, G, **settings)
+    shared = generate_shared(adapter, prompts, G, **settings)
     assert shared.shared
     length = prompts.input_ids.shape[1]
     assert torch.equal(plain.sequences[:, length:], shared.output.sequences[:, length:])
@@ -110,10 +112,10 @@ def test_greedy_shared_prefix_rollout_equals_plain_greedy(family):
 
 def test_no_cache_policy_falls_back_to_the_plain_path():
     adapter = family_class("qwen2_5_vl").tiny(seed=0)
-    adapter.cache_policy, adapter._use_cache = "no-cache", None
+    adapter.use_cache = False  # what the loader hands in under --cache-policy no-cache
     prompts = _prompts(adapter)
     settings = dict(max_new_tokens=3, min_new_tokens=3, do_sample=False)
-    shared = adapter.generate_shared(prompts, G, **settings)
+    shared = generate_shared(adapter, prompts, G, **settings)
     assert not shared.shared and shared.features is None
     plain = adapter.generate(prompts.repeat(G), **settings)
     assert torch.equal(shared.output.sequences, plain.sequences)
@@ -159,7 +161,7 @@ def test_chunked_logprobs_and_entropy_match_full_log_softmax(temperature):
 
 def test_vision_module_holds_exactly_the_vision_parameters(family):
     adapter = family_class(family).tiny(seed=0)
-    module = adapter.vision_module()
+    module = vision_module(adapter.module_layout, adapter.model, adapter.family)
     inside = {id(p) for p in module.parameters()}
     groups = adapter.module_groups()
     params = dict(adapter.model.named_parameters())

@@ -1,7 +1,7 @@
 """Attention maps land on the right place of the image, for every family's layout.
 
-The expected grid is computed here from the processor output (patch grid, tile counts) and the image's
-orientation, independently of the adapters' `image_token_positions`.
+The expected grid comes from each family's `layout_facts` (tile count and per-tile token grid, read off the
+processor output and the config) and the image's orientation, independently of `image_token_positions`.
 """
 
 from __future__ import annotations
@@ -24,25 +24,11 @@ SHAPES = {"wide": (112, 56), "tall": (56, 112)}  # PIL (width, height)
 
 
 def expected_layout(adapter, batch, orientation: str):
-    """(crop_rows, crop_cols, side_rows, side_cols, has_global) read off the processor output."""
-    cfg = adapter.model.config
-    mm = batch.mm
-    if adapter.family in ("qwen2_5_vl", "hybrid"):
-        _, h, w = mm["image_grid_thw"][0].tolist()
-        m = cfg.vision_config.spatial_merge_size
-        return 1, 1, h // m, w // m, False
-    if adapter.family == "hybrid_llava":
-        side = mm["pixel_values"].shape[-1] // cfg.vision_config.patch_size
-        return 1, 1, side, side, False
-    if adapter.family == "internvl":
-        tiles = mm["pixel_values"].shape[0]
-        side = int(cfg.vision_config.image_size[0] // cfg.vision_config.patch_size[0] * cfg.downsample_ratio)
-    else:  # idefics3 / smolvlm: real (non-padding) tiles of the one sample
-        tiles = int(mm["pixel_values"][0].flatten(1).ne(0).any(1).sum())
-        side = cfg.vision_config.image_size // cfg.vision_config.patch_size // cfg.scale_factor
-    crops = tiles - 1 if tiles > 1 else 1
-    rows, cols = (1, crops) if orientation == "wide" else (crops, 1)
-    return rows, cols, side, side, tiles > 1
+    """(crop_rows, crop_cols, side_rows, side_cols, has_global) from what the family declares about the encoded
+    image (`layout_facts`: tile count and per-tile grid read off the processor tensors) and its orientation."""
+    facts = adapter.layout_facts(batch, 0, 0)
+    rows, cols = (1, facts.crops) if orientation == "wide" else (facts.crops, 1)
+    return rows, cols, facts.grid[0], facts.grid[1], facts.has_global
 
 
 def token_order(layout, r: int, c: int) -> int:

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from vlm_grpo import pretrained
-from vlm_grpo.adapters.hybrid import LlavaHybridAdapter
-from vlm_grpo.adapters.registry import load_adapter
+from vlm_grpo.adapters.families.hybrid import LlavaHybridAdapter
+from vlm_grpo.loader import load_model
 from vlm_grpo.grpo.base_trainer import load_policy
 from vlm_grpo.grpo.config import load_recipe_config
 from vlm_grpo.grpo.evaluate import evaluate_run
@@ -23,16 +23,16 @@ def test_shipped_checkpoint_is_a_small_safetensors_hybrid_llava():
     assert {"config.json", "model.safetensors", "tokenizer.json", "processor_config.json", "README.md"} <= files
     assert not any(name.endswith((".bin", ".pt", ".pth")) for name in files)  # safetensors only
     assert sum(p.stat().st_size for p in SHIPPED.iterdir()) < 8 * 2**20  # a few MB inside the package
-    adapter = load_adapter("pretrained:shapes-tiny")
+    adapter = load_model("pretrained:shapes-tiny")
     assert isinstance(adapter, LlavaHybridAdapter)
     # ... and the same weights as an ordinary checkpoint: `--model PATH` loads it too
-    plain = load_adapter(str(SHIPPED))
+    plain = load_model(str(SHIPPED))
     assert all(torch.equal(a, b) for a, b in zip(adapter.model.state_dict().values(), plain.model.state_dict().values()))
 
 
 def test_unknown_pretrained_name_lists_the_shipped_ones():
     with pytest.raises(ValueError, match="shapes-tiny"):
-        load_adapter("pretrained:nope")
+        load_model("pretrained:nope")
 
 
 def test_default_config_is_the_shipped_checkpoint_on_shapes():

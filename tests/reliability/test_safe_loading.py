@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlm_grpo.adapters.registry import family_class, load_adapter
+from vlm_grpo.adapters.registry import family_class
+from vlm_grpo.loader import load_model
 
 
 def test_pickled_weights_refused_unless_allowed(tmp_path):
@@ -14,8 +15,8 @@ def test_pickled_weights_refused_unless_allowed(tmp_path):
     adapter.model.config.save_pretrained(tmp_path)
     torch.save(adapter.model.state_dict(), tmp_path / "pytorch_model.bin")  # a pickle-only checkpoint
     with pytest.raises(OSError, match="safetensors|model.safetensors"):
-        load_adapter(f"qwen2_5_vl:{tmp_path}")
-    loaded = load_adapter(f"qwen2_5_vl:{tmp_path}", allow_pickle_weights=True)
+        load_model(f"qwen2_5_vl:{tmp_path}")
+    loaded = load_model(f"qwen2_5_vl:{tmp_path}", allow_pickle_weights=True)
     assert loaded.model.config.model_type == "qwen2_5_vl"
 
 

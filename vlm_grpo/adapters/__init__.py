@@ -1,8 +1,7 @@
-"""Model-family adapters. Importing this package registers every built-in family."""
+"""Model-family adapters: the contract (base.py), the families (families/, discovered by registry.py) and
+what every family shares (prompt batches, feature sharing, module groups, image layout, model specs)."""
 
-from vlm_grpo.adapters.base import ImageTokenMismatch, VLMAdapter
-from vlm_grpo.adapters.batch import PromptBatch
-from vlm_grpo.adapters.registry import FAMILIES, MODEL_TYPES, load_adapter
-from vlm_grpo.adapters import hybrid, idefics3, internvl, qwen2_5_vl, smolvlm  # noqa: F401  (registers)
+from vlm_grpo.adapters.base import VLMAdapter
+from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch
 
-__all__ = ["FAMILIES", "MODEL_TYPES", "ImageTokenMismatch", "PromptBatch", "VLMAdapter", "load_adapter"]
+__all__ = ["ImageTokenMismatch", "PromptBatch", "VLMAdapter"]

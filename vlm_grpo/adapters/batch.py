@@ -14,6 +14,10 @@ from typing import Sequence
 import torch
 
 
+class ImageTokenMismatch(ValueError):
+    """A prompt's image placeholder tokens do not match the image features the model will produce."""
+
+
 @dataclass
 class PromptBatch:
     input_ids: torch.Tensor  # [B, L], left-padded

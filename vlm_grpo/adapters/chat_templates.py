@@ -1,8 +1,9 @@
-"""ChatML chat templates: `<|im_start|>role\\n ... <|im_end|>\\n` per message.
+"""Chat templates of the tiny twins, built rather than pasted.
 
-Qwen2.5-VL, the LLaVA hybrids and InternVL share this layout and differ only in what an image part
-becomes (each processor expands its own placeholder), whether a default system turn opens the
-conversation, and InternVL's video part. One builder keeps the three from drifting apart.
+ChatML (`<|im_start|>role\\n ... <|im_end|>\\n` per message): Qwen2.5-VL, the LLaVA hybrids and InternVL share
+this layout and differ only in what an image part becomes (each processor expands its own placeholder),
+whether a default system turn opens the conversation, and InternVL's video part. One builder keeps them from
+drifting apart. `user_assistant_template`: the Idefics3/SmolVLM `User:`/`Assistant:` layout.
 """
 
 from __future__ import annotations
@@ -41,4 +42,27 @@ def chatml_template(
         "{{- '<|im_end|>\\n' -}}"
         "{%- endfor -%}"
         "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+    )
+
+
+def user_assistant_template(prefix: str) -> str:
+    """The Idefics3/SmolVLM format: `<prefix>User:<image>text<end_of_utterance>\\nAssistant:`.
+
+    `prefix` opens the whole conversation once (SmolVLM: <|im_start|>, Idefics3-8B: <|begin_of_text|>).
+    A role is followed by ':' when its first part is an image and ': ' otherwise.
+    """
+    return (
+        "{{- " + _quoted(prefix) + " -}}"
+        "{%- for message in messages -%}"
+        "{{- message['role'] | capitalize -}}"
+        "{%- if message['content'] is string -%}{{- ': ' + message['content'] -}}"
+        "{%- else -%}"
+        "{%- if message['content'][0]['type'] == 'image' -%}{{- ':' -}}{%- else -%}{{- ': ' -}}{%- endif -%}"
+        "{%- for part in message['content'] -%}"
+        "{%- if part['type'] == 'image' -%}{{- '<image>' -}}"
+        "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+        "{%- endfor -%}{%- endif -%}"
+        "{{- '<end_of_utterance>\\n' -}}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- 'Assistant:' -}}{%- endif -%}"
     )

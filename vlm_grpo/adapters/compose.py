@@ -22,7 +22,7 @@ import torch
 from tokenizers import AddedToken
 
 from vlm_grpo.adapters.chat_templates import chatml_template
-from vlm_grpo.adapters.qwen2_5_vl import QWEN_CHAT_TEMPLATE, qwen_token_ids
+from vlm_grpo.adapters.families.qwen2_5_vl import QWEN_CHAT_TEMPLATE, qwen_token_ids
 from vlm_grpo.adapters.seeding import seeded
 
 QWEN_VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from vlm_grpo.adapters.base import MODULE_GROUPS
-from vlm_grpo.adapters.registry import FAMILIES, _ensure_loaded
+from vlm_grpo.adapters.module_groups import MODULE_GROUPS
+from vlm_grpo.adapters.registry import families
 
 
 def _patterns(adapter_cls, group: str) -> str:
-    return " ".join(f"`{p}`" for p in adapter_cls.module_patterns.get(group, ())) or "-"
+    return " ".join(f"`{p}`" for p in adapter_cls.module_layout.patterns()[group]) or "-"
 
 
 def families_table() -> str:
-    _ensure_loaded()
     head = ["family", "model_type", "transformers class", *MODULE_GROUPS, "presets"]
     rows = [head, ["---"] * len(head)]
-    for family in sorted(FAMILIES):
-        cls = FAMILIES[family]
+    for family, cls in sorted(families().items()):
         rows.append(
             [
                 f"`{family}`",

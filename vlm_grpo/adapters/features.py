@@ -1,11 +1,11 @@
 """Image features computed once per unique prompt and shared by every sequence that shows the same images.
 
 A GRPO step has B prompts and G completions each. The vision tower only needs to see each prompt's
-images once: `VLMAdapter.image_features` encodes the B prompts, `ImageFeatures.for_samples` lays the
-features out again for any list of prompt indices (repeats allowed, e.g. `i // G` for every row), and
-`VLMAdapter.embed_with_features` scatters them into the token embeddings at the image-token positions.
-Gradients of the gathered rows add up in the shared features, so a trainable vision tower gets exactly
-the gradient it would get from encoding every copy separately.
+images once: `sharing.image_features` encodes the B prompts, `ImageFeatures.select` lays the features out
+again for any list of prompt indices (repeats allowed, e.g. `i // G` for every row), and
+`sharing.embed_with_features` places them at the image-token positions. Gradients of the gathered rows add
+up in the shared features, so a trainable vision tower gets exactly the gradient it would get from encoding
+every copy separately.
 """
 
 from __future__ import annotations
@@ -20,10 +20,14 @@ import torch
 class ImageFeatures:
     flat: torch.Tensor  # [sum(counts), D]: every image token's feature, sample after sample, in prompt order
     counts: list[int]  # image features (= image placeholder tokens) of each sample
+    # Further per-token features aligned row for row with `flat`, for families that feed image features into
+    # later layers too (one [sum(counts), D] tensor per such layer); empty for most families.
+    extra: tuple[torch.Tensor, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.flat.shape[0] != sum(self.counts):
-            raise ValueError(f"{self.flat.shape[0]} image features for {sum(self.counts)} image tokens {self.counts}")
+        for tensor in (self.flat, *self.extra):
+            if tensor.shape[0] != sum(self.counts):
+                raise ValueError(f"{tensor.shape[0]} image features for {sum(self.counts)} image tokens {self.counts}")
 
     def __len__(self) -> int:
         return len(self.counts)
@@ -35,19 +39,26 @@ class ImageFeatures:
             total += n
         return out
 
-    def for_samples(self, indices: Sequence[int]) -> torch.Tensor:
-        """The features of samples `indices` (repeats allowed), concatenated in that order: [n, D]."""
+    def _rows(self, indices: Sequence[int]) -> list[int] | None:
+        """Feature rows of samples `indices` in that order; None when that is all rows in order (no copy needed)."""
         starts = self.offsets()
         rows = [r for i in indices for r in range(starts[i], starts[i] + self.counts[i])]
-        if len(rows) == self.flat.shape[0] and rows == list(range(len(rows))):
-            return self.flat
-        return self.flat.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.flat.device))
+        return None if rows == list(range(self.flat.shape[0])) else rows
+
+    def for_samples(self, indices: Sequence[int]) -> torch.Tensor:
+        """The features of samples `indices` (repeats allowed), concatenated in that order: [n, D]."""
+        return self.select(indices).flat
 
     def select(self, indices: Sequence[int]) -> "ImageFeatures":
-        return ImageFeatures(self.for_samples(indices), [self.counts[int(i)] for i in indices])
+        rows = self._rows(indices)
+        counts = [self.counts[int(i)] for i in indices]
+        if rows is None:
+            return ImageFeatures(self.flat, counts, self.extra)
+        index = torch.tensor(rows, dtype=torch.long, device=self.flat.device)
+        return ImageFeatures(self.flat.index_select(0, index), counts, tuple(t.index_select(0, index) for t in self.extra))
 
     def detach(self) -> "ImageFeatures":
-        return ImageFeatures(self.flat.detach(), list(self.counts))
+        return ImageFeatures(self.flat.detach(), list(self.counts), tuple(t.detach() for t in self.extra))
 
 
 def hf_core(model: torch.nn.Module) -> torch.nn.Module:
@@ -71,3 +82,9 @@ def flatten_pooled(pooled) -> torch.Tensor:
     if isinstance(pooled, (list, tuple)):
         return torch.cat([p.reshape(-1, p.shape[-1]) for p in pooled], dim=0)
     return pooled.reshape(-1, pooled.shape[-1])
+
+
+def with_mask_positions(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`inputs` plus the positions generate() uses (from the attention mask): a plain forward would count pads."""
+    inputs["position_ids"] = generation_positions(inputs["attention_mask"])
+    return inputs

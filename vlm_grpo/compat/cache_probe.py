@@ -18,7 +18,7 @@ import torch
 import transformers
 
 from vlm_grpo.compat.probe_image import probe_images
-from vlm_grpo.grpo.logprobs import completion_logits
+from vlm_grpo.adapters.teacher_forcing import completion_logits
 
 PROBE_PROMPT = "Describe the shapes in the picture and count them."
 RELATIVE_TOLERANCE = 0.05

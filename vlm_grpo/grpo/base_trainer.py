@@ -26,7 +26,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from vlm_grpo.adapters.registry import load_adapter
+from vlm_grpo.adapters.model_spec import MERGED_DIR
 from vlm_grpo.grpo import checkpoint as ckpt
 from vlm_grpo.grpo.config import TrainConfig
 from vlm_grpo.grpo.data_order import batch_indices
@@ -34,45 +34,26 @@ from vlm_grpo.grpo.guards import KLWatchdog, NonFiniteGuard, check_disk_space
 from vlm_grpo.grpo.lora import apply_lora, is_lora_wrapped, save_merged
 from vlm_grpo.grpo.optim import apply_freeze, build_optimizer, build_scheduler, trainable_table
 from vlm_grpo.grpo.run_log import RunLog
+from vlm_grpo.loader import apply_cache_policy, load_model
 from vlm_grpo.recipes import get_recipe
 from vlm_grpo.recipes.checked import CheckedSource
 
 log = logging.getLogger(__name__)
-MERGED_DIR = "merged"  # under a LoRA run's final/: the full model with the LoRA deltas folded in
 
 
-def resolve_model_path(spec: str) -> str:
-    """A LoRA run's `final/` holds only the adapter; a model is loaded from its merged copy."""
-    path = Path(spec)
-    if path.is_dir() and not (path / "config.json").is_file() and (path / "adapter_config.json").is_file():
-        merged = path / MERGED_DIR
-        if (merged / "config.json").is_file():
-            return str(merged)
-        raise ValueError(
-            f"{spec} holds only a LoRA adapter and no merged model; train with logging.save_merged true, "
-            "or merge the adapter into its base first"
-        )
-    return spec
-
-
-def load_policy(cfg: TrainConfig, device: torch.device):
+def load_policy(cfg: TrainConfig, device: torch.device | None = None):
     """The adapter of `model.init_from` (a checkpoint to start from) or else `model.name`, on `device`."""
-    spec = cfg.model.init_from or cfg.model.name
-    adapter = load_adapter(
-        resolve_model_path(spec),
+    return load_model(
+        cfg.model.init_from or cfg.model.name,
         seed=cfg.seed,
         dtype=cfg.model.dtype,
-        device=None if device.type == "cpu" else str(device),
+        device=device or cfg.model.device,
         attn_implementation=cfg.model.attn_implementation,
         load_in_4bit=cfg.lora.load_in_4bit,
         trust_remote_code=cfg.model.trust_remote_code,
         allow_pickle_weights=cfg.model.allow_pickle_weights,
         cache_policy=cfg.model.cache_policy,
     )
-    adapter.cache_policy = cfg.model.cache_policy
-    if not cfg.lora.load_in_4bit:
-        adapter.model.to(device)
-    return adapter
 
 
 def check_writable(run_dir: Path) -> None:
@@ -103,6 +84,8 @@ class BaseTrainer:
         self._prepare_task()
         self.dataset = CheckedSource(self._build_dataset(), cfg.data.on_bad_sample)
         self.adapter = adapter or load_policy(cfg, self.accelerator.device)
+        if self.adapter.use_cache is None:  # an adapter built by the caller: decide as the loader would
+            apply_cache_policy(self.adapter, cfg.model.cache_policy)
         self._setup_training()
         if self.is_main:
             check_disk_space(self.run_dir, self.adapter.model)

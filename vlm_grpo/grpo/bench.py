@@ -38,34 +38,15 @@ BENCH_PIXELS = (224 * 224, 224 * 224)  # a 224 x 224 image -> 16 x 16 patches ->
 
 
 def _qwen_small(seed: int = 0, dtype: torch.dtype = torch.float32):
-    from vlm_grpo.adapters.qwen2_5_vl import Qwen2_5_VLAdapter, build_qwen_adapter
+    from vlm_grpo.adapters.registry import family_class
 
-    vision = dict(
-        depth=4, hidden_size=192, intermediate_size=512, num_heads=3, patch_size=14, spatial_merge_size=2,
-        temporal_patch_size=2, window_size=112, fullatt_block_indexes=[3], out_hidden_size=256,
-    )
-    text = dict(
-        hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
-        max_position_embeddings=4096,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 6, 6]},
-    )
-    return build_qwen_adapter(Qwen2_5_VLAdapter, vision=vision, text=text, pixels=BENCH_PIXELS, seed=seed, dtype=dtype)
+    return family_class("qwen2_5_vl").preset("qwen2_5_vl_small", seed=seed, dtype=dtype)
 
 
 def _hybrid_vit_heavy(seed: int = 0, dtype: torch.dtype = torch.float32):
-    from vlm_grpo.adapters.hybrid import HybridAdapter
-    from vlm_grpo.adapters.qwen2_5_vl import build_qwen_adapter
+    from vlm_grpo.adapters.registry import family_class
 
-    vision = dict(
-        depth=8, hidden_size=256, intermediate_size=1024, num_heads=4, patch_size=14, spatial_merge_size=2,
-        temporal_patch_size=2, window_size=112, fullatt_block_indexes=[3, 7], out_hidden_size=128,
-    )
-    text = dict(
-        hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=4096,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 6, 6]},
-    )
-    return build_qwen_adapter(HybridAdapter, vision=vision, text=text, pixels=BENCH_PIXELS, seed=seed, dtype=dtype)
+    return family_class("hybrid").preset("hybrid_vit_heavy", seed=seed, dtype=dtype)
 
 
 BENCH_TWINS = {"qwen_small": _qwen_small, "hybrid_vit_heavy": _hybrid_vit_heavy}
@@ -198,9 +179,9 @@ def build_source(settings: BenchSettings, out_dir: Path):
             raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(sorted(presets))}")
         adapter = presets[name].preset(name, seed=settings.seed, dtype=torch.float32)  # fp32 master weights
     else:
-        from vlm_grpo.adapters.registry import load_adapter
+        from vlm_grpo.loader import load_model
 
-        adapter = load_adapter(settings.model, dtype=torch.float32)
+        adapter = load_model(settings.model, dtype=torch.float32, device="cpu", decide_cache=False)
     adapter.save(out_dir)
     return type(adapter)
 

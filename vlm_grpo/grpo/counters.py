@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from vlm_grpo.adapters.module_groups import vision_module
+
 
 class VisionCounter:
     def __init__(self, adapter, models: list[torch.nn.Module]):
@@ -17,7 +19,7 @@ class VisionCounter:
         self._handles = []
         seen = set()
         for model in models:
-            module = adapter.vision_module(model)
+            module = vision_module(adapter.module_layout, model, adapter.family)
             if id(module) in seen:
                 continue
             seen.add(id(module))

@@ -10,21 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from vlm_grpo.adapters.sharing import embed_with_features, image_features, text_side
+from vlm_grpo.adapters.teacher_forcing import completion_logits
+
 CHUNK_BYTES = 256 * 2**20  # fp32 working set of one chunk
-
-
-def completion_logits(adapter, batch, completion_ids: torch.Tensor, completion_mask: torch.Tensor, model=None, inputs=None):
-    """Logits that predict each completion token: [B, T, V], from a single prompt+completion forward.
-
-    `inputs`: ready model kwargs (e.g. `adapter.embed_with_features`); default `adapter.completion_inputs`.
-    """
-    model = adapter.model if model is None else model
-    if inputs is None:
-        inputs = adapter.completion_inputs(batch, completion_ids, completion_mask)
-    steps = completion_ids.shape[1]
-    # logits_to_keep=T+1 keeps the last prompt position (predicts token 0) through the second-to-last token.
-    out = model(**inputs, logits_to_keep=steps + 1, use_cache=False)
-    return out.logits[:, :-1, :]
 
 
 def _blocks(rows: int, steps: int, vocab: int, chunk_bytes: int):
@@ -122,7 +111,7 @@ def group_logits(
 ):
     """Completion logits for rows `k` = (prompt `prompt_index[k]` of `prompts`, completion k).
 
-    share_features: each distinct prompt's images are encoded once (`adapter.image_features` on the
+    share_features: each distinct prompt's images are encoded once (`sharing.image_features` on the
     distinct prompts, with gradient when the encoder trains) and placed into all its rows;
     `features` (an ImageFeatures of all of `prompts`, e.g. the rollout's, detached) skips the encoder.
     Otherwise every row's prompt is repeated, pixels included, and the model encodes each copy.
@@ -137,10 +126,10 @@ def group_logits(
         if features is None:
             distinct = sorted(set(prompt_index))
             where = {p: k for k, p in enumerate(distinct)}
-            encoded = adapter.image_features(prompts.select(distinct), model=model)
-            row_features = encoded.for_samples([where[p] for p in prompt_index])
+            encoded = image_features(adapter, prompts.select(distinct), model=model)
+            row_features = encoded.select([where[p] for p in prompt_index])
         else:
-            row_features = features.for_samples(prompt_index)
-        text = adapter.text_side(prompts).select(prompt_index)
-        inputs = adapter.embed_with_features(text, row_features, completion_ids, completion_mask, model=model)
+            row_features = features.select(prompt_index)
+        text = text_side(adapter, prompts).select(prompt_index)
+        inputs = embed_with_features(adapter, text, row_features, completion_ids, completion_mask, model=model)
     return completion_logits(adapter, text, completion_ids, completion_mask, model=model, inputs=inputs)

@@ -23,7 +23,7 @@ from typing import Iterator
 
 import torch
 
-from vlm_grpo.adapters.base import _four_bit_config
+from vlm_grpo.adapters.quantization import four_bit_config
 from vlm_grpo.grpo.optim import _is_lora_wrapped
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -90,7 +90,7 @@ def apply_lora(adapter, settings: LoraSettings):
 
     model = adapter.model
     if settings.load_in_4bit:
-        _four_bit_config()  # raises without a CUDA GPU (QLoRA needs CUDA + bitsandbytes)
+        four_bit_config()  # raises without a CUDA GPU (QLoRA needs CUDA + bitsandbytes)
         if not _loaded_in_4bit(model):
             raise ValueError(
                 "load_in_4bit=True: the base model must already be loaded in 4 bit "

@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from vlm_grpo.adapters.base import MODULE_GROUPS, strip_wrapper_prefix
+from vlm_grpo.adapters.module_groups import MODULE_GROUPS, strip_wrapper_prefix
 
 _LORA_PARAM = re.compile(r"\.lora_[A-Za-z_]+\.")
 # decoder-block containers across families: `layers.N.` (Llama/Qwen), `layer.N.`, `h.N.` (GPT-2), `blocks.N.`

@@ -1,21 +1,20 @@
 """Rollout: encode B prompts once, sample G completions each, mask everything after the first EOS.
 
 By default (`shared_prefix`) each prompt's images are encoded once and its prompt prefilled once; the G
-completions are sampled from that shared KV cache (`VLMAdapter.generate_shared`). Greedy decoding gives
+completions are sampled from that shared KV cache (`adapters.sharing.generate_shared`). Greedy decoding gives
 the same tokens as the plain path, which repeats every prompt G times before generating.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 import torch
 
-from vlm_grpo.adapters.base import ImageTokenMismatch
-from vlm_grpo.adapters.batch import PromptBatch
+from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch
 from vlm_grpo.adapters.features import ImageFeatures
+from vlm_grpo.adapters.sharing import generate_shared
 from vlm_grpo.recipes.base import Sample, expand
 
 
@@ -30,11 +29,6 @@ class Rollout:
     num_generations: int = 1
     features: ImageFeatures | None = None  # the prompts' image features (detached), when the rollout computed them
     stats: dict[str, int] = field(default_factory=dict)  # prefill_tokens, decode_tokens
-
-    @cached_property
-    def grouped(self) -> PromptBatch:
-        """The prompts, each repeated G times in a row (built on first use: it copies the pixels G times)."""
-        return self.prompts.repeat(self.num_generations)
 
     def prompt_index(self, rows: list[int]) -> list[int]:
         """The prompt each completion row belongs to."""
@@ -80,7 +74,7 @@ def rollout(
     )
     features = None
     if shared_prefix:
-        result = adapter.generate_shared(prompts, num_generations, **sampling)
+        result = generate_shared(adapter, prompts, num_generations, **sampling)
         out, features, prefill = result.output, result.features, result.prefill_tokens
     else:
         grouped = prompts.repeat(num_generations)

@@ -31,7 +31,8 @@ from vlm_grpo.grpo.base_trainer import BaseTrainer
 from vlm_grpo.grpo.config import TrainConfig
 from vlm_grpo.grpo.data_order import step_seed
 from vlm_grpo.grpo.evaluate import evaluate_run, heldout_metrics
-from vlm_grpo.grpo.logprobs import completion_logits, token_logprobs
+from vlm_grpo.adapters.teacher_forcing import completion_logits
+from vlm_grpo.grpo.logprobs import token_logprobs
 from vlm_grpo.grpo.optim import clip_gradients
 from vlm_grpo.recipes.base import Sample
 

@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
+from vlm_grpo.adapters.sharing import image_features
 from vlm_grpo.grpo.advantages import group_advantages
-from vlm_grpo.grpo.base_trainer import BaseTrainer, load_policy  # noqa: F401  (load_policy: public here too)
+from vlm_grpo.grpo.base_trainer import BaseTrainer
 from vlm_grpo.grpo.config import TrainConfig
 from vlm_grpo.grpo.counters import VisionCounter
 from vlm_grpo.grpo.data_order import step_seed
@@ -112,7 +113,7 @@ class GRPOTrainer(BaseTrainer):
             return None
         if ro.features is None:
             with torch.no_grad():
-                ro.features = self.adapter.image_features(ro.prompts).detach()
+                ro.features = image_features(self.adapter, ro.prompts).detach()
         return ro.features
 
     def _logprobs(self, ro: Rollout, rows: list[int], model, with_entropy: bool = False):
@@ -150,7 +151,6 @@ class GRPOTrainer(BaseTrainer):
         started = time.perf_counter()
         torch.manual_seed(step_seed(cfg.seed, step, acc.process_index))
         samples, indices = self._samples(step)
-        self.adapter.uses_cache()  # the first call may run the cache probe: resolve it before counting
         self.vision_counter.reset()
         rollout_started = time.perf_counter()
         with acc.autocast():  # sample in the precision the policy forward runs in (a no-op without mixed precision)

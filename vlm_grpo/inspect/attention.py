@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vlm_grpo.adapters.base import ImageCell, VLMAdapter
+from vlm_grpo.adapters.base import VLMAdapter
+from vlm_grpo.adapters.image_layout import ImageCell
 
 
 @dataclass

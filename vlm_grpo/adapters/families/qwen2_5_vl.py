@@ -11,47 +11,41 @@ from transformers import (
     Qwen2VLVideoProcessor,
 )
 
-from vlm_grpo.adapters.base import VLMAdapter, grid_cells
+from vlm_grpo.adapters.architecture import Architecture
+from vlm_grpo.adapters.base import VLMAdapter
 from vlm_grpo.adapters.batch import PromptBatch, sum_per_sample
 from vlm_grpo.adapters.chat_templates import chatml_template
-from vlm_grpo.adapters.registry import register
+from vlm_grpo.adapters.image_layout import LayoutFacts, grid_cells
+from vlm_grpo.adapters.module_groups import ModuleLayout
 from vlm_grpo.adapters.seeding import seeded_model
 from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
 
 QWEN_SPECIAL_TOKENS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|object_ref_start|>",
-    "<|object_ref_end|>",
-    "<|box_start|>",
-    "<|box_end|>",
-    "<|quad_start|>",
-    "<|quad_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|vision_pad|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>",
 ]
-
 # Qwen's ChatML layout with a default system turn; each image part is
 # <|vision_start|><|image_pad|><|vision_end|> (the processor expands the pad).
 QWEN_CHAT_TEMPLATE = chatml_template("<|vision_start|><|image_pad|><|vision_end|>")
+QWEN_LAYOUT = ModuleLayout(
+    vision=(r"model\.visual\.(?!merger\.)",),
+    projector=(r"model\.visual\.merger\.",),
+    language=(r"model\.language_model\.",),
+)
 
 
-def qwen_tokenizer():
-    return build_tokenizer(
-        QWEN_SPECIAL_TOKENS, chat_template=QWEN_CHAT_TEMPLATE, eos_token="<|im_end|>", pad_token="<|endoftext|>"
-    )
+def qwen_tokenizer(special_tokens=QWEN_SPECIAL_TOKENS, chat_template=QWEN_CHAT_TEMPLATE):
+    return build_tokenizer(special_tokens, chat_template=chat_template, eos_token="<|im_end|>", pad_token="<|endoftext|>")
 
 
-def qwen_processor(tokenizer, min_pixels: int, max_pixels: int) -> Qwen2_5_VLProcessor:
+def qwen_processor(tokenizer, min_pixels: int, max_pixels: int, processor_cls=Qwen2_5_VLProcessor,
+                   image_processor_cls=Qwen2VLImageProcessor, video_processor_cls=Qwen2VLVideoProcessor):
     size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
-    return Qwen2_5_VLProcessor(
-        image_processor=Qwen2VLImageProcessor(size=size),
+    return processor_cls(
+        image_processor=image_processor_cls(size=size),
         tokenizer=tokenizer,
-        video_processor=Qwen2VLVideoProcessor(size=size),
+        video_processor=video_processor_cls(size=size),
         chat_template=tokenizer.chat_template,
     )
 
@@ -66,21 +60,23 @@ def qwen_token_ids(tokenizer) -> dict[str, int]:
     }
 
 
-def qwen_config(tokenizer, *, vision: dict, text: dict, vocab_size: int | None = None) -> Qwen2_5_VLConfig:
-    vocab = vocab_size or len(tokenizer)
+def qwen_config(config_cls, tokenizer, arch: Architecture):
     text = {
-        "vocab_size": vocab,
+        "vocab_size": arch.vocab_size or len(tokenizer),
         "bos_token_id": tokenizer.pad_token_id,
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
-        **text,
+        **arch.text,
     }
-    return Qwen2_5_VLConfig(
-        text_config=text,
-        vision_config=vision,
-        tie_word_embeddings=text.get("tie_word_embeddings", False),
+    return config_cls(
+        text_config=text, vision_config=dict(arch.vision), tie_word_embeddings=text.get("tie_word_embeddings", False),
         **qwen_token_ids(tokenizer),
     )
+
+
+def qwen_rope(sections: list[int], theta: float = 1e6) -> dict:
+    """M-RoPE: the rotary half-dim split into temporal/height/width sections (they sum to head_dim / 2)."""
+    return {"rope_type": "default", "rope_theta": theta, "mrope_section": sections}
 
 
 TINY_VISION = dict(
@@ -89,9 +85,11 @@ TINY_VISION = dict(
 )
 TINY_TEXT = dict(
     hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-    max_position_embeddings=2048,
-    rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]},
+    max_position_embeddings=2048, rope_parameters=qwen_rope([2, 3, 3]),
 )
+TINY_PIXELS = {"min_pixels": 56 * 56, "max_pixels": 112 * 112}  # a 56x56 image: 16 patches -> 4 tokens
+BENCH_PIXELS = {"min_pixels": 224 * 224, "max_pixels": 224 * 224}  # 224x224: 16x16 patches -> 64 tokens
+QWEN_VOCAB = 151936
 # Public architecture of Qwen/Qwen2.5-VL-3B-Instruct.
 VISION_3B = dict(
     depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, patch_size=14, spatial_merge_size=2,
@@ -99,42 +97,36 @@ VISION_3B = dict(
 )
 TEXT_3B = dict(
     hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
-    max_position_embeddings=128000, rms_norm_eps=1e-6, tie_word_embeddings=True,
-    rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]},
+    max_position_embeddings=128000, rms_norm_eps=1e-6, tie_word_embeddings=True, rope_parameters=qwen_rope([16, 24, 24]),
 )
-QWEN_VOCAB = 151936
-TINY_PIXELS = (56 * 56, 112 * 112)
-REAL_PIXELS = (256 * 28 * 28, 1280 * 28 * 28)
-
-
-def build_qwen_adapter(adapter_cls, *, vision, text, pixels, seed, dtype=torch.float32, vocab_size=None):
-    tokenizer = qwen_tokenizer()
-    processor = qwen_processor(tokenizer, *pixels)
-    config = qwen_config(tokenizer, vision=vision, text=text, vocab_size=vocab_size)
-    model = seeded_model(Qwen2_5_VLForConditionalGeneration, config, seed, dtype)
-    return adapter_cls(model, processor, source=f"tiny:{adapter_cls.family}")
+REAL_PIXELS = {"min_pixels": 256 * 28 * 28, "max_pixels": 1280 * 28 * 28}
 
 
 class Qwen2_5_VLAdapter(VLMAdapter):
     family = "qwen2_5_vl"
     model_types = ("qwen2_5_vl",)
     model_class = Qwen2_5_VLForConditionalGeneration
-    module_patterns = {
-        "vision": (r"model\.visual\.(?!merger\.)",),
-        "projector": (r"model\.visual\.merger\.",),
-        "language": (r"model\.language_model\.",),
-        "head": (r"lm_head\.",),
-    }
+    config_class = Qwen2_5_VLConfig
+    module_layout = QWEN_LAYOUT
+    tiny_architecture = Architecture(vision=TINY_VISION, text=TINY_TEXT, image=TINY_PIXELS)
     presets = {
-        "qwen2_5_vl_3b": lambda seed=0, dtype=torch.bfloat16: build_qwen_adapter(
-            Qwen2_5_VLAdapter, vision=VISION_3B, text=TEXT_3B, pixels=REAL_PIXELS, seed=seed, dtype=dtype,
-            vocab_size=QWEN_VOCAB,
-        )
+        "qwen2_5_vl_3b": Architecture(VISION_3B, TEXT_3B, REAL_PIXELS, QWEN_VOCAB, note="Qwen/Qwen2.5-VL-3B-Instruct"),
+        # CPU benchmark: ViT 4 x 192 (2.0M) + merger (0.8M) -> LM 4 x 256 (3.2M), 224-px images -> 64 tokens
+        "qwen2_5_vl_small": Architecture(
+            vision=dict(TINY_VISION, depth=4, hidden_size=192, intermediate_size=512, num_heads=3, window_size=112,
+                        fullatt_block_indexes=[3], out_hidden_size=256),
+            text=dict(TINY_TEXT, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
+                      max_position_embeddings=4096, rope_parameters=qwen_rope([4, 6, 6])),
+            image=BENCH_PIXELS,
+        ),
     }
 
     @classmethod
-    def tiny(cls, seed: int = 0) -> "Qwen2_5_VLAdapter":
-        return build_qwen_adapter(cls, vision=TINY_VISION, text=TINY_TEXT, pixels=TINY_PIXELS, seed=seed)
+    def build(cls, arch, seed=0, dtype=torch.float32):
+        tokenizer = qwen_tokenizer()
+        processor = qwen_processor(tokenizer, arch.image["min_pixels"], arch.image["max_pixels"])
+        model = seeded_model(cls.model_class, qwen_config(cls.config_class, tokenizer, arch), seed, dtype)
+        return cls(model, processor, source=f"tiny:{cls.family}")
 
     def _extra_suppressed_ids(self) -> list[int]:
         cfg = self.model.config
@@ -160,6 +152,12 @@ class Qwen2_5_VLAdapter(VLMAdapter):
             mm_rows["mm_token_type_ids"] = [1] * len(images)
             token_keys = ("mm_token_type_ids",)
         return self._batch(features, images, mm, mm_rows, token_keys)
+
+    def feature_counts(self, batch: PromptBatch) -> list[int]:
+        if "image_grid_thw" not in batch.mm:
+            return [0] * len(batch)
+        per_image = (batch.mm["image_grid_thw"].prod(dim=1) // self.merge_size**2).tolist()
+        return sum_per_sample(per_image, batch.mm_rows["image_grid_thw"])
 
     # ---------------------------------------------------------------- sharing hooks (M-RoPE)
     def _rope_index(self, inputs: dict, core) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -188,22 +186,17 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         grid = kwargs.get("grid_thw", args[1] if len(args) > 1 else None)
         return int(grid.shape[0]) if isinstance(grid, torch.Tensor) else 0
 
-    def feature_counts(self, batch: PromptBatch) -> list[int]:
-        if "image_grid_thw" not in batch.mm:
-            return [0] * len(batch)
-        per_image = (batch.mm["image_grid_thw"].prod(dim=1) // self.merge_size**2).tolist()
-        return sum_per_sample(per_image, batch.mm_rows["image_grid_thw"])
-
+    # ---------------------------------------------------------------- attention-map layout
     def image_grid(self, batch: PromptBatch, sample: int, image: int) -> tuple[int, int]:
         """(rows, cols) of the merged-patch grid the image's tokens are laid out on."""
         offset = sum(batch.mm_rows["image_grid_thw"][:sample]) + image
         _, h, w = batch.mm["image_grid_thw"][offset].tolist()
         return h // self.merge_size, w // self.merge_size
 
+    def layout_facts(self, batch, sample, image):
+        return LayoutFacts(tiles=1, grid=self.image_grid(batch, sample, image))
+
     def image_token_positions(self, batch, sample, image, image_size=None):
         """Merged patches row-major over the whole (resized, never cropped) image."""
         rows, cols = self.image_grid(batch, sample, image)
         return grid_cells(self.image_token_indices(batch, sample, image), rows, cols)
-
-
-register(Qwen2_5_VLAdapter)

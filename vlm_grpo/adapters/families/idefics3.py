@@ -14,19 +14,18 @@ padding tiles are all-zero images, which the model drops before the vision tower
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Callable, NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
-from transformers import (
-    Idefics3Config,
-    Idefics3ForConditionalGeneration,
-    Idefics3ImageProcessor,
-    Idefics3Processor,
-)
+from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessor, Idefics3Processor
 
-from vlm_grpo.adapters.base import ImageTokenMismatch, VLMAdapter, _runs, grid_cells
+from vlm_grpo.adapters.architecture import Architecture
+from vlm_grpo.adapters.base import ImageTokenMismatch, VLMAdapter
 from vlm_grpo.adapters.batch import PromptBatch
-from vlm_grpo.adapters.registry import register
+from vlm_grpo.adapters.chat_templates import user_assistant_template
+from vlm_grpo.adapters.features import with_mask_positions
+from vlm_grpo.adapters.image_layout import LayoutFacts, tiled_cells, token_runs
+from vlm_grpo.adapters.module_groups import ModuleLayout
 from vlm_grpo.adapters.seeding import seeded_model
 from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
 
@@ -36,29 +35,6 @@ GLOBAL_TOKEN = "<global-img>"
 END_OF_UTTERANCE = "<end_of_utterance>"
 ROW_COL_TOKENS = [f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)]
 IMAGE_LAYOUT_TOKENS = [FAKE_TOKEN, IMAGE_TOKEN, GLOBAL_TOKEN, END_OF_UTTERANCE, *ROW_COL_TOKENS]
-
-
-def chat_template(prefix: str) -> str:
-    """The Idefics3/SmolVLM format: `<prefix>User:<image>text<end_of_utterance>\\nAssistant:`.
-
-    `prefix` opens the whole conversation once (SmolVLM: <|im_start|>, Idefics3-8B: <|begin_of_text|>).
-    A role is followed by ':' when its first part is an image and ': ' otherwise.
-    """
-    return (
-        "{{- '" + prefix + "' -}}"
-        "{%- for message in messages -%}"
-        "{{- message['role'] | capitalize -}}"
-        "{%- if message['content'] is string -%}{{- ': ' + message['content'] -}}"
-        "{%- else -%}"
-        "{%- if message['content'][0]['type'] == 'image' -%}{{- ':' -}}{%- else -%}{{- ': ' -}}{%- endif -%}"
-        "{%- for part in message['content'] -%}"
-        "{%- if part['type'] == 'image' -%}{{- '<image>' -}}"
-        "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
-        "{%- endfor -%}{%- endif -%}"
-        "{{- '<end_of_utterance>\\n' -}}"
-        "{%- endfor -%}"
-        "{%- if add_generation_prompt -%}{{- 'Assistant:' -}}{%- endif -%}"
-    )
 
 
 class TileGrid(NamedTuple):
@@ -82,74 +58,57 @@ class TiledSpec(NamedTuple):
     processor_cls: type
     image_processor_cls: type
     special_tokens: list[str]
-    prefix: str
+    prefix: str  # opens every conversation; also the BOS id
     pad_token: str
-    video_processor: Callable[[], Any] | None = None
+    video_processor_cls: type | None = None
 
 
-TINY_VISION = dict(
-    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8,
+# 32-px tiles of 8-px patches, pixel shuffle 2: (32/8)^2 / 2^2 = 4 tokens per tile.
+TINY = Architecture(
+    vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                patch_size=8),
+    text=dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5),
+    image=dict(scale_factor=2, longest_edge=64, max_image_size=32),
 )
-TINY_TEXT = dict(
-    model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5,
+TILED_LAYOUT = ModuleLayout(
+    vision=(r"model\.vision_model\.",), projector=(r"model\.connector\.",), language=(r"model\.text_model\.",),
 )
-TINY_IMAGE = dict(scale_factor=2, longest_edge=64, max_image_size=32)
-
-
-def image_seq_len(vision: dict, scale_factor: int) -> int:
-    return (vision["image_size"] // vision["patch_size"]) ** 2 // scale_factor**2
-
-
-def build_tiled_adapter(
-    adapter_cls, spec: TiledSpec, *, vision: dict, text: dict, image: dict, seed: int,
-    dtype: torch.dtype = torch.float32, vocab_size: int | None = None,
-):
-    tokenizer = build_tokenizer(
-        spec.special_tokens, chat_template=chat_template(spec.prefix), eos_token=END_OF_UTTERANCE,
-        pad_token=spec.pad_token,
-    )
-    seq_len = image_seq_len(vision, image["scale_factor"])
-    image_processor = spec.image_processor_cls(
-        size={"longest_edge": image["longest_edge"]},
-        max_image_size={"longest_edge": image["max_image_size"]},
-        image_mean=[0.5, 0.5, 0.5],
-        image_std=[0.5, 0.5, 0.5],
-    )
-    extra = {"video_processor": spec.video_processor()} if spec.video_processor else {}
-    processor = spec.processor_cls(
-        image_processor=image_processor, tokenizer=tokenizer, image_seq_len=seq_len,
-        chat_template=tokenizer.chat_template, **extra,
-    )
-    ids = {
-        "bos_token_id": tokenizer.convert_tokens_to_ids(spec.prefix),
-        "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
-    }
-    config = spec.config_cls(
-        text_config={"vocab_size": vocab_size or len(tokenizer), **ids, **text},
-        vision_config=vision,
-        scale_factor=image["scale_factor"],
-        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
-        tie_word_embeddings=False,  # untied in the public checkpoints (SmolVLM-256M counts 256.5M with lm_head)
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model = seeded_model(adapter_cls.model_class, config, seed, dtype)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return adapter_cls(model, processor, source=f"tiny:{adapter_cls.family}")
 
 
 class TiledImageAdapter(VLMAdapter):
     """Shared by Idefics3 and SmolVLM: same model layout, same prompt expansion."""
 
-    spec: TiledSpec
-    module_patterns = {
-        "vision": (r"model\.vision_model\.",),
-        "projector": (r"model\.connector\.",),
-        "language": (r"model\.text_model\.",),
-        "head": (r"lm_head\.",),
-    }
+    spec: ClassVar[TiledSpec]
+    module_layout = TILED_LAYOUT
+    tiny_architecture = TINY
+
+    @classmethod
+    def build(cls, arch, seed=0, dtype=torch.float32):
+        spec, image = cls.spec, arch.image
+        tokenizer = build_tokenizer(spec.special_tokens, chat_template=user_assistant_template(spec.prefix),
+                                    eos_token=END_OF_UTTERANCE, pad_token=spec.pad_token)
+        seq_len = (arch.vision["image_size"] // arch.vision["patch_size"]) ** 2 // image["scale_factor"] ** 2
+        image_processor = spec.image_processor_cls(
+            size={"longest_edge": image["longest_edge"]}, max_image_size={"longest_edge": image["max_image_size"]},
+            image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+        )
+        extra = {"video_processor": spec.video_processor_cls()} if spec.video_processor_cls else {}
+        processor = spec.processor_cls(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=seq_len,
+                                       chat_template=tokenizer.chat_template, **extra)
+        ids = {"bos_token_id": tokenizer.convert_tokens_to_ids(spec.prefix), "eos_token_id": tokenizer.eos_token_id,
+               "pad_token_id": tokenizer.pad_token_id}
+        config = spec.config_cls(
+            text_config={"vocab_size": arch.vocab_size or len(tokenizer), **ids, **arch.text},
+            vision_config=dict(arch.vision), scale_factor=image["scale_factor"],
+            image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+            tie_word_embeddings=False,  # untied in the public checkpoints (SmolVLM-256M counts 256.5M with lm_head)
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        model = seeded_model(cls.model_class, config, seed, dtype)
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        return cls(model, processor, source=f"tiny:{cls.family}")
 
     def _token_id(self, token: str) -> int:
         return self.tokenizer.convert_tokens_to_ids(token)
@@ -183,9 +142,7 @@ class TiledImageAdapter(VLMAdapter):
         (the processor's padding), so that, not the pixel mask, decides what counts."""
         if "pixel_values" not in batch.mm:
             return [0] * len(batch)
-        pixels = batch.mm["pixel_values"]
-        real = pixels.flatten(2).ne(0).any(dim=2)  # [B, max_tiles]
-        return real.sum(dim=1).tolist()
+        return batch.mm["pixel_values"].flatten(2).ne(0).any(dim=2).sum(dim=1).tolist()
 
     def feature_counts(self, batch: PromptBatch) -> list[int]:
         return [n * self.image_seq_len for n in self.real_tiles(batch)]
@@ -199,7 +156,7 @@ class TiledImageAdapter(VLMAdapter):
         spans = []
         for i, (row, n_images) in enumerate(zip(input_ids.tolist(), images_per_sample)):
             sample, first = [], None
-            for run_start, run_end in _runs(row, self.image_token_id):
+            for run_start, run_end in token_runs(row, self.image_token_id):
                 first = run_start if first is None else first
                 if run_start > 0 and row[run_start - 1] == global_id:
                     sample.append((first, run_end))
@@ -213,23 +170,17 @@ class TiledImageAdapter(VLMAdapter):
         return spans
 
     # ---------------------------------------------------------------- forward
-    def without_empty_tiles(self, batch: PromptBatch) -> PromptBatch:
-        """`batch` minus its tile tensors when no sample owns a real tile (e.g. text-only samples picked
-        out of a mixed batch): with only padding tiles left, the model crashes instead of skipping them."""
-        if "pixel_values" in batch.mm and not any(self.real_tiles(batch)):
-            return replace(batch, mm={}, mm_rows={})
-        return batch
-
     def model_inputs(self, batch):
-        return self.without_empty_tiles(batch).model_inputs()
+        # With only padding tiles left (e.g. text-only samples picked out of a mixed batch) the model crashes
+        # instead of skipping them: drop the tile tensors then.
+        if "pixel_values" in batch.mm and not any(self.real_tiles(batch)):
+            batch = replace(batch, mm={}, mm_rows={})
+        return batch.model_inputs()
 
     def completion_inputs(self, batch, completion_ids, completion_mask):
-        inputs = super().completion_inputs(batch, completion_ids, completion_mask)
         # The positions generate() used (counted from each row's first real token). RoPE makes a
         # per-row shift harmless in exact arithmetic; passing them keeps the rounding identical too.
-        mask = inputs["attention_mask"].long()
-        inputs["position_ids"] = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-        return inputs
+        return with_mask_positions(super().completion_inputs(batch, completion_ids, completion_mask))
 
     # ---------------------------------------------------------------- attention-map layout
     def image_grid(self, batch: PromptBatch, sample: int, image: int) -> TileGrid:
@@ -243,40 +194,30 @@ class TiledImageAdapter(VLMAdapter):
                     rows, cols = max(rows, i), max(cols, j)
         return TileGrid(rows, cols, int(round(self.image_seq_len**0.5)))
 
+    def layout_facts(self, batch, sample, image):
+        tiles = int(batch.mm["pixel_values"][sample].flatten(1).ne(0).any(1).sum())  # one image per sample
+        cfg = self.model.config
+        side = cfg.vision_config.image_size // cfg.vision_config.patch_size // cfg.scale_factor
+        return LayoutFacts(tiles=tiles, grid=(side, side))
+
     def image_token_positions(self, batch, sample, image, image_size=None):
         """Split tiles row-major over the image (each side x side tokens, row-major), then the global tile."""
         grid = self.image_grid(batch, sample, image)
         tokens = self.image_token_indices(batch, sample, image)
-        per_tile = grid.side * grid.side
-        if len(tokens) != grid.tiles * per_tile:
-            raise ValueError(f"{self.family}: {len(tokens)} image tokens for {grid.tiles} tiles of {per_tile}")
-        cells = []
-        for t in range(grid.rows * grid.cols):
-            r, c = divmod(t, grid.cols)
-            box = (r / grid.rows, c / grid.cols, (r + 1) / grid.rows, (c + 1) / grid.cols)
-            cells += grid_cells(tokens[t * per_tile : (t + 1) * per_tile], grid.side, grid.side, box)
-        return cells + grid_cells(tokens[-per_tile:], grid.side, grid.side)
-
-
-IDEFICS3_SPEC = TiledSpec(
-    config_cls=Idefics3Config,
-    processor_cls=Idefics3Processor,
-    image_processor_cls=Idefics3ImageProcessor,
-    special_tokens=["<|begin_of_text|>", "<|end_of_text|>", *IMAGE_LAYOUT_TOKENS],
-    prefix="<|begin_of_text|>",
-    pad_token="<|end_of_text|>",
-)
+        if len(tokens) != grid.tiles * grid.side**2:
+            raise ValueError(f"{self.family}: {len(tokens)} image tokens for {grid.tiles} tiles of {grid.side**2}")
+        return tiled_cells(tokens, grid.rows, grid.cols, grid.side)
 
 
 class Idefics3Adapter(TiledImageAdapter):
     family = "idefics3"
     model_types = ("idefics3",)
     model_class = Idefics3ForConditionalGeneration
-    spec = IDEFICS3_SPEC
-
-    @classmethod
-    def tiny(cls, seed: int = 0) -> "Idefics3Adapter":
-        return build_tiled_adapter(cls, cls.spec, vision=TINY_VISION, text=TINY_TEXT, image=TINY_IMAGE, seed=seed)
-
-
-register(Idefics3Adapter)
+    spec = TiledSpec(
+        config_cls=Idefics3Config,
+        processor_cls=Idefics3Processor,
+        image_processor_cls=Idefics3ImageProcessor,
+        special_tokens=["<|begin_of_text|>", "<|end_of_text|>", *IMAGE_LAYOUT_TOKENS],
+        prefix="<|begin_of_text|>",
+        pad_token="<|end_of_text|>",
+    )

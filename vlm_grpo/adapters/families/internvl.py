@@ -1,0 +1,193 @@
+"""InternVL (native transformers classes): images become square tiles, each tile a fixed token run.
+
+The processor crops an image into a grid of tiles (plus a thumbnail when there is more than one)
+and stacks every tile of every image into one flat `pixel_values` [total_tiles, 3, H, W]. It does
+not return how many tiles each image got, so the adapter recomputes that from the image sizes with
+the image processor's own tiling rule and records it as `mm_rows["pixel_values"]`.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    GotOcr2ImageProcessor,
+    InternVLConfig,
+    InternVLForConditionalGeneration,
+    InternVLProcessor,
+    InternVLVideoProcessor,
+)
+
+from vlm_grpo.adapters.architecture import Architecture
+from vlm_grpo.adapters.base import VLMAdapter
+from vlm_grpo.adapters.batch import PromptBatch, sum_per_sample
+from vlm_grpo.adapters.chat_templates import chatml_template
+from vlm_grpo.adapters.image_layout import LayoutFacts, tiled_cells
+from vlm_grpo.adapters.module_groups import LLAVA_STYLE
+from vlm_grpo.adapters.seeding import seeded_model
+from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
+
+INTERNVL_SPECIAL_TOKENS = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>", "<quad>",
+    "</quad>", "<ref>", "</ref>", "<box>", "</box>",
+]
+# The processor finds these through the tokenizer's named special tokens.
+INTERNVL_NAMED_TOKENS = {
+    "start_image_token": "<img>",
+    "end_image_token": "</img>",
+    "context_image_token": "<IMG_CONTEXT>",
+    "video_token": "<video>",
+}
+# InternVL3-hf's ChatML layout, no default system turn. An image part is one <IMG_CONTEXT>, which
+# the processor expands to <img> + <IMG_CONTEXT> * image_seq_length * tiles + </img>.
+INTERNVL_CHAT_TEMPLATE = chatml_template("<IMG_CONTEXT>\n", default_system=None, video_part="<video>\n")
+
+
+def tokens_per_tile(image_size: int, patch_size: int, downsample_ratio: float) -> int:
+    """Tokens one tile gives: its patch grid, shrunk by pixel shuffle in each direction."""
+    return int(image_size // patch_size * downsample_ratio) ** 2
+
+
+# 56-px tiles, 14-px patches: a 4x4 patch grid -> pixel shuffle 0.5 -> 2x2 = 4 tokens per tile.
+TINY = Architecture(
+    vision=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=56,
+                patch_size=14, attention_bias=True, layer_scale_init_value=0.1),
+    text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=2048, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+              # Untied in the tiny twin so that the `head` module group is not empty (freeze tests need it).
+              tie_word_embeddings=False),
+    image=dict(tile=56, max_patches=4, downsample_ratio=0.5),
+)
+INTERNVL_VOCAB = 151674
+# Public architecture of OpenGVLab/InternVL3-1B-hf: InternViT-300M-448px + Qwen2.5-0.5B. It unties lm_head from
+# the embeddings (tie_word_embeddings: false), unlike the Qwen2.5-0.5B it started from: ~0.94B parameters.
+INTERNVL3_1B = Architecture(
+    vision=dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096, image_size=448,
+                patch_size=14, hidden_act="gelu", attention_bias=True, use_qk_norm=False, norm_type="layer_norm",
+                layer_norm_eps=1e-6, layer_scale_init_value=0.1, use_mean_pooling=True,
+                use_absolute_position_embeddings=True),
+    text=dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+              num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6, hidden_act="silu",
+              tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+    image=dict(tile=448, max_patches=12, downsample_ratio=0.5),
+    vocab_size=INTERNVL_VOCAB,
+    note="OpenGVLab/InternVL3-1B-hf",
+)
+
+
+class InternVLAdapter(VLMAdapter):
+    family = "internvl"
+    model_types = ("internvl",)
+    model_class = InternVLForConditionalGeneration
+    module_layout = LLAVA_STYLE
+    tiny_architecture = TINY
+    presets = {"internvl3_1b": INTERNVL3_1B}
+
+    @classmethod
+    def build(cls, arch, seed=0, dtype=torch.float32):
+        tokenizer = build_tokenizer(
+            INTERNVL_SPECIAL_TOKENS, chat_template=INTERNVL_CHAT_TEMPLATE, eos_token="<|im_end|>",
+            pad_token="<|endoftext|>", extra_special_tokens=INTERNVL_NAMED_TOKENS,
+        )
+        ratio = arch.image["downsample_ratio"]
+        text = {
+            "model_type": "qwen2", "vocab_size": arch.vocab_size or len(tokenizer), "bos_token_id": tokenizer.pad_token_id,
+            "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id, **arch.text,
+        }
+        config = InternVLConfig(
+            vision_config=dict(arch.vision), text_config=text,
+            image_token_id=tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>"),
+            image_seq_length=tokens_per_tile(arch.vision["image_size"], arch.vision["patch_size"], ratio),
+            downsample_ratio=ratio, tie_word_embeddings=text.get("tie_word_embeddings", False),
+        )
+        size = {"height": arch.image["tile"], "width": arch.image["tile"]}
+        processor = InternVLProcessor(
+            image_processor=GotOcr2ImageProcessor(size=size, crop_to_patches=True, min_patches=1,
+                                                  max_patches=arch.image["max_patches"]),
+            tokenizer=tokenizer,
+            video_processor=InternVLVideoProcessor(size=size),
+            image_seq_length=config.image_seq_length,
+            chat_template=tokenizer.chat_template,
+        )
+        return cls(seeded_model(cls.model_class, config, seed, dtype), processor, source=f"tiny:{cls.family}")
+
+    def _extra_suppressed_ids(self) -> list[int]:
+        ids = self.tokenizer.convert_tokens_to_ids
+        proc = self.processor
+        return [ids(proc.start_image_token), ids(proc.end_image_token), ids(proc.video_token)]
+
+    @property
+    def image_seq_length(self) -> int:
+        """Features one tile gives, from the vision config (what the model produces, not what the processor writes)."""
+        cfg = self.model.config
+        return tokens_per_tile(cfg.vision_config.image_size[0], cfg.vision_config.patch_size[0], cfg.downsample_ratio)
+
+    def tiles_for_images(self, images) -> list[int]:
+        """Tiles per image by the image processor's own tiling rule (thumbnail included)."""
+        if not images:
+            return []
+        sizes = [(img.height, img.width) for img in images]
+        # The processor's own count (same merged kwargs as its __call__), so the two cannot drift apart.
+        return list(self.processor._get_num_multimodal_tokens(image_sizes=sizes)["num_image_patches"])
+
+    def _to_batch(self, features, images) -> PromptBatch:
+        n_images = [len(s) for s in images]
+        mm, mm_rows = {}, {}
+        if "pixel_values" in features:
+            per_image = self.tiles_for_images([img for sample in images for img in sample])
+            total = features["pixel_values"].shape[0]
+            if sum(per_image) != total:
+                raise ValueError(f"InternVL processor made {total} tiles; its tiling rule says {sum(per_image)}")
+            mm["pixel_values"] = features["pixel_values"]
+            mm_rows["pixel_values"] = sum_per_sample(per_image, n_images)
+        return self._batch(features, images, mm, mm_rows)
+
+    def feature_counts(self, batch: PromptBatch) -> list[int]:
+        # From the tile rows, never from the tokens, so a tampered prompt shows as a mismatch.
+        tiles = batch.mm_rows.get("pixel_values", [0] * len(batch))
+        return [n * self.image_seq_length for n in tiles]
+
+    def tiles_per_image(self, batch: PromptBatch, sample: int) -> list[int]:
+        """Tiles of each image of `sample`, in order; the thumbnail (when present) is the last tile."""
+        return [(end - start) // self.image_seq_length for start, end in batch.image_spans[sample]]
+
+    # ---------------------------------------------------------------- attention-map layout
+    def image_grid(self, batch: PromptBatch, sample: int, image: int) -> tuple[int, int]:
+        """(rows, cols) of the token grid of ONE tile (the same for every tile and image)."""
+        side = int(round(self.image_seq_length**0.5))
+        return side, side
+
+    def layout_facts(self, batch, sample, image):
+        tiles = batch.mm_rows["pixel_values"][sample]  # the sample's tiles (the tests use one image per sample)
+        cfg = self.model.config
+        side = int(cfg.vision_config.image_size[0] // cfg.vision_config.patch_size[0] * cfg.downsample_ratio)
+        return LayoutFacts(tiles=tiles, grid=(side, side))
+
+    def tile_layout(self, image_size: tuple[int, int]) -> tuple[int, int]:
+        """(rows, cols) of crops the image processor cuts an image of (height, width) into (1, 1: no split)."""
+        from transformers.models.got_ocr2.image_processing_got_ocr2 import get_optimal_tiled_canvas
+
+        ip = self.processor.image_processor
+        kwargs = self.processor._merge_kwargs()["images_kwargs"]  # the processor's own merged settings
+        max_patches = kwargs.get("max_patches", ip.max_patches)
+        if not kwargs.get("crop_to_patches", ip.crop_to_patches) or max_patches <= 1:
+            return 1, 1
+        size = kwargs.get("size", ip.size)
+        tile_h, tile_w = (size["height"], size["width"]) if isinstance(size, dict) else (size.height, size.width)
+        cols, rows = get_optimal_tiled_canvas(
+            tuple(image_size), (tile_h, tile_w), kwargs.get("min_patches", ip.min_patches), max_patches
+        )
+        return rows, cols
+
+    def image_token_positions(self, batch, sample, image, image_size=None):
+        """Crops row-major over the image (each a tile token grid, row-major), then the thumbnail over all of it."""
+        tokens = self.image_token_indices(batch, sample, image)
+        side, _ = self.image_grid(batch, sample, image)
+        if len(tokens) == side * side:
+            return tiled_cells(tokens, 1, 1, side)
+        if image_size is None:
+            raise ValueError("InternVL: the crop layout of a tiled image depends on its size; pass image_size")
+        rows, cols = self.tile_layout(image_size)
+        if (rows * cols + 1) * side * side != len(tokens):
+            raise ValueError(f"InternVL: {len(tokens) // (side * side)} tiles in the prompt but the tiling rule gives "
+                             f"{rows}x{cols} + thumbnail")
+        return tiled_cells(tokens, rows, cols, side)

@@ -1,0 +1,63 @@
+"""The `--model` syntax, parsed in one place.
+
+    tiny:FAMILY          the family's real classes with random weights and a local tokenizer (seconds, offline)
+    preset:NAME          a real-size (or benchmark) architecture with random weights
+    pretrained:NAME      a checkpoint shipped inside the package (vlm_grpo/pretrained)
+    FAMILY:PATH_OR_HUB   a checkpoint of that family
+    PATH_OR_HUB          a checkpoint; the family is read from its config.model_type
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from vlm_grpo.adapters.registry import all_presets, families, family_class
+
+MERGED_DIR = "merged"  # under a LoRA run's final/: the full model with the LoRA deltas folded in
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    kind: str  # tiny | preset | checkpoint
+    name: str  # the family (tiny), the preset name (preset), or a directory / hub id (checkpoint)
+    family: str | None = None  # checkpoint: the family named by FAMILY:PATH; None: read from config.model_type
+
+    @property
+    def random_weights(self) -> bool:
+        return self.kind in ("tiny", "preset")
+
+
+def parse_model_spec(text: str) -> ModelSpec:
+    prefix, sep, rest = text.partition(":")
+    if sep and prefix == "tiny":
+        family_class(rest)  # an unknown family is an error listing the known ones
+        return ModelSpec("tiny", rest)
+    if sep and prefix == "preset":
+        presets = all_presets()
+        if rest not in presets:
+            raise ValueError(f"unknown preset {rest!r}; known presets: {', '.join(sorted(presets))}")
+        return ModelSpec("preset", rest)
+    if sep and prefix == "pretrained":
+        from vlm_grpo import pretrained
+
+        return ModelSpec("checkpoint", str(pretrained.path(rest)))
+    if sep and prefix in families() and not os.path.isabs(text):
+        return ModelSpec("checkpoint", checkpoint_path(rest), family=prefix)
+    if sep and not os.path.exists(text):
+        raise ValueError(f"unknown model family {prefix!r} in {text!r}; supported families: {', '.join(sorted(families()))}")
+    return ModelSpec("checkpoint", checkpoint_path(text))
+
+
+def checkpoint_path(path: str) -> str:
+    """A LoRA run's `final/` holds only the adapter: a model is loaded from its merged copy."""
+    p = Path(path)
+    if p.is_dir() and not (p / "config.json").is_file() and (p / "adapter_config.json").is_file():
+        if (p / MERGED_DIR / "config.json").is_file():
+            return str(p / MERGED_DIR)
+        raise ValueError(
+            f"{path} holds only a LoRA adapter and no merged model; train with logging.save_merged true, "
+            "or merge the adapter into its base first"
+        )
+    return path

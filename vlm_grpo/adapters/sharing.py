@@ -1,0 +1,122 @@
+"""Sharing work across a GRPO group: one prompt, G completions.
+
+Each prompt's images are encoded once (`image_features`) and placed into every sequence that shows them
+(`embed_with_features`); each prompt is prefilled once and its KV cache expanded G times
+(`generate_shared`). The engine is written once, here; a family adjusts it only through the adapter's
+sharing hooks (`shared_position_ids`, `expand_generation_state`, `inputs_with_features`,
+`extra_image_features`, `pixel_keys`; see base.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, NamedTuple
+
+import torch
+
+from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch
+from vlm_grpo.adapters.features import ImageFeatures, flatten_pooled, generation_positions, hf_core
+
+
+class GroupGeneration(NamedTuple):
+    """What `generate_shared` returns: `generate()`'s output for B*G rows and what it cost."""
+
+    output: Any  # generate()'s output; `.sequences` are the prompt (left-padded) + completion of every row
+    features: ImageFeatures | None  # the prompts' image features (detached) when they were computed here
+    prefill_tokens: int  # prompt tokens the model processed (pads excluded)
+    shared: bool  # whether the prompt prefix was prefilled once per prompt
+
+
+def text_side(adapter, batch: PromptBatch) -> PromptBatch:
+    """`batch` without the pixel tensors (kept: grids and token types, which positions need)."""
+    keep = [k for k in batch.mm if k not in adapter.pixel_keys]
+    return replace(batch, mm={k: batch.mm[k] for k in keep}, mm_rows={k: batch.mm_rows[k] for k in keep})
+
+
+def vision_inputs(adapter, batch: PromptBatch) -> dict[str, torch.Tensor]:
+    """The tensors `get_image_features` takes for `batch` (none when no sample has an image)."""
+    inputs = adapter.model_inputs(batch)
+    return {k: v for k, v in inputs.items() if k in batch.mm and k not in batch.token_keys}
+
+
+def image_features(adapter, batch: PromptBatch, model: torch.nn.Module | None = None) -> ImageFeatures:
+    """Every image token's feature for `batch`, from the model's own `get_image_features` (one encoder call)."""
+    core = hf_core(adapter.model if model is None else model)
+    counts = adapter.feature_counts(batch)
+    vision = vision_inputs(adapter, batch)
+    if not vision or not sum(counts):
+        emb = core.get_input_embeddings()
+        return ImageFeatures(emb.weight.new_zeros(0, emb.embedding_dim), counts)
+    encoder = core.model if hasattr(getattr(core, "model", None), "get_image_features") else core
+    out = encoder.get_image_features(**vision, return_dict=True)
+    return ImageFeatures(flatten_pooled(out.pooler_output), counts, adapter.extra_image_features(out))
+
+
+def embed_with_features(
+    adapter,
+    batch: PromptBatch,
+    features: ImageFeatures,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    model: torch.nn.Module | None = None,
+) -> dict[str, torch.Tensor]:
+    """Model kwargs for prompt + completion with `features` in place of the pixels.
+
+    `features` holds the image features of `batch`'s rows in order (e.g. `ImageFeatures.select` of each row's
+    prompt); they go to the image-token positions, as the model's own forward puts them. `batch` may lack the
+    pixel tensors (`text_side`).
+    """
+    core = hf_core(adapter.model if model is None else model)
+    full = adapter.completion_inputs(batch, completion_ids, completion_mask)
+    n_tokens = int((full["input_ids"] == adapter.image_token_id).sum())
+    if n_tokens != features.flat.shape[0]:
+        raise ImageTokenMismatch(f"{adapter.family}: {n_tokens} image tokens but {features.flat.shape[0]} image features to place")
+    inputs = adapter.inputs_with_features(full, features, core)
+    positions = adapter.shared_position_ids(full, core)
+    if positions is not None:
+        inputs["position_ids"] = positions
+    return inputs
+
+
+def generate_shared(
+    adapter, batch: PromptBatch, num_generations: int, *, features: ImageFeatures | None = None, **settings: Any
+) -> GroupGeneration:
+    """`num_generations` completions of each prompt of `batch`, rows grouped like `batch.repeat(G)`.
+
+    Each prompt's images are encoded once and its prompt (all but the last token) prefilled once; the KV
+    cache is expanded G times and `generate()` continues from it with the same suppression, EOS and
+    sampling settings as `adapter.generate`. Where the cache policy forbids the KV cache, or the prompt cannot
+    be split before its last token, this is exactly `adapter.generate(batch.repeat(G))`.
+    """
+    model = adapter.model
+    kwargs = adapter.generation_kwargs(**settings)
+    length = batch.input_ids.shape[1]
+    if not kwargs["use_cache"] or length < 2 or bool((batch.input_ids[:, -1] == adapter.image_token_id).any()):
+        grouped = batch.repeat(num_generations)
+        with torch.no_grad():
+            out = model.generate(**adapter.model_inputs(grouped), **kwargs)
+        return GroupGeneration(out, None, int(grouped.attention_mask.sum()), shared=False)
+    core = hf_core(model)
+    prefix = prompt_prefix(text_side(adapter, batch), length - 1)
+    with torch.no_grad():
+        features = image_features(adapter, batch) if features is None else features
+        empty = batch.input_ids[:, :0]
+        inputs = embed_with_features(adapter, prefix, features, empty, empty)
+        inputs.setdefault("position_ids", generation_positions(inputs["attention_mask"]))
+        cache = model(**inputs, use_cache=True, logits_to_keep=1).past_key_values
+        cache.batch_repeat_interleave(num_generations)
+        adapter.expand_generation_state(prefix, num_generations, core)
+        out = model.generate(
+            input_ids=batch.input_ids.repeat_interleave(num_generations, dim=0),
+            attention_mask=batch.attention_mask.repeat_interleave(num_generations, dim=0),
+            past_key_values=cache,
+            **kwargs,
+        )
+    prefill = int(prefix.attention_mask.sum()) + len(batch) * num_generations  # + each row's last prompt token
+    return GroupGeneration(out, features.detach(), prefill, shared=True)
+
+
+def prompt_prefix(batch: PromptBatch, length: int) -> PromptBatch:
+    """The first `length` positions of every (left-padded) prompt, token-shaped tensors included."""
+    mm = {k: (v[:, :length] if k in batch.token_keys else v) for k, v in batch.mm.items()}
+    return replace(batch, input_ids=batch.input_ids[:, :length], attention_mask=batch.attention_mask[:, :length], mm=mm)

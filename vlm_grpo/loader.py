@@ -1,0 +1,74 @@
+"""The one loader: a `--model` value -> a ready adapter, for every command and both trainers.
+
+It parses the model spec (adapters/model_spec.py), builds a twin or preset or loads a checkpoint, puts the
+model on its device by one rule, and decides once whether generation may use the KV cache (the cache policy
+and, for `auto`, the probe in compat/), handing that decision to the adapter.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vlm_grpo.adapters.base import VLMAdapter
+from vlm_grpo.adapters.model_spec import parse_model_spec
+from vlm_grpo.adapters.registry import all_presets, class_for_model_type, family_class, read_model_type
+from vlm_grpo.compat.cache_policy import resolve_use_cache
+
+
+def default_device(device: str | torch.device | None = None) -> torch.device:
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def load_model(
+    spec: str,
+    *,
+    seed: int = 0,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device | None = None,
+    attn_implementation: str | None = None,
+    load_in_4bit: bool = False,
+    trust_remote_code: bool = False,
+    allow_pickle_weights: bool = False,
+    cache_policy: str = "auto",
+    decide_cache: bool = True,
+) -> VLMAdapter:
+    """`spec` (see model_spec.py) on `device` (default: cuda if available, else cpu).
+
+    Twins are built in float32 (`seed` draws their weights), presets in bfloat16 unless `dtype` names another;
+    checkpoints load in `dtype` ("auto": as saved). `decide_cache=False` leaves the cache decision open (the
+    cache probe command decides it itself).
+    """
+    parsed = parse_model_spec(spec)
+    device = default_device(device)
+    if parsed.kind == "tiny":
+        adapter = family_class(parsed.name).tiny(seed=seed)
+    elif parsed.kind == "preset":
+        preset_dtype = torch.bfloat16 if dtype == "auto" else _torch_dtype(dtype)
+        adapter = all_presets()[parsed.name].preset(parsed.name, seed=seed, dtype=preset_dtype)
+    else:
+        cls = family_class(parsed.family) if parsed.family else class_for_model_type(read_model_type(parsed.name), where=parsed.name)
+        adapter = cls.load(
+            parsed.name, dtype=dtype, device_map=None if device.type == "cpu" else str(device),
+            attn_implementation=attn_implementation, load_in_4bit=load_in_4bit, trust_remote_code=trust_remote_code,
+            allow_pickle_weights=allow_pickle_weights,
+        )
+    if not load_in_4bit:  # a 4-bit model is placed by its device map and cannot be moved
+        adapter.model.to(device)
+    if decide_cache:
+        apply_cache_policy(adapter, cache_policy)
+    return adapter
+
+
+def apply_cache_policy(adapter: VLMAdapter, policy: str = "auto") -> bool:
+    """Decide (once) whether `adapter` generates with the KV cache, and hand the decision to it."""
+    adapter.use_cache = resolve_use_cache(adapter, policy)
+    return adapter.use_cache
+
+
+def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
+    return value
