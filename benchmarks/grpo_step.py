@@ -1,7 +1,7 @@
-"""GRPO step benchmark, vlm-grpo vs TRL 1.16 (same as `vlm-grpo bench`; see vlm_grpo/grpo/bench.py).
+"""GRPO step benchmark, vlm-grpo vs TRL 1.16 (same as `vlm-grpo bench`; see vlm_grpo/bench/).
 
-    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/grpo_step.py --model bench:qwen_small
-    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/grpo_step.py --model bench:hybrid_vit_heavy
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/grpo_step.py --model preset:qwen2_5_vl_small
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/grpo_step.py --model preset:hybrid_vit_heavy
     python benchmarks/grpo_step.py --model preset:qwen2_5_vl_3b   # on a GPU
 """
 

@@ -1,4 +1,4 @@
-"""`vlm-grpo bench`: one GRPO step through vlm-grpo and through TRL's GRPOTrainer (see vlm_grpo/grpo/bench.py)."""
+"""`vlm-grpo bench`: one GRPO step through vlm-grpo and through TRL's GRPOTrainer (vlm_grpo/bench/)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ def add_parser(sub) -> None:
         "bench",
         help="benchmark a GRPO step against TRL's GRPOTrainer (step time, rollout tokens/s, vision calls, memory)",
         description="Runs the same model, data, G, fixed completion length, loss type and beta through vlm-grpo and "
-        "through TRL 1.16's GRPOTrainer in one process. CPU: --model bench:qwen_small | bench:hybrid_vit_heavy; "
+        "through TRL 1.16's GRPOTrainer in one process. CPU: --model preset:qwen2_5_vl_small | preset:hybrid_vit_heavy; "
         "GPU: --model preset:qwen2_5_vl_3b | preset:hybrid_3b_vit_0_5b | preset:smolvlm_256m.",
     )
-    p.add_argument("--model", default="bench:qwen_small")
+    p.add_argument("--model", default="preset:qwen2_5_vl_small", help="any --model value (a preset, tiny twin or checkpoint)")
     p.add_argument("--batch-size", type=int, default=4, help="prompts per step (B)")
     p.add_argument("--num-generations", type=int, default=8, help="completions per prompt (G)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="completion length (EOS ignored)")
@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--steps", type=int, default=3, help="measured steps per framework")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first")
-    p.add_argument("--threads", type=int, default=None, help="torch threads on CPU (default: the twin's setting)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads on CPU (default: the model's setting in bench/settings.py)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--frameworks", default="vlm-grpo,trl", help="comma-separated subset of vlm-grpo,trl")
     p.add_argument("--freeze", default="", help="module groups frozen in both runs, e.g. vision,projector")
@@ -44,7 +44,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from vlm_grpo.grpo.bench import BenchSettings, format_report, run_benchmark
+    from vlm_grpo.bench.run import format_report, run_benchmark
+    from vlm_grpo.bench.settings import BenchSettings
 
     settings = BenchSettings(
         model=args.model, batch_size=args.batch_size, num_generations=args.num_generations,

@@ -1,0 +1,11 @@
+"""GRPO step benchmark: the same model, data and settings through vlm-grpo and through TRL 1.16's GRPOTrainer.
+
+Measured per framework, after warm-up steps: step time, rollout time and rollout tokens/s (completion tokens /
+rollout seconds), vision-encoder calls and images per step (a forward pre-hook on the vision tower), and peak
+memory (process RSS sampled on CPU, torch.cuda.max_memory_allocated on GPU).
+
+CPU models are ordinary presets, a few million parameters with 224-px images -> 64 image tokens:
+`preset:qwen2_5_vl_small` (ViT 4 x 192 -> LM 4 x 256) and `preset:hybrid_vit_heavy` (Qwen ViT 8 x 256 feeding
+a 2-layer, 128-wide LM). GPU: the real-size presets (`preset:qwen2_5_vl_3b`, `preset:hybrid_3b_vit_0_5b`,
+`preset:smolvlm_256m`), fp32 master weights with bf16 autocast in both frameworks.
+"""

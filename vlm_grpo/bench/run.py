@@ -1,0 +1,68 @@
+"""A benchmark run: build the model once, run each framework, report per-framework medians and ratios."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vlm_grpo.bench.measure import FrameworkResult, describe_device, versions
+from vlm_grpo.bench.runners import build_source, run_trl, run_vlm_grpo
+from vlm_grpo.bench.settings import DEFAULT_THREADS, BenchSettings
+
+
+def run_benchmark(settings: BenchSettings) -> dict[str, Any]:
+    device = torch.device(settings.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    threads = settings.threads or DEFAULT_THREADS.get(settings.model, 1)
+    if device.type == "cpu":
+        torch.set_num_threads(threads)
+    results: dict[str, FrameworkResult] = {}
+    with tempfile.TemporaryDirectory(prefix="vlm-grpo-bench-") as tmp:
+        work = Path(tmp)
+        source = build_source(settings, work / "model")
+        runners = {"vlm-grpo": run_vlm_grpo, "trl": run_trl}
+        for name in settings.frameworks:
+            torch.manual_seed(settings.seed)
+            results[name] = runners[name](settings, source, device, work)
+    report = {
+        "settings": asdict(settings),
+        "device": describe_device(device, threads),
+        "versions": versions(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "results": {k: v.summary() for k, v in results.items()},
+    }
+    if "vlm-grpo" in results and "trl" in results:
+        ours, theirs = results["vlm-grpo"], results["trl"]
+        report["ratios"] = {
+            "step_throughput (trl step time / vlm-grpo step time)": theirs.step_time / ours.step_time,
+            "rollout_tokens_per_s (vlm-grpo / trl)": ours.rollout_tokens_per_s / theirs.rollout_tokens_per_s,
+            "peak_memory (vlm-grpo / trl)": ours.peak_memory_bytes / max(1, theirs.peak_memory_bytes),
+        }
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    s = report["settings"]
+    lines = [
+        (
+            f"model {s['model']}: B={s['batch_size']} G={s['num_generations']} T={s['max_new_tokens']} (fixed), "
+            f"beta={s['beta']} loss={s['loss_type']} image {s['image_size']} px, "
+            f"{s['steps']} measured step(s) after {s['warmup']} warm-up"
+        ),
+        f"device: {report['device']}",
+        "",
+        "| framework | step time (s) | rollout (s) | rollout tokens/s | vision calls/step | images encoded/step | peak memory (MiB) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in report["results"].items():
+        lines.append(
+            f"| {name} | {r['step_time_s']:.2f} | {r['rollout_time_s']:.2f} | {r['rollout_tokens_per_s']:.0f} | "
+            f"{r['vision_calls_per_step']} | {r['vision_images_per_step']} | {r['peak_memory_mib']:.0f} |"
+        )
+    for key, value in report.get("ratios", {}).items():
+        lines.append(f"\n{key}: {value:.2f}x")
+    return "\n".join(lines)

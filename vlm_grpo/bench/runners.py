@@ -1,0 +1,179 @@
+"""The two runs of a benchmark: one GRPO step loop through vlm-grpo and through TRL 1.16's GRPOTrainer.
+
+Both start from the same saved weights (TRL reloads its reference model from that directory when beta > 0),
+draw prompts from the same recipe, sample fixed-length completions (EOS ignored: min_new_tokens =
+max_new_tokens) with the same suppressed ids, and use the same loss type, beta, learning rate and trainable set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vlm_grpo.bench.measure import FrameworkResult, PeakMemory, sync
+from vlm_grpo.bench.settings import BenchSettings
+from vlm_grpo.grpo.counters import VisionCounter
+from vlm_grpo.grpo.optim import OptimConfig, apply_freeze
+from vlm_grpo.loader import load_model
+
+
+def letter_share(completions, **_) -> list[float]:
+    """A cheap, varying reward used by both frameworks: the share of ASCII letters in the completion."""
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    return [sum(ch.isalpha() for ch in t) / max(1, len(t)) for t in texts]
+
+
+def build_source(settings: BenchSettings, out_dir: Path) -> str:
+    """Build (or load) the benchmark model once in float32 and save it; both frameworks load this copy.
+    Returns the `--model` value that loads it back as the same family."""
+    adapter = load_model(settings.model, seed=settings.seed, dtype=torch.float32, device="cpu", decide_cache=False)
+    adapter.save(out_dir)
+    return f"{adapter.family}:{out_dir}"
+
+
+def _samples(settings: BenchSettings, count: int):
+    from vlm_grpo.recipes import get_recipe
+
+    dataset = get_recipe("shapes").build(split="train", size=count, seed=settings.seed, image_size=settings.image_size)
+    return [dataset[i] for i in range(count)]
+
+
+def _load(source: str, device: torch.device, decide_cache: bool = True):
+    return load_model(source, dtype=torch.float32, device=device, decide_cache=decide_cache)
+
+
+def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, work: Path) -> FrameworkResult:
+    from vlm_grpo.grpo.config import load_config
+    from vlm_grpo.grpo.trainer import GRPOTrainer
+
+    adapter = _load(source, device)
+    total = settings.warmup + settings.steps
+    overrides = [
+        "--model", source, "--recipe", "shapes", "--data.recipe_options", json.dumps({"image_size": settings.image_size}),
+        "--train-size", str(max(64, settings.batch_size * total)), "--batch-size", str(settings.batch_size),
+        "--num-generations", str(settings.num_generations), "--max-new-tokens", str(settings.max_new_tokens),
+        "--min-new-tokens", str(settings.max_new_tokens), "--beta", str(settings.beta), "--loss-type", settings.loss_type,
+        "--learning-rate", str(settings.learning_rate), "--max-steps", str(total), "--seed", str(settings.seed),
+        "--output-dir", str(work / "vlm-grpo"), "--log-completions", "false", "--progress", "false",
+        "--data.rewards", "letters=vlm_grpo.bench.runners:letter_share",
+        "--shared-prefix", str(settings.shared_prefix).lower(),
+        "--share-image-features", str(settings.share_image_features).lower(),
+        "--mixed-precision", "bf16" if device.type == "cuda" else "no",
+    ]
+    if settings.freeze:
+        overrides += ["--optim.freeze", ",".join(settings.freeze)]
+    cfg = load_config(overrides=overrides)
+    with contextlib.redirect_stdout(None):  # the trainable-parameter table
+        trainer = GRPOTrainer(cfg, adapter=adapter)
+    result = FrameworkResult("vlm-grpo", completion_tokens_per_step=settings.batch_size * settings.num_generations * settings.max_new_tokens)
+    for step in range(settings.warmup):
+        trainer.train_step(step)
+    with PeakMemory(device) as memory:
+        for step in range(settings.warmup, total):
+            sync(device)
+            started = time.perf_counter()
+            metrics = trainer.train_step(step)
+            sync(device)
+            result.step_times.append(time.perf_counter() - started)
+            result.rollout_times.append(trainer.timings["rollout"])
+            result.vision_calls.append(int(metrics["perf/vision_calls"]))
+            result.vision_images.append(int(metrics["perf/vision_images"]))
+    result.peak_memory_bytes, result.memory_kind = memory.peak, memory.kind
+    trainer.vision_counter.close()
+    del trainer, adapter
+    gc.collect()
+    return result
+
+
+def run_trl(settings: BenchSettings, source: str, device: torch.device, work: Path) -> FrameworkResult:
+    import datasets
+    import transformers
+    from trl import GRPOConfig, GRPOTrainer
+
+    adapter = _load(source, device, decide_cache=False)  # TRL generates its own way
+    adapter.tokenizer.padding_side = "left"  # right padding silently corrupts M-RoPE positions in TRL 1.16
+    apply_freeze(adapter, OptimConfig(freeze=list(settings.freeze)))
+    total = settings.warmup + settings.steps
+    samples = _samples(settings, max(64, settings.batch_size * total))
+    if any(len(s.images) != 1 for s in samples):
+        raise ValueError("the TRL run expects exactly one image per prompt")
+    data = datasets.Dataset.from_list([{"prompt": s.prompt, "image": s.images[0]} for s in samples])
+    args = GRPOConfig(
+        output_dir=str(work / "trl"),
+        per_device_train_batch_size=settings.batch_size * settings.num_generations,
+        num_generations=settings.num_generations,
+        gradient_accumulation_steps=1,
+        max_completion_length=settings.max_new_tokens,
+        generation_kwargs={"min_new_tokens": settings.max_new_tokens, "suppress_tokens": adapter.suppressed_token_ids()},
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=settings.beta,
+        loss_type=settings.loss_type,
+        learning_rate=settings.learning_rate,
+        lr_scheduler_type="constant",
+        max_grad_norm=1.0,
+        max_steps=total,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=device.type == "cpu",
+        bf16=device.type == "cuda",
+        seed=settings.seed,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        log_completions=False,
+    )
+    result = FrameworkResult("trl", completion_tokens_per_step=settings.batch_size * settings.num_generations * settings.max_new_tokens)
+    trainer = GRPOTrainer(
+        model=adapter.model, reward_funcs=[letter_share], args=args, train_dataset=data, processing_class=adapter.processor
+    )
+    models = [trainer.model] + ([trainer.ref_model] if trainer.ref_model is not None else [])
+    counter = VisionCounter(adapter, models)
+    memory = PeakMemory(device)
+    state: dict[str, Any] = {}
+
+    generate = trainer._generate  # instrumentation only: time TRL's rollout (tokenize + generate + decode)
+
+    def timed_generate(*a, **kw):
+        sync(device)
+        started = time.perf_counter()
+        out = generate(*a, **kw)
+        sync(device)
+        state["rollout"] = time.perf_counter() - started
+        return out
+
+    trainer._generate = timed_generate
+
+    class Timer(transformers.TrainerCallback):
+        def on_step_begin(self, args, st, control, **kw):
+            if st.global_step == settings.warmup:
+                memory.__enter__()
+            counter.reset()
+            sync(device)
+            state["start"] = time.perf_counter()
+
+        def on_step_end(self, args, st, control, **kw):
+            sync(device)
+            elapsed = time.perf_counter() - state["start"]
+            if st.global_step > settings.warmup:  # global_step is already incremented here
+                result.step_times.append(elapsed)
+                result.rollout_times.append(state["rollout"])
+                result.vision_calls.append(counter.calls)
+                result.vision_images.append(counter.images)
+
+    trainer.add_callback(Timer())
+    with contextlib.redirect_stdout(None):
+        trainer.train()
+    memory.__exit__(None, None, None)
+    result.peak_memory_bytes, result.memory_kind = memory.peak, memory.kind
+    counter.close()
+    del trainer, adapter
+    gc.collect()
+    return result

@@ -1,0 +1,30 @@
+"""What one benchmark run compares: the settings both frameworks share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FRAMEWORKS = ("vlm-grpo", "trl")
+# torch threads per CPU model, as measured in benchmarks/RESULTS.md (others: 1)
+DEFAULT_THREADS = {"preset:qwen2_5_vl_small": 2, "preset:hybrid_vit_heavy": 1}
+
+
+@dataclass
+class BenchSettings:
+    model: str = "preset:qwen2_5_vl_small"  # a --model value (CPU: preset:qwen2_5_vl_small / hybrid_vit_heavy)
+    batch_size: int = 4  # prompts per step (B)
+    num_generations: int = 8  # completions per prompt (G)
+    max_new_tokens: int = 64  # every completion has exactly this many tokens (EOS ignored)
+    beta: float = 0.04
+    loss_type: str = "dapo"
+    learning_rate: float = 1e-5
+    image_size: int = 224
+    steps: int = 3  # measured steps per framework
+    warmup: int = 1  # steps run first and not measured (cache probe, allocator warm-up)
+    threads: int | None = None  # torch intra-op threads on CPU (None: DEFAULT_THREADS for the model, else 1)
+    seed: int = 0
+    frameworks: tuple[str, ...] = FRAMEWORKS
+    freeze: tuple[str, ...] = ()  # module groups frozen in both frameworks
+    shared_prefix: bool = True  # vlm-grpo's sharing switches (off: the plain path, for ablations)
+    share_image_features: bool = True
+    device: str | None = None  # default: cuda if available, else cpu
