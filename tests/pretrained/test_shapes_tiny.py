@@ -36,7 +36,7 @@ def test_unknown_pretrained_name_lists_the_shipped_ones():
 
 
 def test_default_config_is_the_shipped_checkpoint_on_shapes():
-    cfg = load_recipe_config(None, [])  # what `vlm-grpo train` with no arguments runs
+    cfg, _ = load_recipe_config(None, [])  # what `vlm-grpo train` with no arguments runs
     assert cfg.model.name == "pretrained:shapes-tiny" and cfg.model.init_from is None
     assert cfg.data.recipe == "shapes"
     assert cfg.eval.before_after and cfg.eval.size == 200 and cfg.logging.plot
@@ -51,17 +51,17 @@ def test_default_config_is_the_shipped_checkpoint_on_shapes():
 
 
 def test_command_line_wins_and_other_models_get_no_shipped_run_settings():
-    cfg = load_recipe_config(None, ["--eval.size", "10", "--max-steps", "2"])
+    cfg, _ = load_recipe_config(None, ["--eval.size", "10", "--max-steps", "2"])
     assert cfg.eval.size == 10 and cfg.max_steps == 2 and cfg.eval.before_after
-    tiny = load_recipe_config(None, ["--model", "tiny:qwen2_5_vl"])
+    tiny, _ = load_recipe_config(None, ["--model", "tiny:qwen2_5_vl"])
     assert not tiny.eval.before_after and not tiny.logging.plot and tiny.data.recipe_options == {}
-    started = load_recipe_config(None, ["--init-from", "/some/sft/final"])
+    started, _ = load_recipe_config(None, ["--init-from", "/some/sft/final"])
     assert not started.eval.before_after  # a run from another checkpoint is not the shipped one's
 
 
 def test_shipped_checkpoint_counts_shapes_on_200_held_out_images():
     """The README's claim (>= 50% on held-out shapes, chance 20%), with room for noise: > 40% on 200 fixed images."""
-    cfg = load_recipe_config(None, [])
+    cfg, _ = load_recipe_config(None, [])
     adapter = load_policy(cfg, torch.device("cpu"))
     started = time.perf_counter()
     report = evaluate_run(adapter, get_recipe("shapes"), cfg)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vlm_grpo.commands import add_settings_command
+from vlm_grpo.commands.settings import add_settings_command
 
 
 def add_parser(sub) -> None:
@@ -18,20 +18,12 @@ def add_parser(sub) -> None:
 
 
 def run(args, extra: list[str]) -> int:
-    import torch
-
     from vlm_grpo.grpo.base_trainer import load_policy
     from vlm_grpo.grpo.config import load_recipe_config
     from vlm_grpo.grpo.evaluate import evaluate_run, format_report, write_report
-    from vlm_grpo.grpo.rewards import parse_reward_specs
-    from vlm_grpo.recipes import get_recipe
 
-    cfg = load_recipe_config(args.config, extra)
-    recipe = get_recipe(cfg.data.recipe)
-    rewards = parse_reward_specs(cfg.data.rewards) if cfg.data.rewards else None
-    device = torch.device(cfg.model.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    adapter = load_policy(cfg, device)
-    report = evaluate_run(adapter, recipe, cfg, rewards=rewards)
+    cfg, recipe = load_recipe_config(args.config, extra)
+    report = evaluate_run(load_policy(cfg), recipe, cfg)
     report["model"] = cfg.model.init_from or cfg.model.name
     out = Path(cfg.eval.out) if cfg.eval.out else Path(cfg.logging.output_dir) / f"eval-{cfg.eval.split}.json"
     print(format_report(report))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vlm_grpo.commands import add_settings_command
+from vlm_grpo.commands.settings import add_settings_command
 
 DEFAULT_RUN_DIR = "runs/latest"  # LoggingConfig's default: an SFT run without --output-dir goes elsewhere
 SFT_RUN_DIR = "runs/sft-latest"
@@ -20,13 +20,14 @@ def add_parser(sub) -> None:
 
 
 def run(args, extra: list[str]) -> int:
+    from vlm_grpo.commands.plot import plot_hook
     from vlm_grpo.grpo.config import load_recipe_config
     from vlm_grpo.grpo.sft import SFTTrainer
 
-    cfg = load_recipe_config(args.config, extra)
+    cfg, recipe = load_recipe_config(args.config, extra)
     if cfg.logging.output_dir == DEFAULT_RUN_DIR:
         cfg.logging.output_dir = SFT_RUN_DIR  # never overwrite a GRPO run by accident
-    trainer = SFTTrainer(cfg)
+    trainer = SFTTrainer(cfg, recipe=recipe, after_run=[plot_hook] if cfg.logging.plot else [])
     history = trainer.train()
     if history and trainer.is_main:
         first, last = history[0]["loss"], history[-1]["loss"]

@@ -14,13 +14,12 @@ bar shows).
 from __future__ import annotations
 
 import contextlib
-import logging
 import shutil
 import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import torch
 from accelerate import Accelerator
@@ -38,7 +37,6 @@ from vlm_grpo.loader import apply_cache_policy, load_model
 from vlm_grpo.recipes import get_recipe
 from vlm_grpo.recipes.checked import CheckedSource
 
-log = logging.getLogger(__name__)
 
 
 def load_policy(cfg: TrainConfig, device: torch.device | None = None):
@@ -68,8 +66,9 @@ class BaseTrainer:
     stage = "train"  # names the progress bar and is recorded in checkpoints
     dropout = False  # whether the model trains in train() mode (GRPO: no, the ratio compares like with like)
 
-    def __init__(self, cfg: TrainConfig, adapter=None, recipe=None):
+    def __init__(self, cfg: TrainConfig, adapter=None, recipe=None, after_run: Sequence[Callable[[Path], Any]] = ()):
         self.cfg = cfg
+        self.after_run = list(after_run)  # called with the run directory at the end (e.g. the plots the command wires)
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),  # lets torchrun-launched CPU processes form a gloo group
             mixed_precision=cfg.mixed_precision,
@@ -230,23 +229,13 @@ class BaseTrainer:
             print(f"skipped {len(self.dataset.skipped)} bad samples: {list(self.dataset.skipped)}")
         if cfg.logging.report_to:
             self.accelerator.end_training()
-        if cfg.logging.plot:
-            self.write_plots()
+        self.run_after_hooks()
         return history
 
-    def write_plots(self) -> list[Path]:
-        """The run's charts as PNGs under <run_dir>/plots (logging.plot); a failure only warns."""
-        if not self.is_main:
-            return []
-        from vlm_grpo.inspect.plots import write_plots
-
-        try:
-            written = write_plots(self.run_dir)
-        except (ValueError, OSError, ImportError) as err:
-            log.warning("could not write the run's plots: %s", err)
-            return []
-        print(f"charts written to {self.run_dir / 'plots'} ({', '.join(p.name for p in written)})")
-        return written
+    def run_after_hooks(self) -> None:
+        if self.is_main:
+            for hook in self.after_run:
+                hook(self.run_dir)
 
 
 class _StopRequest:

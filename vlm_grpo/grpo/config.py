@@ -19,6 +19,7 @@ from vlm_grpo.grpo.guards import GuardConfig
 from vlm_grpo.grpo.loss import LossConfig
 from vlm_grpo.grpo.lora import LoraSettings
 from vlm_grpo.grpo.optim import OptimConfig
+from vlm_grpo.recipes import Recipe, get_recipe
 
 
 @dataclass
@@ -73,7 +74,7 @@ class LoggingConfig:
     report_to: list[str] = field(default_factory=list)  # accelerate trackers: tensorboard, wandb, mlflow
     progress: bool = True
     save_merged: bool = True  # with LoRA, also write a merged copy of the final model
-    plot: bool = False  # write the run's charts (reward, accuracy, held-out accuracy ...) to <output_dir>/plots at the end
+    plot: bool = False  # train/sft commands: write the run's charts (reward, accuracy, held-out ...) to <output_dir>/plots
 
 
 @dataclass
@@ -246,22 +247,18 @@ def merge_settings(*layers: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_recipe_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """`load_config` with defaults underneath the file and the command line: the chosen recipe's, then, when
-    the policy is a checkpoint shipped in the package (`pretrained:NAME`, no `init_from`) and the recipe is
-    the one it was trained for, the GRPO settings that go with it (vlm_grpo/pretrained)."""
+def load_recipe_config(path: str | Path | None = None, overrides: list[str] | None = None) -> tuple[TrainConfig, Recipe]:
+    """(settings, recipe): `load_config` with defaults underneath the file and the command line: the chosen
+    recipe's, then, when the policy is a checkpoint shipped in the package (`pretrained:NAME`, no `init_from`)
+    and the recipe is the one it was trained for, the GRPO settings that go with it (vlm_grpo/pretrained)."""
     from vlm_grpo import pretrained
-    from vlm_grpo.recipes import get_recipe
 
     cfg = load_config(path, overrides)
-    layers = [get_recipe(cfg.data.recipe).defaults]
+    recipe = get_recipe(cfg.data.recipe)
+    layers = [recipe.defaults]
     if cfg.model.init_from is None:
         model_defaults = pretrained.run_defaults(cfg.model.name)
         if model_defaults.get("data", {}).get("recipe", cfg.data.recipe) == cfg.data.recipe:
             layers.append(model_defaults)
     base = merge_settings(*layers)
-    return load_config(path, overrides, base=base) if base else cfg
-
-
-def from_dict(data: dict[str, Any]) -> TrainConfig:
-    return apply_mapping(TrainConfig(), data)
+    return (load_config(path, overrides, base=base) if base else cfg), recipe

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
-from vlm_grpo.grpo.rewards import score
+from vlm_grpo.grpo.rewards import run_rewards, score
 from vlm_grpo.grpo.rollout import collect_fields, mask_after_eos
 
 
@@ -124,7 +124,8 @@ def evaluate(
 
 def evaluate_run(adapter, recipe, cfg, rewards=None) -> dict[str, Any]:
     """`evaluate` with a run config's settings: the eval section (split, size, batch size, data seed),
-    generation.max_new_tokens, data.recipe_options; `rewards` as the run scores (None: the recipe's)."""
+    generation.max_new_tokens, data.recipe_options, and the run's rewards (`rewards`, already loaded, or else
+    `run_rewards` of data.rewards)."""
     return evaluate(
         adapter,
         recipe,
@@ -134,7 +135,7 @@ def evaluate_run(adapter, recipe, cfg, rewards=None) -> dict[str, Any]:
         batch_size=cfg.eval.eval_batch_size,
         max_new_tokens=cfg.generation.max_new_tokens,
         recipe_options=cfg.data.recipe_options,
-        rewards=rewards,
+        rewards=run_rewards(recipe, cfg.data.rewards) if rewards is None else rewards,
         length_edges=cfg.eval.length_edges or None,
     )
 

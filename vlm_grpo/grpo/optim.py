@@ -193,10 +193,6 @@ def apply_freeze(adapter, cfg: OptimConfig) -> None:
         raise ValueError(f"trainable_patterns {missing} match no parameter of {adapter.family}")
 
 
-def trainable_parameters(adapter) -> list[torch.nn.Parameter]:
-    return [p for p in adapter.model.parameters() if p.requires_grad]
-
-
 # ---------------------------------------------------------------- optimizer
 def param_groups(adapter, cfg: OptimConfig) -> list[dict]:
     """One optimizer group per module group with trainable parameters (current `requires_grad`)."""

@@ -34,6 +34,11 @@ def load_reward_function(spec: str):
     return fn
 
 
+def run_rewards(recipe, specs: list[str]) -> list[Reward]:
+    """The rewards a run scores with: `data.rewards` when given (it replaces the recipe's), else the recipe's."""
+    return parse_reward_specs(specs) if specs else list(recipe.rewards)
+
+
 def parse_reward_specs(specs: list[str]) -> list[Reward]:
     """`name=module:function*weight` entries (name and weight optional)."""
     rewards = []

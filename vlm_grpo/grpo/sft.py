@@ -184,6 +184,3 @@ class SFTTrainer(BaseTrainer):
         metrics["step"] = step + 1
         return metrics
 
-
-def sft(cfg: TrainConfig) -> list[dict[str, Any]]:
-    return SFTTrainer(cfg).train()

@@ -25,7 +25,7 @@ from vlm_grpo.grpo.logprobs import group_logits, token_logprobs_and_entropy
 from vlm_grpo.grpo.lora import is_lora_wrapped, reference_disabled
 from vlm_grpo.grpo.loss import grpo_loss
 from vlm_grpo.grpo.optim import clip_gradients
-from vlm_grpo.grpo.rewards import parse_reward_specs, score
+from vlm_grpo.grpo.rewards import run_rewards, score
 from vlm_grpo.grpo.rollout import Rollout, rollout
 
 log = logging.getLogger(__name__)
@@ -40,11 +40,11 @@ class GRPOTrainer(BaseTrainer):
 
     stage = "grpo"
 
-    def __init__(self, cfg: TrainConfig, adapter=None, recipe=None):
+    def __init__(self, cfg: TrainConfig, adapter=None, recipe=None, after_run=()):
         cfg.loss.max_completion_length = cfg.generation.max_new_tokens
         self.reference = None
         self.timings: dict[str, float] = {}  # seconds of the last step's phases (kept out of the metrics)
-        super().__init__(cfg, adapter=adapter, recipe=recipe)
+        super().__init__(cfg, adapter=adapter, recipe=recipe, after_run=after_run)
 
     # ---------------------------------------------------------------- held-out evaluation around the run
     def _heldout(self, when: str, step: int) -> dict[str, Any]:
@@ -75,14 +75,13 @@ class GRPOTrainer(BaseTrainer):
                     f"held-out accuracy ({after['size']} {cfg.eval.split} samples): "
                     f"{before['accuracy']:.1%} before -> {after['accuracy']:.1%} after {cfg.max_steps} GRPO steps"
                 )
-            if cfg.logging.plot:
-                self.write_plots()  # again, now with the after point
+            self.run_after_hooks()  # again, now with the after point
         return history
 
     # ---------------------------------------------------------------- hooks
     def _prepare_task(self) -> None:
         cfg = self.cfg
-        self.rewards = parse_reward_specs(cfg.data.rewards) if cfg.data.rewards else list(self.recipe.rewards)
+        self.rewards = run_rewards(self.recipe, cfg.data.rewards)
 
     def _after_freeze(self) -> None:
         if self.cfg.loss.beta > 0 and not is_lora_wrapped(self.adapter):
@@ -253,8 +252,5 @@ class GRPOTrainer(BaseTrainer):
 
         return gather_object(rows)
 
-
-def train(cfg: TrainConfig) -> list[dict[str, Any]]:
-    return GRPOTrainer(cfg).train()
 
 

@@ -1,4 +1,4 @@
-"""`vlm-grpo completions RUN_DIR`: read completions with their reward components, to spot reward hacking.
+"""Completions with their reward components, to spot reward hacking (`vlm-grpo completions RUN_DIR`).
 
 Plain text, sized to the terminal. A completion that scores high for the wrong reason (a format tag
 with no answer, a keyword stuffed in to please a component) is quickest to see next to its
@@ -96,33 +96,3 @@ def summary(rows: list[dict[str, Any]]) -> str:
     steps = sorted({int(r["step"]) for r in rows})
     where = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}–{steps[-1]}"
     return f"{len(rows)} completions, {where}, reward mean {sum(rewards) / len(rewards):.3f} (min {min(rewards):.3f}, max {max(rewards):.3f})"
-
-
-def cmd_completions(args) -> int:
-    rows = load_completions(args.run_dir)
-    total = len(rows)
-    order = "best" if args.best else "worst" if args.worst else "log"
-    chosen = select(rows, step=args.step, order=order, limit=None, sort_key=args.by)
-    head = f"{summary(chosen)} (of {total} logged)"
-    print(head if order == "log" else f"{head}; {order} first by {args.by}")
-    shown = chosen[: args.limit] if args.limit else chosen
-    if shown:
-        print(format_rows(shown, width=args.width, max_lines=args.max_lines, show_prompt=args.prompt))
-    return 0
-
-
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "completions", help="read a run's completions with their reward components (spot reward hacking)"
-    )
-    p.add_argument("run_dir", help="training run directory (holds completions.jsonl)")
-    p.add_argument("--step", type=int, default=None, help="only this step (-1: the last logged step)")
-    order = p.add_mutually_exclusive_group()
-    order.add_argument("--best", action="store_true", help="highest first")
-    order.add_argument("--worst", action="store_true", help="lowest first")
-    p.add_argument("--by", default="reward", help="sort key: reward (default), advantage or a reward component")
-    p.add_argument("--limit", type=int, default=10, help="how many to show (0: all; default 10)")
-    p.add_argument("--width", type=int, default=None, help="columns (default: the terminal's)")
-    p.add_argument("--max-lines", type=int, default=6, help="lines of text per completion before cutting")
-    p.add_argument("--prompt", action="store_true", help="also show each prompt")
-    p.set_defaults(func=cmd_completions)

@@ -1,0 +1,29 @@
+"""`vlm-grpo train`: GRPO training (grpo/trainer.py); with no arguments, the offline default run."""
+
+from __future__ import annotations
+
+from vlm_grpo.commands.settings import add_settings_command
+
+
+def add_parser(sub) -> None:
+    add_settings_command(
+        sub, "train", run,
+        help="GRPO training",
+        description="GRPO training. Any setting can be given as --key value (e.g. --model tiny:smolvlm "
+        "--recipe shapes --max-steps 3 --output-dir runs/x --loss.beta 0.04 --vision-lr 1e-6 --resume).",
+    )
+
+
+def run(args, extra: list[str]) -> int:
+    from vlm_grpo.commands.plot import plot_hook
+    from vlm_grpo.grpo.config import load_recipe_config
+    from vlm_grpo.grpo.trainer import GRPOTrainer
+
+    # recipe defaults (and a shipped checkpoint's GRPO settings) sit under the file and the command line
+    cfg, recipe = load_recipe_config(args.config, extra)
+    trainer = GRPOTrainer(cfg, recipe=recipe, after_run=[plot_hook] if cfg.logging.plot else [])
+    history = trainer.train()
+    if history and trainer.is_main:
+        last = history[-1]
+        print(f"done: {len(history)} steps, last reward {last['reward']:.3f}; run directory {cfg.logging.output_dir}")
+    return 0
