@@ -20,7 +20,8 @@ from transformers import (
     SiglipVisionModel,
 )
 
-from vlm_grpo.adapters.compose import UnsupportedPairing, compose
+from vlm_grpo.adapters.assembly import UnsupportedPairing
+from vlm_grpo.compose import compose
 from vlm_grpo.adapters.families.hybrid import TINY_LM, TINY_SIGLIP, HybridAdapter, LlavaHybridAdapter, qwen2_lm
 from vlm_grpo.adapters.families.qwen2_5_vl import Qwen2_5_VLAdapter
 from vlm_grpo.loader import load_model
@@ -176,3 +177,13 @@ def test_preset_builds_on_meta():
     assert 490e6 < count["language"] < 500e6  # Qwen2.5-0.5B, tied head
     assert adapter.model.model.visual.merger.mlp[2].out_features == 896
     assert adapter.model.dtype == torch.bfloat16
+
+
+def test_vision_donor_is_any_model_value(donors, tmp_path):
+    """compose reads its vision donor through the model-spec parser and the loader: a tiny twin works too."""
+    out = compose("tiny:qwen2_5_vl", str(donors / "lm"), str(tmp_path / "hybrid"), seed=0)
+    adapter = HybridAdapter.load(str(out))
+    donor = Qwen2_5_VLAdapter.tiny(seed=0).model.model.visual.state_dict()
+    ours = adapter.model.model.visual.state_dict()
+    assert all(torch.equal(ours[k], v) for k, v in donor.items() if not k.startswith("merger.mlp.2."))
+    assert _text_logit_diff(adapter, donors / "lm") <= 1e-5

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
+from vlm_grpo.adapters.checkpoints import checkpoint_path
 from vlm_grpo.adapters.registry import all_presets, families, family_class
-
-MERGED_DIR = "merged"  # under a LoRA run's final/: the full model with the LoRA deltas folded in
 
 
 @dataclass(frozen=True)
@@ -48,16 +46,3 @@ def parse_model_spec(text: str) -> ModelSpec:
     if sep and not os.path.exists(text):
         raise ValueError(f"unknown model family {prefix!r} in {text!r}; supported families: {', '.join(sorted(families()))}")
     return ModelSpec("checkpoint", checkpoint_path(text))
-
-
-def checkpoint_path(path: str) -> str:
-    """A LoRA run's `final/` holds only the adapter: a model is loaded from its merged copy."""
-    p = Path(path)
-    if p.is_dir() and not (p / "config.json").is_file() and (p / "adapter_config.json").is_file():
-        if (p / MERGED_DIR / "config.json").is_file():
-            return str(p / MERGED_DIR)
-        raise ValueError(
-            f"{path} holds only a LoRA adapter and no merged model; train with logging.save_merged true, "
-            "or merge the adapter into its base first"
-        )
-    return path

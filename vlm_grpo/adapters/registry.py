@@ -7,9 +7,7 @@ each `VLMAdapter` subclass it defines with its own `family` is registered. Addin
 from __future__ import annotations
 
 import importlib
-import json
 import pkgutil
-from pathlib import Path
 
 from vlm_grpo.adapters.base import VLMAdapter
 
@@ -58,13 +56,3 @@ def class_for_model_type(model_type: str, where: str = "") -> type[VLMAdapter]:
 def all_presets() -> dict[str, type[VLMAdapter]]:
     """preset name -> the adapter class that builds it."""
     return {name: cls for cls in families().values() for name in cls.presets}
-
-
-def read_model_type(path: str) -> str:
-    """`model_type` of a checkpoint directory's config.json, or of a hub id's config."""
-    config_file = Path(path) / "config.json"
-    if config_file.is_file():
-        return json.loads(config_file.read_text())["model_type"]
-    from transformers import AutoConfig  # a hub id: let transformers fetch (or find in its cache)
-
-    return AutoConfig.from_pretrained(path).model_type

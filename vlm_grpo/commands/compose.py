@@ -1,11 +1,11 @@
-"""`vlm-grpo compose`: join a vision encoder and a causal LM into one hybrid checkpoint (adapters/compose.py)."""
+"""`vlm-grpo compose`: join a vision encoder and a causal LM into one hybrid checkpoint (vlm_grpo/compose.py)."""
 
 from __future__ import annotations
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("compose", help="join a vision encoder and a causal LM into one hybrid checkpoint")
-    p.add_argument("--vision", required=True, help="Qwen2.5-VL, SigLIP or CLIP checkpoint (path or hub id)")
+    p.add_argument("--vision", required=True, help="a Qwen2.5-VL --model value (path, hub id, FAMILY:PATH, tiny:, preset:) or a SigLIP/CLIP checkpoint")
     p.add_argument("--llm", required=True, help="causal LM checkpoint (path or hub id)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0, help="seed of the re-initialised projector")
@@ -13,7 +13,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from vlm_grpo.adapters.compose import compose
+    from vlm_grpo.compose import compose
 
     out = compose(args.vision, args.llm, args.out, seed=args.seed)
     print(f"composed hybrid written to {out}; load it with --model hybrid:{out}")

@@ -26,7 +26,7 @@ KNOWN_CACHE_QUIRKS: tuple[CacheQuirk, ...] = (
         # it did not pin the range, so the whole 4.x line is treated as unsafe.
         transformers="<5.0",
         reason="Idefics3 merges image features only when image tokens are in the step's input; cached decode "
-        "steps dropped them (the seeds' no-cache workaround)",
+        "steps dropped them (the VSR study's no-cache workaround)",
     ),
 )
 

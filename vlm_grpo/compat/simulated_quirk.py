@@ -1,6 +1,6 @@
 """A simulated cache quirk, to prove the probe and the `auto` policy catch a real one.
 
-It reproduces the failure the seeds describe (image information lost in cached decoding) in a
+It reproduces the failure the VSR study describes (image information lost in cached decoding) in a
 family-independent way: after the prefill, every cached decode step sees the image positions
 of the KV cache zeroed. The prefill and uncached generation are untouched.
 """

@@ -25,7 +25,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from vlm_grpo.adapters.model_spec import MERGED_DIR
+from vlm_grpo.adapters.checkpoints import MERGED_DIR
 from vlm_grpo.grpo import checkpoint as ckpt
 from vlm_grpo.grpo.config import TrainConfig
 from vlm_grpo.grpo.data_order import batch_indices

@@ -1,7 +1,7 @@
 """LoRA and QLoRA on any adapter, with the reference policy for free.
 
 - Default targets are the attention and MLP projections (q/k/v/o/gate/up/down) of the **language**
-  group only. Vision towers use the same names (SigLIP, InternViT, the Qwen ViT's MLP), so the target
+  group only. Vision towers use the same names (many ViTs call their projections so), so the target
   list is built as exact module names from `adapter.module_group_of`, never as bare suffixes.
 - `apply_lora` wraps `adapter.model` in place with peft; `adapter.generate` and the teacher-forced
   log-prob forward keep working, and `module_group_of` maps each LoRA matrix to its layer's group.

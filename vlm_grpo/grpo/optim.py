@@ -24,7 +24,7 @@ import torch
 from vlm_grpo.adapters.module_groups import MODULE_GROUPS, strip_wrapper_prefix
 
 _LORA_PARAM = re.compile(r"\.lora_[A-Za-z_]+\.")
-# decoder-block containers across families: `layers.N.` (Llama/Qwen), `layer.N.`, `h.N.` (GPT-2), `blocks.N.`
+# decoder-block containers across families: `layers.N.` (most decoder LMs), `layer.N.`, `h.N.` (GPT-2), `blocks.N.`
 _LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks)\.(\d+)\.")
 
 
@@ -48,12 +48,12 @@ class FreezePreset:
 
 
 def seed_hybrid_allow(adapter, lm_layers: int = 5) -> Callable[[str], bool]:
-    """The seed's policy (qwen-0.5b-learns-to-see): train only the projector's last Linear (the
-    vision side's last layer, `merger.mlp.2` in Qwen naming), the input embedding and the first
-    `lm_layers` decoder layers of the language model. Found from the module groups, not from Qwen names.
+    """The freeze policy of the "LLM learns to see" recipe (a ViT + 0.5B-LM hybrid, SFT then GRPO): train only
+    the projector's last Linear (the vision side's output layer), the input embedding and the first `lm_layers`
+    decoder layers of the language model. Found from the module groups, not from any family's names.
 
-    With tied input/output embeddings the head shares the embedding tensor and so trains too (as in
-    the seed's Qwen2.5-0.5B); an untied head stays frozen.
+    With tied input/output embeddings the head shares the embedding tensor and so trains too (as in that
+    recipe's 0.5B LM); an untied head stays frozen.
     """
     model = adapter.model
     linears = [

@@ -1,7 +1,7 @@
 """Supervised warm-up (SFT) on a recipe's reference responses, before GRPO.
 
 GRPO's reward is sparse while the policy cannot yet read images; a short supervised stage on reference
-answers gives it the format and a first grip on the task (the qwen-0.5b seed: SFT, then GRPO).
+answers gives it the format and a first grip on the task (the "LLM learns to see" recipe: SFT, then GRPO).
 
 Only completion tokens are learned: the prompt is encoded by the adapter exactly as a rollout encodes it,
 the reference is the assistant turn of the family's own chat template (ending with its end-of-turn /

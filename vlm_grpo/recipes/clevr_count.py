@@ -1,4 +1,4 @@
-"""`clevr_count`: CLEVR object counting with R1-style reasoning, as in the Qwen-0.5B "learns to see" post.
+"""`clevr_count`: CLEVR object counting with R1-style reasoning, as in the "LLM learns to see" recipe.
 
 Two row shapes, one recipe:
 - SFT rows `(image, problem, thinking, solution)` (the Clevr_CoGenT_TrainA_R1 layout): the sample's

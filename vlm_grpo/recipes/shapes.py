@@ -1,7 +1,8 @@
-"""`shapes`: count red triangles, blue circles or green squares on a white canvas (the chapter's task).
+"""`shapes`: count red triangles, blue circles or green squares on a white canvas (the task of the
+shape-counting chapter, one of the project's source recipes).
 
 Images are generated deterministically from (seed, index), so a split is reproducible without
-storing anything. Counts are 1-5 per shape for training; `counts=(6, 7)` gives the chapter's
+storing anything. Counts are 1-5 per shape for training; `counts=(6, 7)` gives the shape-counting chapter's
 cross-generalization test set.
 """
 
@@ -46,7 +47,7 @@ REFERENCE_STYLES = ("chapter", "short")
 
 
 def reference_answer(counts: dict[str, int], target: str, style: str = "chapter") -> str:
-    """The SFT target. "chapter": the chapter's full sentence; "short": the same three counts and answer in
+    """The SFT target. "chapter": the shape-counting chapter's full sentence; "short": the same three counts and answer in
     about half the tokens (a shorter completion makes SFT and later GRPO rollouts cheaper on small models)."""
     seen = ", ".join(f"{counts[s]} {s}" for s in SHAPES)
     if style == "short":

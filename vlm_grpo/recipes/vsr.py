@@ -10,7 +10,7 @@ R1-style instruction to think in <think> </think> and answer in <answer> </answe
 "True" or "False". Rewards (the study's pair):
 - accuracy: 1.0 when the answer (the <answer> content, or the whole reply without one) is the right
   truth value. "yes"/"no" count as "true"/"false": the study relaxed its evaluation this way because
-  SmolVLM kept answering Yes/No.
+  its small VLM kept answering Yes/No.
 - format: 1.0 when the reply is exactly `<think>...</think>` then `<answer>...</answer>` (whitespace between).
 """
 

@@ -15,7 +15,7 @@ from transformers import LlavaForConditionalGeneration, Qwen2Config, Qwen2ForCau
 from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.base import VLMAdapter
 from vlm_grpo.adapters.batch import PromptBatch
-from vlm_grpo.adapters.compose import assemble_llava, mrope_section
+from vlm_grpo.adapters.assembly import assemble_llava, mrope_section
 from vlm_grpo.adapters.families.qwen2_5_vl import (
     BENCH_PIXELS, QWEN_VOCAB, REAL_PIXELS, TINY_PIXELS, TINY_VISION, VISION_3B, Qwen2_5_VLAdapter, qwen_rope,
     qwen_tokenizer,
@@ -23,7 +23,7 @@ from vlm_grpo.adapters.families.qwen2_5_vl import (
 from vlm_grpo.adapters.features import with_mask_positions
 from vlm_grpo.adapters.image_layout import LayoutFacts, grid_cells
 from vlm_grpo.adapters.module_groups import LLAVA_STYLE
-from vlm_grpo.adapters.registry import read_model_type
+from vlm_grpo.adapters.checkpoints import read_model_type
 from vlm_grpo.adapters.seeding import seeded
 
 # Deliberately not the tiny Qwen2.5-VL's text width (64), so the merger's output differs from the donor's.

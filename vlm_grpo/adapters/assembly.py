@@ -1,13 +1,13 @@
-"""Compose a hybrid VLM from a vision donor and a language donor, saved as an ordinary checkpoint.
+"""Assembling a hybrid VLM from an in-memory vision donor and language donor.
 
 Two pairings, dispatched on the vision donor's `config.model_type`:
-- Qwen2.5-VL vision tower + a Qwen2 causal LM, assembled in the Qwen2.5-VL classes (the seed's
-  hybrid). The ViT and the LM load unchanged; only the merger's last linear changes shape. With three
-  equal M-RoPE position rows the text path is the donor LM's 1-D RoPE, so text logits are preserved.
+- Qwen2.5-VL vision tower + a Qwen2 causal LM, assembled in the Qwen2.5-VL classes (the pairing of the
+  qwen-0.5b-learns-to-see recipe). The ViT and the LM load unchanged; only the merger's last linear changes
+  shape. With three equal M-RoPE position rows the text path is the donor LM's 1-D RoPE, so text logits are
+  preserved.
 - SigLIP/CLIP vision model + any causal LM, assembled in the LLaVA classes with a fresh projector.
 
-`assemble_qwen` / `assemble_llava` work on in-memory models (tiny twins use them); `compose` only
-adds loading and saving around them.
+Tiny twins use these directly; `vlm_grpo.compose` adds loading the donors and saving the result.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import copy
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -51,38 +50,7 @@ class Composed:
     notes: list[str] = field(default_factory=list)  # what compose had to change, for the user
 
 
-# ---------------------------------------------------------------------------- outer layer
-def compose(vision_src: str, llm_src: str, out_dir: str, seed: int = 0) -> Path:
-    """Build the hybrid of `vision_src` + `llm_src` and save it (model, processor, tokenizer) in `out_dir`."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from vlm_grpo.adapters.registry import read_model_type
-
-    vision_type = read_model_type(vision_src)
-    lm_type = read_model_type(llm_src)
-    _check_pairing(vision_type, lm_type)
-    lm = AutoModelForCausalLM.from_pretrained(llm_src, dtype="auto")
-    lm_tokenizer = AutoTokenizer.from_pretrained(llm_src)
-    if vision_type in QWEN_VISION_TYPES:
-        from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
-
-        donor = Qwen2_5_VLForConditionalGeneration.from_pretrained(vision_src, dtype="auto")
-        result = assemble_qwen(donor, AutoProcessor.from_pretrained(vision_src), lm, lm_tokenizer, seed)
-    else:
-        from transformers import AutoModel
-
-        vision = _vision_part(AutoModel.from_pretrained(vision_src, dtype="auto"))
-        result = assemble_llava(vision, _image_processor(vision_src, vision.config), lm, lm_tokenizer, seed)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    result.model.save_pretrained(out)
-    result.processor.save_pretrained(out)
-    for note in result.notes:
-        print(f"compose: {note}")
-    return out
-
-
-def _check_pairing(vision_type: str, lm_type: str) -> None:
+def check_pairing(vision_type: str, lm_type: str) -> None:
     if vision_type in QWEN_VISION_TYPES:
         if lm_type not in QWEN_LM_TYPES:
             raise UnsupportedPairing(
@@ -93,30 +61,9 @@ def _check_pairing(vision_type: str, lm_type: str) -> None:
         raise UnsupportedPairing(f"unsupported vision source model_type {vision_type!r}. Supported: {SUPPORTED}")
 
 
-def _vision_part(model: torch.nn.Module) -> torch.nn.Module:
+def vision_part(model: torch.nn.Module) -> torch.nn.Module:
     # A full CLIP/SigLIP model keeps its vision side as `.vision_model` (a *VisionModel).
     return getattr(model, "vision_model", model)
-
-
-def _image_processor(vision_src: str, vision_config) -> Any:
-    from transformers import AutoImageProcessor
-
-    try:
-        return AutoImageProcessor.from_pretrained(vision_src)
-    except (OSError, ValueError):
-        # A bare vision checkpoint without preprocessor_config.json: the family's default at its size.
-        return default_image_processor(vision_config)
-
-
-def default_image_processor(vision_config) -> Any:
-    size = {"height": vision_config.image_size, "width": vision_config.image_size}
-    if vision_config.model_type.startswith("siglip"):
-        from transformers import SiglipImageProcessor
-
-        return SiglipImageProcessor(size=size)
-    from transformers import CLIPImageProcessor
-
-    return CLIPImageProcessor(size={"shortest_edge": vision_config.image_size}, crop_size=size)
 
 
 # ---------------------------------------------------------------------------- Qwen2.5-VL classes
@@ -124,7 +71,7 @@ def assemble_qwen(vl_model, vl_processor, lm, lm_tokenizer, seed: int = 0) -> Co
     """Qwen2.5-VL vision tower (with merger) + Qwen2 causal LM inside Qwen2_5_VLForConditionalGeneration."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
 
-    _check_pairing(vl_model.config.model_type, lm.config.model_type)
+    check_pairing(vl_model.config.model_type, lm.config.model_type)
     notes: list[str] = []
     tokenizer = _tokenizer_with(lm_tokenizer, QWEN_VISION_TOKENS, notes)
     lm_cfg = lm.config
@@ -200,7 +147,7 @@ def assemble_llava(vision, image_processor, lm, lm_tokenizer, seed: int = 0) -> 
     """SigLIP/CLIP vision model + any causal LM inside LlavaForConditionalGeneration, fresh projector."""
     from transformers import LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
 
-    vision = _vision_part(vision)
+    vision = vision_part(vision)
     vtype = vision.config.model_type
     if vtype not in ("siglip_vision_model", "clip_vision_model"):
         raise UnsupportedPairing(f"LLaVA pairing needs a SigLIP/CLIP vision model, got {vtype!r}. Supported: {SUPPORTED}")

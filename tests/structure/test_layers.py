@@ -1,0 +1,120 @@
+"""The package's floors: each module imports only its own floor or the floors below, and no import circles,
+counting imports inside functions and modules loaded by name (importlib)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import vlm_grpo
+
+ROOT = Path(vlm_grpo.__file__).resolve().parent
+# Bottom to top. A module's floor is that of the longest matching prefix.
+FLOORS = [
+    ("vlm_grpo", "vlm_grpo.images", "vlm_grpo.pretrained"),  # shared utilities and shipped data
+    ("vlm_grpo.adapters", "vlm_grpo.recipes"),  # the model side's ground floor; tasks
+    ("vlm_grpo.compat",),  # version quirks and their probes (use adapters)
+    ("vlm_grpo.loader", "vlm_grpo.compose"),  # the one loader (decides the cache policy); hybrids from donors
+    ("vlm_grpo.grpo",),  # the shared loop (and SFT, evaluation)
+    ("vlm_grpo.inspect", "vlm_grpo.bench"),  # reading runs and models; the benchmark
+    ("vlm_grpo.commands",),  # every CLI command
+    ("vlm_grpo.cli",),
+]
+# Imports by a computed name: where they go. Anything else computed is an error (the drawing must see it).
+DYNAMIC = {"vlm_grpo.adapters.registry": "vlm_grpo.adapters.families"}
+USER_CODE = {"vlm_grpo.grpo.rewards"}  # loads the reward module a user names: not package code
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def floor(module: str) -> int:
+    best = (-1, -1)
+    for level, prefixes in enumerate(FLOORS):
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + "."):
+                best = max(best, (len(prefix), level))
+    assert best[1] >= 0, f"{module} is on no floor: add it to FLOORS"
+    return best[1]
+
+
+def _target(name: str) -> str | None:
+    """The package module an import of `name` runs (the deepest existing module of the dotted name)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports_of(module: str) -> set[str]:
+    tree = ast.parse(MODULES[module].read_text())
+    package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
+            arg = node.args[0] if node.args else None
+            if isinstance(arg, ast.Constant):
+                found.add(arg.value)
+            elif module in DYNAMIC:
+                found.update(m for m in MODULES if m.startswith(DYNAMIC[module] + "."))
+            else:
+                assert module in USER_CODE, f"{module} imports a computed module name: declare it in DYNAMIC"
+    targets = {_target(n) for n in found if n == "vlm_grpo" or n.startswith("vlm_grpo.")}
+    return {t for t in targets if t and t != module}
+
+
+GRAPH = {m: imports_of(m) for m in MODULES}
+
+
+def test_no_import_runs_up_a_floor():
+    upward = [f"{m} ({floor(m)}) -> {t} ({floor(t)})" for m, ts in GRAPH.items() for t in ts if floor(t) > floor(m)]
+    assert upward == []
+
+
+def test_no_import_circles():
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(GRAPH[m]):
+            if state.get(t) == 1:
+                circles.append(" -> ".join(stack[stack.index(t):] + [t]))
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(GRAPH):
+        if m not in state:
+            visit(m)
+    assert circles == []
+
+
+def test_the_drawing_sees_the_family_discovery():
+    families = {m for m in MODULES if m.startswith("vlm_grpo.adapters.families.")}
+    assert families and families <= GRAPH["vlm_grpo.adapters.registry"]
+
+
+def test_the_loop_recipes_and_inspect_know_no_family():
+    words = ("qwen", "internvl", "idefics", "smolvlm", "gemma", "llava", "mrope", "rope_deltas",
+             "pixel_attention_mask", "image_grid_thw")
+    hits = []
+    for m, path in MODULES.items():
+        if m.startswith(("vlm_grpo.grpo", "vlm_grpo.recipes", "vlm_grpo.inspect")):
+            for k, line in enumerate(path.read_text().lower().splitlines(), 1):
+                hits += [f"{m}:{k}: {w}" for w in words if w in line]
+    assert hits == []

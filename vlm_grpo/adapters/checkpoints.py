@@ -1,0 +1,31 @@
+"""What a checkpoint directory (or hub id) says about itself before any weights load."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+MERGED_DIR = "merged"  # under a LoRA run's final/: the full model with the LoRA deltas folded in
+
+
+def read_model_type(path: str) -> str:
+    """`model_type` of a checkpoint directory's config.json, or of a hub id's config."""
+    config_file = Path(path) / "config.json"
+    if config_file.is_file():
+        return json.loads(config_file.read_text())["model_type"]
+    from transformers import AutoConfig  # a hub id: let transformers fetch (or find in its cache)
+
+    return AutoConfig.from_pretrained(path).model_type
+
+
+def checkpoint_path(path: str) -> str:
+    """A LoRA run's `final/` holds only the adapter: a model is loaded from its merged copy."""
+    p = Path(path)
+    if p.is_dir() and not (p / "config.json").is_file() and (p / "adapter_config.json").is_file():
+        if (p / MERGED_DIR / "config.json").is_file():
+            return str(p / MERGED_DIR)
+        raise ValueError(
+            f"{path} holds only a LoRA adapter and no merged model; train with logging.save_merged true, "
+            "or merge the adapter into its base first"
+        )
+    return path
