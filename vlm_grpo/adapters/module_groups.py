@@ -24,6 +24,9 @@ class ModuleLayout:
     projector: tuple[str, ...]
     language: tuple[str, ...]
     head: tuple[str, ...] = (r"lm_head\.",)
+    # The projector's output layer (parameter-name regexes), for policies that train only it (`seed_hybrid`);
+    # empty: the projector's last Linear module (most families register their output layer last).
+    projector_output: tuple[str, ...] = ()
 
     def patterns(self) -> dict[str, tuple[str, ...]]:
         return {group: getattr(self, group) for group in MODULE_GROUPS}

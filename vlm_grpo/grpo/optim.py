@@ -49,24 +49,16 @@ class FreezePreset:
 
 def seed_hybrid_allow(adapter, lm_layers: int = 5) -> Callable[[str], bool]:
     """The freeze policy of the "LLM learns to see" recipe (a ViT + 0.5B-LM hybrid, SFT then GRPO): train only
-    the projector's last Linear (the vision side's output layer), the input embedding and the first `lm_layers`
-    decoder layers of the language model. Found from the module groups, not from any family's names.
+    the projector's output layer (the layout's `projector_output`, else its last Linear), the input embedding
+    and the first `lm_layers` decoder layers of the language model. Found from the module layout, not from any
+    family's names.
 
     With tied input/output embeddings the head shares the embedding tensor and so trains too (as in that
     recipe's 0.5B LM); an untied head stays frozen.
     """
     model = adapter.model
-    linears = [
-        _module_name(n)
-        for n, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear)
-        and n
-        and ".lora_" not in n
-        and adapter.module_group_of(n + ".weight") == "projector"
-    ]
-    if not linears:
-        raise ValueError(f"freeze preset 'seed_hybrid': the projector of {adapter.family} has no Linear layer")
-    prefixes = [linears[-1]]  # registration order: the output layer is declared last in every family here
+    is_output = _projector_output(adapter)
+    prefixes = []
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     embedding = base.get_input_embeddings()
     emb_names = [_module_name(n) for n, m in model.named_modules() if m is embedding]
@@ -78,7 +70,7 @@ def seed_hybrid_allow(adapter, lm_layers: int = 5) -> Callable[[str], bool]:
 
     def allowed(name: str) -> bool:
         name = strip_wrapper_prefix(name)
-        if any(name.startswith(p + ".") for p in prefixes):
+        if is_output(name) or any(name.startswith(p + ".") for p in prefixes):
             return True
         if adapter.module_group_of(name) != "language":
             return False
@@ -86,6 +78,26 @@ def seed_hybrid_allow(adapter, lm_layers: int = 5) -> Callable[[str], bool]:
         return m is not None and int(m.group(1)) < lm_layers
 
     return allowed
+
+
+def _projector_output(adapter) -> Callable[[str], bool]:
+    """A predicate over unwrapped parameter names: does it belong to the projector's output layer?"""
+    declared = adapter.module_layout.projector_output
+    names = [strip_wrapper_prefix(n) for n, _ in adapter.model.named_parameters()]
+    if declared:
+        if not any(re.match(p, n) for p in declared for n in names):
+            raise ValueError(f"freeze preset 'seed_hybrid': {adapter.family}'s projector_output {declared} matches nothing")
+        return lambda name: any(re.match(p, name) for p in declared)
+    linears = [
+        _module_name(n)
+        for n, m in adapter.model.named_modules()
+        if isinstance(m, torch.nn.Linear) and n and ".lora_" not in n and adapter.module_group_of(n + ".weight") == "projector"
+    ]
+    if not linears:
+        raise ValueError(f"freeze preset 'seed_hybrid': the projector of {adapter.family} has no Linear layer "
+                         "and its module layout declares no projector_output")
+    last = linears[-1]  # registration order: the output layer is declared last
+    return lambda name: name.startswith(last + ".")
 
 
 def _module_name(name: str) -> str:
