@@ -34,6 +34,7 @@ QWEN3_LAYOUT = ModuleLayout(
     # the merger and the DeepStack mergers both project vision features into the language model's width
     projector=(r"model\.visual\.(merger|deepstack_merger_list)\.",),
     language=(r"model\.language_model\.",),
+    projector_output=(r"model\.visual\.merger\.linear_fc2\.",),  # the main merger's, not a DeepStack merger's
 )
 
 
