@@ -109,6 +109,7 @@ def evaluate(
                 records.append(
                     {
                         "index": index,
+                        "prompt": prompt_text(samples[row].prompt),
                         "completion": texts[row],
                         "length": int(mask[row].sum().item()),
                         "truncated": not bool(stopped[row].item()),
@@ -120,6 +121,32 @@ def evaluate(
     finally:
         model.train(was_training)
     return summarize(records, [r.name for r in rewards], accuracy_key, split=split, length_edges=length_edges)
+
+
+def prompt_text(conversation: Sequence[dict[str, Any]]) -> str:
+    """The text of a conversation's last user turn (image parts left out)."""
+    content = conversation[-1]["content"]
+    if isinstance(content, str):
+        return content
+    return " ".join(part["text"] for part in content if part.get("type") == "text")
+
+
+def side_by_side(before: dict[str, Any], after: dict[str, Any], limit: int | None = None) -> str:
+    """The same held-out samples answered before and after training (two `evaluate` reports), in sample order."""
+    after_by_index = {r["index"]: r for r in after["samples"]}
+    lines = []
+    for record in before["samples"][:limit]:
+        later = after_by_index.get(record["index"])
+        if later is None:
+            continue
+
+        def mark(r):
+            return "" if r.get("correct") is None else (" [right]" if r["correct"] else " [wrong]")
+
+        lines += [f"#{record['index']} {record.get('prompt', '')}",
+                  f"  before{mark(record)}: {record['completion']}",
+                  f"  after{mark(later)}:  {later['completion']}", ""]
+    return "\n".join(lines).rstrip()
 
 
 def evaluate_run(adapter, recipe, cfg, rewards=None) -> dict[str, Any]:

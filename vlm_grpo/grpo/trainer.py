@@ -20,7 +20,7 @@ from vlm_grpo.grpo.base_trainer import BaseTrainer
 from vlm_grpo.grpo.config import TrainConfig
 from vlm_grpo.grpo.counters import VisionCounter
 from vlm_grpo.grpo.data_order import step_seed
-from vlm_grpo.grpo.evaluate import evaluate_run, format_report, heldout_metrics, write_report
+from vlm_grpo.grpo.evaluate import evaluate_run, format_report, heldout_metrics, side_by_side, write_report
 from vlm_grpo.grpo.logprobs import group_logits, token_logprobs_and_entropy
 from vlm_grpo.grpo.lora import is_lora_wrapped, reference_disabled
 from vlm_grpo.grpo.loss import grpo_loss
@@ -29,6 +29,7 @@ from vlm_grpo.grpo.rewards import run_rewards, score
 from vlm_grpo.grpo.rollout import Rollout, rollout
 
 log = logging.getLogger(__name__)
+SIDE_BY_SIDE_SHOWN = 6  # held-out pairs printed at the end of a run with eval.before_after
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -70,13 +71,22 @@ class GRPOTrainer(BaseTrainer):
         history = super().train()
         if history and history[-1]["step"] == cfg.max_steps:
             after = self._heldout("after", cfg.max_steps)
-            if before is not None and self.is_main and before["accuracy"] is not None:
-                print(
-                    f"held-out accuracy ({after['size']} {cfg.eval.split} samples): "
-                    f"{before['accuracy']:.1%} before -> {after['accuracy']:.1%} after {cfg.max_steps} GRPO steps"
-                )
+            if before is not None and self.is_main:
+                self._report_before_after(before, after)
             self.run_after_hooks()  # again, now with the after point
         return history
+
+    def _report_before_after(self, before: dict[str, Any], after: dict[str, Any]) -> None:
+        """The same held-out samples answered before and after GRPO: all in the run directory, a few on screen."""
+        path = self.run_dir / "before-after.txt"
+        path.write_text(side_by_side(before, after) + "\n")
+        print(f"\nthe same held-out samples, greedy, before and after GRPO (all {after['size']} in {path}):\n")
+        print(side_by_side(before, after, limit=SIDE_BY_SIDE_SHOWN))
+        if before["accuracy"] is not None:
+            print(
+                f"\nheld-out accuracy ({after['size']} {self.cfg.eval.split} samples): "
+                f"{before['accuracy']:.1%} before -> {after['accuracy']:.1%} after {self.cfg.max_steps} GRPO steps"
+            )
 
     # ---------------------------------------------------------------- hooks
     def _prepare_task(self) -> None:

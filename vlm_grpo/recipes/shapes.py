@@ -43,18 +43,32 @@ def draw_shapes(counts: dict[str, int], rng: random.Random) -> Image.Image:
     return img
 
 
-REFERENCE_STYLES = ("chapter", "short")
+REFERENCE_STYLES = ("chapter", "short", "bare")
 
 
 def reference_answer(counts: dict[str, int], target: str, style: str = "chapter") -> str:
-    """The SFT target. "chapter": the shape-counting chapter's full sentence; "short": the same three counts and answer in
-    about half the tokens (a shorter completion makes SFT and later GRPO rollouts cheaper on small models)."""
+    """The SFT target. "chapter": the shape-counting chapter's full sentence (describe, reason, answer); "short":
+    the same three counts, reasoning and answer in about half the tokens (cheaper SFT and rollouts on small
+    models); "bare": only the number, the chapter's "before GRPO" answer."""
     seen = ", ".join(f"{counts[s]} {s}" for s in SHAPES)
     if style == "short":
         return f"I see {seen}. So the number of {target} is {counts[target]}."
+    if style == "bare":
+        return f"{counts[target]}."
     if style != "chapter":
         raise ValueError(f"unknown shapes reference style {style!r}; choose one of {', '.join(REFERENCE_STYLES)}")
     return f"I see {seen} in the image. The question is about {target}. So the number of {target} is {counts[target]}."
+
+
+def reference_mix(reference: str | dict[str, float]) -> dict[str, float]:
+    """A style name, or a mapping style -> share (e.g. {bare: 0.85, short: 0.15}), as normalised shares."""
+    mix = {reference: 1.0} if isinstance(reference, str) else {str(k): float(v) for k, v in dict(reference).items()}
+    unknown = [s for s in mix if s not in REFERENCE_STYLES]
+    if unknown or not mix or any(v < 0 for v in mix.values()) or sum(mix.values()) <= 0:
+        raise ValueError(f"shapes reference {reference!r}: give a style ({', '.join(REFERENCE_STYLES)}) or a mapping "
+                         "of styles to non-negative shares")
+    total = sum(mix.values())
+    return {s: v / total for s, v in mix.items()}
 
 
 @dataclass
@@ -64,7 +78,7 @@ class ShapesDataset:
     split: str = "train"
     counts: tuple[int, int] = (1, 5)
     image_size: int = CANVAS  # images are drawn at 256 px and resized for small models
-    reference: str = "chapter"  # style of Sample.reference (SFT only): chapter | short
+    reference: str | dict[str, float] = "chapter"  # style of Sample.reference (SFT only), or a mix of styles
 
     def __len__(self) -> int:
         return self.size
@@ -82,8 +96,21 @@ class ShapesDataset:
             prompt=user_turn(f"How many {target} are in the image?"),
             images=[image],
             fields={"answer": str(counts[target]), "target": target, "counts": counts},
-            reference=reference_answer(counts, target, self.reference),
+            reference=reference_answer(counts, target, self._style(index)),
         )
+
+
+    def _style(self, index: int) -> str:
+        mix = reference_mix(self.reference)
+        if len(mix) == 1:
+            return next(iter(mix))
+        # its own random stream: the images and questions do not depend on the mix
+        draw = random.Random(f"shapes-style/{self.seed}/{SPLIT_OFFSETS.get(self.split, 0) + index}").random()
+        for style, share in mix.items():
+            draw -= share
+            if draw < 0:
+                return style
+        return style
 
 
 def correctness(completions: list[str], answer: list[str], **_) -> list[float]:
@@ -106,11 +133,10 @@ def reasoning(completions: list[str], **_) -> list[float]:
 
 
 def build(split: str = "train", size: int = 256, seed: int = 0, counts: tuple[int, int] | None = None, image_size: int = CANVAS,
-          reference: str = "chapter"):
+          reference: str | dict[str, float] = "chapter"):
     if counts is None:
         counts = (1, 5)
-    if reference not in REFERENCE_STYLES:
-        raise ValueError(f"unknown shapes reference style {reference!r}; choose one of {', '.join(REFERENCE_STYLES)}")
+    reference_mix(reference)  # checked now, not at the first sample
     return ShapesDataset(size=size, seed=seed, split=split, counts=tuple(counts), image_size=image_size, reference=reference)
 
 
