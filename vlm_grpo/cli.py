@@ -19,9 +19,12 @@ from vlm_grpo.commands import (
     plot,
     sft,
     train,
+    verify,
 )
 
-COMMANDS = (train, sft, eval, plot, attention, completions, check_cache, generate, compose, families, demo, bench)
+COMMANDS = (
+    train, sft, eval, plot, attention, completions, check_cache, generate, compose, families, demo, bench, verify,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

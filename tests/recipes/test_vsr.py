@@ -103,8 +103,8 @@ def test_source_errors(tmp_path, folder):
         build(path=str(folder), hub_id="x/y")
     with pytest.raises(ValueError, match="does not exist"):
         build(path=str(tmp_path / "missing.jsonl"))
-    (tmp_path / "bad.jsonl").write_text('{"caption": "a"}\nnot json\n')
-    with pytest.raises(ValueError, match=r"row 1 \(line 2\) is not valid JSON"):
+    (tmp_path / "bad.jsonl").write_text('\nnot json\n{"caption": "a"}\n')  # rows are checked in file order
+    with pytest.raises(ValueError, match=r"row 0 \(line 2\) is not valid JSON"):
         build(path=str(tmp_path / "bad.jsonl"))
     (tmp_path / "list.jsonl").write_text('["a row that is a list"]\n')
     with pytest.raises(ValueError, match="row 0 is a list"):

@@ -80,6 +80,33 @@ def test_skip_mode_skips_and_reports(folder, caplog):
         CheckedSource(data, "error")[2]
 
 
+def test_a_bad_json_line_is_a_row_like_any_other(folder, caplog):
+    rows = [vsr_row("ok0.png"), vsr_row("ok1.png", label="maybe"), vsr_row("ok2.png"), vsr_row("ok3.png")]
+    lines = [__import__("json").dumps(r) for r in rows]
+    lines.insert(3, '{"image": "ok2.png", "caption": ')  # a line cut short, between good rows
+    (folder / "train.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"row 1: field 'label'"):  # the first bad row in file order
+        vsr.build(path=str(folder / "train.jsonl"))
+    with caplog.at_level(logging.WARNING):
+        data = vsr.build(path=str(folder / "train.jsonl"), on_bad_sample="skip")
+    assert len(data) == 3 and sorted(data.skipped_rows) == [1, 3]
+    assert "line 4) is not valid JSON" in data.skipped_rows[3] and "skipped 2 bad rows" in caplog.text
+
+
+def test_an_undecodable_parquet_row_is_a_bad_row(folder):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist([vsr_row("ok0.png"), vsr_row("ok1.png"), vsr_row("ok2.png")])
+    # a timestamp past year 9999 is valid parquet that Python cannot hold: that row fails to decode
+    table = table.append_column("taken", pa.array([0, 10**13, 0], type=pa.timestamp("s")))
+    pq.write_table(table, folder / "train.parquet")
+    with pytest.raises(ValueError, match=r"row 1 cannot be decoded: OverflowError"):
+        vsr.build(path=str(folder / "train.parquet"))
+    data = vsr.build(path=str(folder / "train.parquet"), on_bad_sample="skip")
+    assert len(data) == 2 and list(data.skipped_rows) == [1]
+
+
 def test_sample_level_checks_name_the_field():
     img = image(0)
     assert validate_sample(Sample(user_turn("How many?"), [img]), 0)

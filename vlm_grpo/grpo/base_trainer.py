@@ -30,6 +30,7 @@ from vlm_grpo.grpo import checkpoint as ckpt
 from vlm_grpo.grpo.config import TrainConfig
 from vlm_grpo.grpo.data_order import batch_indices
 from vlm_grpo.grpo.guards import KLWatchdog, NonFiniteGuard, check_disk_space
+from vlm_grpo.grpo.manifest import write_manifest
 from vlm_grpo.grpo.lora import apply_lora, is_lora_wrapped, save_merged
 from vlm_grpo.grpo.optim import apply_freeze, build_optimizer, build_scheduler, trainable_table
 from vlm_grpo.grpo.run_log import RunLog
@@ -160,13 +161,16 @@ class BaseTrainer:
         return path
 
     def resume(self) -> int:
-        latest = ckpt.latest_checkpoint(self.run_dir)
+        latest = ckpt.latest_good_checkpoint(self.run_dir, report=print if self.is_main else lambda _: None)
         if latest is None:
             if self.is_main:
                 print(f"--resume: no complete checkpoint in {self.run_dir}; starting from step 0")
             return 0
-        ckpt.load_weights(self.adapter.model, latest)
-        state = ckpt.load_training_state(latest, self.optimizer, self.scheduler)
+        try:
+            ckpt.load_weights(self.adapter.model, latest)
+            state = ckpt.load_training_state(latest, self.optimizer, self.scheduler)
+        except Exception as err:  # noqa: BLE001 - a verified checkpoint that still will not load: say which
+            raise RuntimeError(f"{latest} verified but cannot be loaded into this run: {type(err).__name__}: {err}") from None
         self.log.truncate_after(state["step"])
         if self.is_main:
             print(f"resumed from {latest} (step {state['step']})")
@@ -181,6 +185,7 @@ class BaseTrainer:
             ckpt.save_model(self.adapter, tmp)
             if is_lora_wrapped(self.adapter) and self.cfg.logging.save_merged:
                 save_merged(self.adapter, tmp / MERGED_DIR)
+            write_manifest(tmp)
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
         self.accelerator.wait_for_everyone()

@@ -1,8 +1,10 @@
 """Checkpoints written atomically (temp dir + rename), so a kill never leaves a half one to resume from.
 
 A checkpoint holds the weights (or LoRA adapter) as safetensors, the processor, optimizer,
-scheduler and RNG states, the step and the config. Only directories named `checkpoint-N` that
-contain `trainer_state.json` count; the rename is the commit point.
+scheduler and RNG states, the step and the config, and last a manifest of every file's size and
+sha256 (grpo/manifest.py). Only directories named `checkpoint-N` that contain `trainer_state.json`
+count; the rename is the commit point. Resuming verifies the newest one against its manifest and
+falls back to the newest one that verifies, saying which file of which checkpoint was bad.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from vlm_grpo.grpo.manifest import verify, write_manifest
 
 STATE_FILE = "trainer_state.json"
 
@@ -52,6 +56,7 @@ def save_checkpoint(run_dir: Path, step: int, adapter, optimizer, scheduler, sta
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_state(), tmp / "rng_state.pt")
     (tmp / STATE_FILE).write_text(json.dumps({"step": step, **state}, indent=2, default=str))
+    write_manifest(tmp)
     _fsync_dir(tmp)
     if final.exists():  # re-saving a step (e.g. the end of a resumed run): replace it whole
         old = run_dir / f".old-checkpoint-{step}-{os.getpid()}"
@@ -89,6 +94,25 @@ def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 def latest_checkpoint(run_dir: Path) -> Path | None:
     found = complete_checkpoints(run_dir)
     return found[-1][1] if found else None
+
+
+class NoGoodCheckpoint(RuntimeError):
+    """Every checkpoint of a run failed verification."""
+
+
+def latest_good_checkpoint(run_dir: Path, report=print) -> Path | None:
+    """The newest checkpoint that verifies against its manifest; each bad one passed over is reported (which file,
+    what is wrong). None when the run has no checkpoint; NoGoodCheckpoint when none verifies."""
+    found = complete_checkpoints(run_dir)
+    for _, path in reversed(found):
+        problems = verify(path)
+        if not problems:
+            return path
+        report(f"{path.name} is damaged, not resuming from it: {'; '.join(problems)}")
+    if found:
+        raise NoGoodCheckpoint(f"no checkpoint in {run_dir} verifies against its manifest (see above); "
+                               "start again without --resume or restore the files")
+    return None
 
 
 def _rotate(run_dir: Path, keep: int) -> None:

@@ -11,11 +11,12 @@ when a sample is taken.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 from PIL import Image
 
@@ -42,31 +43,50 @@ def find_data_file(folder: Path, split: str) -> Path:
     raise ValueError(f"{folder}: no {split}.jsonl/.json/.parquet and not exactly one data file (found: {names})")
 
 
-def read_file(path: Path) -> list[Any]:
+@dataclass
+class BadRow:
+    """A row that could not be read at all (a JSON line that does not parse, a parquet row that does not decode):
+    it is reported and skipped like any other bad row, in file order."""
+
+    reason: str
+
+
+def iter_file(path: Path) -> Iterator[Any]:
+    """The rows of a data file one at a time; a row that cannot be read comes as a BadRow."""
     if path.suffix == ".jsonl":
-        rows = []
-        for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}: row {len(rows)} (line {line_no}) is not valid JSON: {err}") from None
-        return rows
-    if path.suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open(path, encoding="utf-8") as fh:
+            for line_no, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as err:
+                    yield BadRow(f"(line {line_no}) is not valid JSON: {err}")
+        return
+    if path.suffix == ".json":  # one document: it parses whole or not at all
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: not valid JSON: {err}") from None
         if not isinstance(data, list):
             raise ValueError(f"{path}: a .json data file must hold a list of rows")
-        return data
+        yield from data
+        return
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        return pq.read_table(path).to_pylist()
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
+            for k in range(batch.num_rows):
+                try:
+                    yield batch.slice(k, 1).to_pylist()[0]
+                except Exception as err:  # noqa: BLE001 - pyarrow raises many kinds for undecodable values
+                    yield BadRow(f"cannot be decoded: {type(err).__name__}: {err}")
+        return
     raise ValueError(f"{path}: unsupported data file (use {', '.join(DATA_SUFFIXES)})")
 
 
-def read_rows(path: str | Path | None, hub_id: str | None, split: str, size: int | None) -> tuple[list[Any], str, Path | None]:
-    """(rows, a name for messages, the folder relative image paths start from)."""
+def read_rows(path: str | Path | None, hub_id: str | None, split: str, size: int | None) -> tuple[Iterable[Any], str, Path | None]:
+    """(rows, a name for messages, the folder relative image paths start from). Files are read row by row."""
     if (path is None) == (hub_id is None):
         raise ValueError("give exactly one of path (a local JSONL/JSON/parquet file or folder) and hub_id")
     if hub_id is not None:
@@ -81,8 +101,8 @@ def read_rows(path: str | Path | None, hub_id: str | None, split: str, size: int
         path = find_data_file(path, split)
     elif not path.is_file():
         raise ValueError(f"data path {path} does not exist")
-    rows = read_file(path)
-    return (rows[:size] if size else rows), str(path), path.parent
+    rows = iter_file(path)
+    return (itertools.islice(rows, size) if size else rows), str(path), path.parent
 
 
 # ----------------------------------------------------------------- checking
@@ -235,6 +255,8 @@ def load_records(
     records, skipped = [], []
     for i, row in enumerate(rows):
         try:
+            if isinstance(row, BadRow):
+                raise ValueError(f"{source}: row {i} {row.reason}")
             records.append(check(checker, i, checker.row(i, row)))
         except ValueError as err:
             if on_bad_sample == "error":

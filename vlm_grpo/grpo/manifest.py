@@ -1,0 +1,51 @@
+"""Checkpoint manifests: every file's size and sha256, written last inside the atomic rename, so a checkpoint
+can be proven whole before anything is loaded from it (a truncated or overwritten file, a missing one)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+
+
+def file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(directory: Path) -> Path:
+    """Record every file under `directory` (relative names, sizes, sha256); the manifest itself comes last."""
+    files = {
+        str(p.relative_to(directory)): {"size": p.stat().st_size, "sha256": file_digest(p)}
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+    path = directory / MANIFEST
+    path.write_text(json.dumps({"files": files}, indent=1))
+    return path
+
+
+def verify(directory: Path) -> list[str]:
+    """What is wrong with `directory` against its manifest (empty: every recorded file is there, whole)."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        return [f"{MANIFEST} is missing (the checkpoint was not finished, or predates manifests)"]
+    try:
+        files = json.loads(path.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as err:
+        return [f"{MANIFEST} is unreadable ({err})"]
+    problems = []
+    for name, expected in files.items():
+        file = Path(directory) / name
+        if not file.is_file():
+            problems.append(f"{name} is missing")
+        elif file.stat().st_size != expected["size"]:
+            problems.append(f"{name} has {file.stat().st_size} bytes, the manifest says {expected['size']}")
+        elif file_digest(file) != expected["sha256"]:
+            problems.append(f"{name} differs from the manifest (sha256), same size: overwritten or corrupted")
+    return problems
