@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args, extra) if getattr(args, "takes_extra", False) else args.func(args)
-    except (ValueError, RuntimeError, FileNotFoundError) as err:
+    except (ValueError, RuntimeError, OSError) as err:
         print(f"vlm-grpo {args.command}: error: {err}", file=sys.stderr)
         return 2
 

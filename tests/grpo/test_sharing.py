@@ -10,7 +10,7 @@ from tests.adapters.samples import mixed_batch, user_turn
 from vlm_grpo.adapters.module_groups import vision_module
 from vlm_grpo.adapters.registry import family_class
 from vlm_grpo.adapters.sharing import generate_shared, image_features
-from vlm_grpo.grpo.config import load_config
+from vlm_grpo.grpo.run_settings import load_config
 from vlm_grpo.grpo.counters import VisionCounter
 from vlm_grpo.grpo.logprobs import group_logits, token_logprobs, token_logprobs_and_entropy
 from vlm_grpo.grpo.loss import LossConfig, grpo_loss

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from vlm_grpo.adapters.registry import family_class
 from vlm_grpo.cli import main
-from vlm_grpo.grpo.config import load_config
+from vlm_grpo.grpo.run_settings import load_config
 from vlm_grpo.grpo.run_log import read_jsonl
 from vlm_grpo.grpo.trainer import GRPOTrainer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.recipes.helpers import save_image, write_jsonl
-from vlm_grpo.grpo.config import load_config
+from vlm_grpo.grpo.run_settings import load_config
 from vlm_grpo.grpo.trainer import GRPOTrainer
 from vlm_grpo.recipes import get_recipe
 

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from vlm_grpo.cli import main
-from vlm_grpo.grpo.config import load_config
+from vlm_grpo.grpo.run_settings import load_config
 from vlm_grpo.grpo.trainer import GRPOTrainer
 
 RUN = ["--model", "tiny:qwen2_5_vl", "--learning-rate", "1e-3", "--data.recipe_options", "{image_size: 56}",

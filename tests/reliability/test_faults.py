@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from vlm_grpo.grpo import checkpoint as ckpt
 from vlm_grpo.grpo import guards
-from vlm_grpo.grpo.config import load_config
+from vlm_grpo.grpo.run_settings import load_config
 from vlm_grpo.grpo.trainer import GRPOTrainer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from vlm_grpo.grpo.config import load_config
+from vlm_grpo.grpo.run_settings import load_config
 from vlm_grpo.grpo.guards import TrainingHalted
 from vlm_grpo.grpo.trainer import GRPOTrainer
 

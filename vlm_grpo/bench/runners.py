@@ -49,7 +49,7 @@ def _load(source: str, device: torch.device, decide_cache: bool = True):
 
 
 def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, work: Path) -> FrameworkResult:
-    from vlm_grpo.grpo.config import load_config
+    from vlm_grpo.grpo.run_settings import load_config
     from vlm_grpo.grpo.trainer import GRPOTrainer
 
     adapter = _load(source, device)

@@ -19,10 +19,11 @@ def add_parser(sub) -> None:
 
 def run(args, extra: list[str]) -> int:
     from vlm_grpo.grpo.base_trainer import load_policy
-    from vlm_grpo.grpo.config import load_recipe_config
     from vlm_grpo.grpo.evaluate import evaluate_run, format_report, write_report
+    from vlm_grpo.grpo.run_settings import check_sources, load_recipe_config
 
     cfg, recipe = load_recipe_config(args.config, extra)
+    check_sources(cfg)
     report = evaluate_run(load_policy(cfg), recipe, cfg)
     report["model"] = cfg.model.init_from or cfg.model.name
     out = Path(cfg.eval.out) if cfg.eval.out else Path(cfg.logging.output_dir) / f"eval-{cfg.eval.split}.json"

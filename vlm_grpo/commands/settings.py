@@ -1,11 +1,17 @@
-"""Commands configured by run settings (train, sft, eval): `--config FILE` plus free `--key value` overrides."""
+"""Commands configured by run settings (train, sft, eval): `--config FILE` plus free `--key value` overrides;
+their `--help` lists every setting, generated from the settings dataclasses."""
 
 from __future__ import annotations
+
+import argparse
 
 
 def add_settings_command(sub, name: str, func, help: str, description: str):
     """A sub-command whose `func(args, extra)` receives the unparsed `--key value` overrides."""
-    p = sub.add_parser(name, help=help, description=description)
+    from vlm_grpo.grpo.run_settings import settings_help
+
+    p = sub.add_parser(name, help=help, description=description, epilog=settings_help(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=None, help="YAML file of settings (command-line values win)")
     p.set_defaults(func=func, takes_extra=True)
     return p

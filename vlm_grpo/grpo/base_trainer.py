@@ -34,6 +34,7 @@ from vlm_grpo.grpo.manifest import write_manifest
 from vlm_grpo.grpo.lora import apply_lora, is_lora_wrapped, save_merged
 from vlm_grpo.grpo.optim import apply_freeze, build_optimizer, build_scheduler, trainable_table
 from vlm_grpo.grpo.run_log import RunLog
+from vlm_grpo.grpo.run_settings import check_sources
 from vlm_grpo.loader import apply_cache_policy, load_model
 from vlm_grpo.recipes import get_recipe
 from vlm_grpo.recipes.checked import CheckedSource
@@ -68,6 +69,7 @@ class BaseTrainer:
     dropout = False  # whether the model trains in train() mode (GRPO: no, the ratio compares like with like)
 
     def __init__(self, cfg: TrainConfig, adapter=None, recipe=None, after_run: Sequence[Callable[[Path], Any]] = ()):
+        check_sources(cfg)  # a model that cannot load is refused before anything else happens
         self.cfg = cfg
         self.after_run = list(after_run)  # called with the run directory at the end (e.g. the plots the command wires)
         self.accelerator = Accelerator(

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vlm_grpo.grpo.settings import check_fields, setting
+
 log = logging.getLogger(__name__)
 
 
@@ -19,15 +21,16 @@ class TrainingHalted(RuntimeError):
 
 @dataclass
 class GuardConfig:
-    max_nonfinite_steps: int = 3  # stop after this many consecutive steps whose updates were all skipped
-    kl_spike_factor: float = 100.0  # a mean KL this many times the recent median is a spike
-    kl_spike_min: float = 1e-3  # ignore spikes below this absolute KL (tiny KLs jump by large factors)
-    kl_spike_warmup: int = 3  # steps of KL history needed before judging
-    kl_spike_action: str = "warn"  # warn | stop
+    max_nonfinite_steps: int = setting(3, help="stop after this many consecutive steps with a non-finite loss or "
+                                       "gradient (their updates are skipped; 0: never stop)", at_least=0)
+    kl_spike_factor: float = setting(100.0, help="a mean KL this many times its recent median is a spike", above=1.0)
+    kl_spike_min: float = setting(1e-3, help="KLs below this never count as spikes (tiny KLs jump by large factors)",
+                                  at_least=0.0)
+    kl_spike_warmup: int = setting(3, help="steps of KL history needed before judging", at_least=1)
+    kl_spike_action: str = setting("warn", help="on a KL spike: warn, or stop before saving", choices=("warn", "stop"))
 
     def __post_init__(self) -> None:
-        if self.kl_spike_action not in ("warn", "stop"):
-            raise ValueError(f"kl_spike_action must be warn or stop, not {self.kl_spike_action!r}")
+        check_fields(self)
 
 
 class NonFiniteGuard:

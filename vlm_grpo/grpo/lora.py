@@ -25,29 +25,27 @@ import torch
 
 from vlm_grpo.adapters.quantization import four_bit_config
 from vlm_grpo.grpo.optim import _is_lora_wrapped
+from vlm_grpo.grpo.settings import SettingError, check_fields, setting
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass
 class LoraSettings:
-    r: int = 0  # 0: LoRA off (full or partial fine-tuning through the freeze policy)
-    alpha: int = 16
-    dropout: float = 0.0
-    # None: DEFAULT_TARGETS of the language group. Otherwise full module names or name suffixes
-    # (e.g. "merger.mlp.2"), matched against the whole model: the caller's explicit choice.
-    target_modules: list[str] | None = None
-    load_in_4bit: bool = False  # QLoRA
+    r: int = setting(0, help="LoRA rank (0: LoRA off; the freeze policy decides what trains)", at_least=0)
+    alpha: int = setting(16, help="LoRA scaling alpha", above=0)
+    dropout: float = setting(0.0, help="dropout on the LoRA path", at_least=0.0, below=1.0)
+    target_modules: list[str] | None = setting(
+        None, help="modules that get LoRA matrices: full names or name suffixes (e.g. merger.mlp.2); "
+        "None: the language model's q/k/v/o/gate/up/down projections")
+    load_in_4bit: bool = setting(False, help="QLoRA: the base loaded in 4 bit (bitsandbytes, CUDA only)")
 
     def __post_init__(self) -> None:
-        if self.r < 0:
-            raise ValueError(f"LoRA rank r must be >= 0 (0 = off), got {self.r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
+        check_fields(self)
         if self.target_modules is not None:
             self.target_modules = list(self.target_modules)
         if self.load_in_4bit and self.r == 0:
-            raise ValueError("load_in_4bit (QLoRA) trains LoRA matrices on a frozen 4-bit base: set r > 0")
+            raise SettingError("load_in_4bit", "QLoRA trains LoRA matrices on a frozen 4-bit base: set r > 0 (lora.r)")
 
     @property
     def enabled(self) -> bool:

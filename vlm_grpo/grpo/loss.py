@@ -24,18 +24,15 @@ the caller's job; for `dapo` it is folded into `normalizer`.
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 
 import torch
 
+from vlm_grpo.grpo.settings import SettingError, check_fields, setting
+
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass
@@ -47,46 +44,27 @@ class LossConfig:
     ratio; TRL's default True) mirror the TRL options of the same names.
     """
 
-    loss_type: str = "dapo"
-    epsilon: float = 0.2
-    epsilon_high: float | None = None
-    beta: float = 0.0
-    importance_sampling_level: str = "token"
-    max_completion_length: int = 64
-    use_bias_correction_kl: bool = True
-    delta: float | None = None
+    loss_type: str = setting("dapo", help="aggregation: grpo (mean per sequence), dr_grpo (sum / (rows x max length)), "
+                             "dapo (sum / completion tokens of the step)", choices=LOSS_TYPES)
+    epsilon: float = setting(0.2, help="clip range: the ratio is clipped below at 1 - epsilon", at_least=0.0, below=1.0)
+    epsilon_high: float | None = setting(None, help="clip range above, 1 + epsilon_high (None: epsilon)", at_least=0.0)
+    beta: float = setting(0.0, help="KL coefficient (k3 estimator against the reference policy; 0: no reference)",
+                          at_least=0.0)
+    importance_sampling_level: str = setting("token", help="importance ratio per token, or per sequence (GSPO)",
+                                             choices=IMPORTANCE_SAMPLING_LEVELS)
+    max_completion_length: int = setting(64, help="dr_grpo's normaliser; a run sets it from generation.max_new_tokens",
+                                         at_least=1)
+    use_bias_correction_kl: bool = setting(True, help="multiply the KL term by the importance ratio (TRL's default)")
+    delta: float | None = setting(None, help="cap of the unclipped ratio (two-sided clipping; None: off)", above=1.0)
 
     def __post_init__(self):
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}.")
-        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-            raise ValueError(
-                f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, "
-                f"got {self.importance_sampling_level!r}."
-            )
-        if not _is_number(self.epsilon) or not 0.0 <= self.epsilon < 1.0:
-            raise ValueError(
-                f"epsilon must be a number in [0, 1) (the ratio is clipped below at 1 - epsilon), got {self.epsilon!r}."
-            )
+        check_fields(self)
+        if not isinstance(self.max_completion_length, int) or isinstance(self.max_completion_length, bool):
+            raise SettingError("max_completion_length", f"{self.max_completion_length!r} is not an int")
+        if not isinstance(self.use_bias_correction_kl, bool):
+            raise SettingError("use_bias_correction_kl", f"{self.use_bias_correction_kl!r} is not a bool")
         if self.epsilon_high is None:
             self.epsilon_high = self.epsilon
-        if not _is_number(self.epsilon_high) or self.epsilon_high < 0.0:
-            raise ValueError(f"epsilon_high must be a non-negative number or None, got {self.epsilon_high!r}.")
-        if not _is_number(self.beta) or self.beta < 0.0:
-            raise ValueError(f"beta (KL coefficient) must be a non-negative number, got {self.beta!r}.")
-        if (
-            not isinstance(self.max_completion_length, int)
-            or isinstance(self.max_completion_length, bool)
-            or self.max_completion_length < 1
-        ):
-            raise ValueError(f"max_completion_length must be a positive int, got {self.max_completion_length!r}.")
-        if not isinstance(self.use_bias_correction_kl, bool):
-            raise ValueError(f"use_bias_correction_kl must be a bool, got {self.use_bias_correction_kl!r}.")
-        if self.delta is not None and (not _is_number(self.delta) or self.delta <= 1.0):
-            raise ValueError(
-                f"delta (upper cap of the unclipped ratio) must be None or a number > 1, got {self.delta!r}; "
-                f"values above 1 + epsilon_high = {1 + self.epsilon_high} are recommended."
-            )
         if self.importance_sampling_level == "sequence" and self.loss_type in ("dr_grpo", "dapo"):
             # TRL 1.16 allows this combination and only warns; so do we.
             warnings.warn(
@@ -143,7 +121,7 @@ def grpo_loss(
         advantages = advantages.unsqueeze(1)
     elif tuple(advantages.shape) != shape:
         raise ValueError(f"advantages must be [B] or [B, T] = {shape}, got {tuple(advantages.shape)}.")
-    if _is_number(normalizer) and normalizer < 0:
+    if isinstance(normalizer, (int, float)) and not isinstance(normalizer, bool) and normalizer < 0:
         raise ValueError(f"normalizer (completion-token count) must be non-negative, got {normalizer!r}.")
 
     mask = completion_mask.to(logps.dtype)

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from vlm_grpo.adapters.module_groups import MODULE_GROUPS, strip_wrapper_prefix
+from vlm_grpo.grpo.settings import SettingError, check_fields, setting
 
 _LORA_PARAM = re.compile(r"\.lora_[A-Za-z_]+\.")
 # decoder-block containers across families: `layers.N.` (most decoder LMs), `layer.N.`, `h.N.` (GPT-2), `blocks.N.`
@@ -119,52 +120,49 @@ FREEZE_PRESETS: dict[str, FreezePreset] = {
 # ---------------------------------------------------------------- config
 @dataclass
 class OptimConfig:
-    learning_rate: float = 1e-5
-    vision_lr: float | None = None  # each None -> learning_rate
-    projector_lr: float | None = None
-    language_lr: float | None = None
-    head_lr: float | None = None
-    weight_decay: float = 0.0
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = 1e-8
-    max_grad_norm: float = 1.0  # <= 0: no clipping
-    freeze: list[str] = field(default_factory=list)  # module groups
-    trainable_patterns: list[str] = field(default_factory=list)  # regexes unfrozen after `freeze`
-    freeze_preset: str | None = None  # a key of FREEZE_PRESETS
-    lr_scheduler: str = "constant_with_warmup"  # any name transformers.get_scheduler accepts
-    warmup_steps: int = 0  # wins over warmup_ratio when > 0
-    warmup_ratio: float = 0.0
+    learning_rate: float = setting(1e-5, help="learning rate of every module group without its own", at_least=0.0)
+    vision_lr: float | None = setting(None, help="vision tower learning rate (None: learning_rate)", at_least=0.0)
+    projector_lr: float | None = setting(None, help="projector learning rate (None: learning_rate)", at_least=0.0)
+    language_lr: float | None = setting(None, help="language model learning rate (None: learning_rate)", at_least=0.0)
+    head_lr: float | None = setting(None, help="LM head learning rate (None: learning_rate)", at_least=0.0)
+    weight_decay: float = setting(0.0, help="AdamW weight decay", at_least=0.0)
+    adam_betas: tuple[float, float] = setting((0.9, 0.999), help="AdamW betas")
+    adam_eps: float = setting(1e-8, help="AdamW epsilon", above=0.0)
+    max_grad_norm: float = setting(1.0, help="clip the gradient norm to this (<= 0: measure only)")
+    freeze: list[str] = setting(factory=list, help="module groups to freeze: vision, projector, language, head")
+    trainable_patterns: list[str] = setting(factory=list, help="regexes of parameter names trained again after freeze")
+    freeze_preset: str | None = setting(None, help="a named freeze policy: " + ", ".join(sorted(FREEZE_PRESETS)))
+    lr_scheduler: str = setting("constant_with_warmup", help="any schedule transformers.get_scheduler knows")
+    warmup_steps: int = setting(0, help="warm-up steps (wins over warmup_ratio when > 0)", at_least=0)
+    warmup_ratio: float = setting(0.0, help="warm-up as a share of the run's scheduler steps", at_least=0.0, at_most=1.0)
 
     def __post_init__(self) -> None:
         self.freeze = list(self.freeze)
         self.trainable_patterns = list(self.trainable_patterns)
         self.adam_betas = tuple(self.adam_betas)
+        check_fields(self)
         unknown = [g for g in self.freeze if g not in MODULE_GROUPS]
         if unknown:
-            raise ValueError(
-                f"unknown module group(s) {unknown} in freeze; valid module groups: {', '.join(MODULE_GROUPS)}"
+            raise SettingError(
+                "freeze", f"unknown module group(s) {unknown} in freeze; valid module groups: {', '.join(MODULE_GROUPS)}"
             )
         if self.freeze_preset is not None and self.freeze_preset not in FREEZE_PRESETS:
-            raise ValueError(
-                f"unknown freeze preset {self.freeze_preset!r}; known presets: {', '.join(sorted(FREEZE_PRESETS))}"
-            )
+            raise SettingError("freeze_preset", f"unknown freeze preset {self.freeze_preset!r}; known presets: "
+                               f"{', '.join(sorted(FREEZE_PRESETS))}")
         for pattern in self.trainable_patterns:
             try:
                 re.compile(pattern)
             except re.error as err:
-                raise ValueError(f"trainable_patterns: {pattern!r} is not a valid regex ({err})") from None
-        for group in MODULE_GROUPS:
-            if self.lr_for(group) < 0:
-                raise ValueError(f"{group} learning rate must be >= 0, got {self.lr_for(group)}")
-        if self.warmup_steps < 0 or not 0.0 <= self.warmup_ratio <= 1.0:
-            raise ValueError(f"warmup_steps must be >= 0 and warmup_ratio in [0, 1]; got {self.warmup_steps}, {self.warmup_ratio}")
+                raise SettingError("trainable_patterns", f"{pattern!r} is not a valid regex ({err})") from None
+        if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
+            raise SettingError("adam_betas", f"{self.adam_betas!r} must be two numbers in [0, 1)")
         from transformers import SchedulerType
 
         try:
             SchedulerType(self.lr_scheduler)
         except ValueError:
             valid = ", ".join(s.value for s in SchedulerType)
-            raise ValueError(f"unknown lr_scheduler {self.lr_scheduler!r}; transformers accepts: {valid}") from None
+            raise SettingError("lr_scheduler", f"unknown lr_scheduler {self.lr_scheduler!r}; transformers accepts: {valid}") from None
 
     def lr_for(self, group: str) -> float:
         if group not in MODULE_GROUPS:

@@ -1,0 +1,83 @@
+"""Settings that cannot work are refused before any model loads: one line naming the setting, no traceback.
+Settings TRL users type are honoured where they mean the same, and refused with the reason where not."""
+
+from __future__ import annotations
+
+import pytest
+
+from vlm_grpo import loader
+from vlm_grpo.cli import main
+from vlm_grpo.grpo import base_trainer
+from vlm_grpo.grpo.run_settings import load_config
+
+BAD = {
+    "--loss_type grpoo": "'loss.loss_type': 'grpoo' is not one of grpo, dr_grpo, dapo",
+    "--epsilon 5": "'loss.epsilon': 5.0 is out of range: it must be < 1.0",
+    "--freeze visoin": "'optim.freeze': unknown module group(s) ['visoin']",
+    "--lora.r -3": "'lora.r': -3 is out of range: it must be >= 0",
+    "--model /nonexistent": "'model.name': no such directory or hub id: /nonexistent",
+    "--init-from ./runs/none/final": "'model.init_from': no such directory or hub id: ./runs/none/final",
+    "--model tiny:nope": "'model.name': unknown model family 'nope'",
+    "--batch-size 0": "'data.batch_size': 0 is out of range: it must be >= 1",
+    "--num-generations 1": "'data.num_generations': 1 is out of range: it must be >= 2",
+    "--num-generations 0": "'data.num_generations': 0 is out of range: it must be >= 2",
+    "--max-new-tokens 0": "'generation.max_new_tokens': 0 is out of range: it must be >= 1",
+    "--temperature 0": "'generation.temperature': 0.0 is out of range: it must be > 0.0",
+    "--batch-size 2 --gradient-accumulation-steps 3": "'gradient_accumulation_steps': 3 does not divide data.batch_size",
+    "--mixed-precision fp8": "'mixed_precision': 'fp8' is not one of no, bf16, fp16",
+    "--report-to neptune": "'logging.report_to': 'neptune' is not one of tensorboard, wandb, mlflow",
+    "--per_device_train_batch_size 8": "TRL's per_device_train_batch_size has no same-meaning setting here",
+    "--num_train_epochs 1": "runs are counted in steps: set max_steps",
+    "--loss.max_completion_length 5": "'loss.max_completion_length': cannot be set: it is generation.max_new_tokens",
+    "--max-stpes 3": "'max_stpes': unknown setting; did you mean 'max_steps'?",
+    "--learning-rate fast": "'optim.learning_rate': 'fast' is not a valid float",
+    "--data.on_bad_sample ignore": "'data.on_bad_sample': 'ignore' is not one of error, skip",
+}
+
+
+GRPO_ONLY = ("--num-generations", "--per_device")  # sft and eval refuse them too; train shows it
+CASES = [(command, words) for command in ("train", "sft", "eval") for words in BAD
+         if command == "train" or not words.startswith(GRPO_ONLY)]
+
+
+@pytest.fixture(autouse=True)
+def no_model_loads(monkeypatch):
+    def refuse(*args, **kwargs):
+        pytest.fail("a model was loaded")
+
+    monkeypatch.setattr(loader, "load_model", refuse)
+    monkeypatch.setattr(base_trainer, "load_model", refuse)
+
+
+@pytest.mark.parametrize("command, words", CASES, ids=[f"{c} {w}" for c, w in CASES])
+def test_bad_setting_is_one_line_naming_it(command, words, capsys, tmp_path):
+    message = BAD[words]
+    code = main([command, *words.split(), "--output-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert message in err and err.startswith(f"vlm-grpo {command}: error: setting")
+    assert "\n" not in err and "Traceback" not in err
+
+
+def test_a_bad_value_in_a_yaml_file_is_named_too(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text("loss:\n  epsilon: 5\ndata:\n  batch_size: 2\n")
+    assert main(["train", "--config", str(path)]) == 2
+    assert "setting 'loss.epsilon': 5.0 is out of range" in capsys.readouterr().err
+    assert main(["train", "--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "setting 'config': no such file" in capsys.readouterr().err
+
+
+def test_trl_names_with_the_same_meaning_are_honoured():
+    cfg = load_config(overrides=["--max_completion_length", "256", "--scale_rewards", "false", "--save_steps", "7",
+                                 "--save_total_limit", "4", "--lr_scheduler_type", "cosine", "--bf16"])
+    assert cfg.generation.max_new_tokens == 256 and cfg.loss.max_completion_length == 256
+    assert cfg.scale_rewards == "none" and cfg.logging.save_every == 7 and cfg.logging.keep_checkpoints == 4
+    assert cfg.optim.lr_scheduler == "cosine" and cfg.mixed_precision == "bf16"
+    yaml_cfg = load_config(base={"scale_rewards": True, "loss": {"epsilon": 0.3}})
+    assert yaml_cfg.scale_rewards == "group" and yaml_cfg.loss.epsilon_high == 0.3  # resolved after merging
+
+
+def test_epsilon_high_follows_epsilon_set_on_the_command_line():
+    assert load_config(overrides=["--epsilon", "0.3"]).loss.epsilon_high == 0.3
+    assert load_config(overrides=["--epsilon", "0.3", "--epsilon-high", "0.28"]).loss.epsilon_high == 0.28

@@ -1,0 +1,270 @@
+"""From defaults, a YAML file and `--key value` words to one checked TrainConfig.
+
+Layers are merged first (defaults <- recipe and shipped-model defaults <- YAML <- command line) and the
+dataclasses are built once from the result, so every value meets the same checks wherever it came from.
+A key is `section.field` (`--loss.beta 0.04`) or a field name unique across sections (`--beta 0.04`);
+dashes and underscores are the same. TRL's names are accepted where they mean the same (`TRL_NAMES`) and
+refused with the reason where they do not (`NOT_THE_SAME`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vlm_grpo.grpo.config import SECTIONS, TrainConfig
+from vlm_grpo.grpo.settings import SettingError, help_of
+from vlm_grpo.recipes import Recipe, get_recipe
+
+ALIASES = {"model": "model.name"}  # `--model X` sets model.name
+# TRL GRPOConfig names with the same meaning here: name -> (our key, value translation or None)
+TRL_NAMES: dict[str, tuple[str, dict | None]] = {
+    "max_completion_length": ("generation.max_new_tokens", None),
+    "save_steps": ("logging.save_every", None),
+    "save_total_limit": ("logging.keep_checkpoints", None),
+    "lr_scheduler_type": ("optim.lr_scheduler", None),
+    "bf16": ("mixed_precision", {True: "bf16", False: "no"}),
+    "fp16": ("mixed_precision", {True: "fp16", False: "no"}),
+}
+NOT_THE_SAME = {
+    "per_device_train_batch_size": "TRL counts completions per device; here data.batch_size counts prompts per "
+    "process and data.num_generations completions per prompt (TRL's value = batch_size x num_generations)",
+    "num_train_epochs": "runs are counted in steps: set max_steps (one pass over N samples is N / data.batch_size "
+    "steps per process)",
+    "logging_steps": "every step is logged (metrics.jsonl and the trackers)",
+    "use_vllm": "generation runs in the policy itself (shared prefix and image features), there is no vLLM mode",
+    "max_prompt_length": "prompts are never cut: an image's tokens must stay whole",
+}
+DERIVED = {"loss.max_completion_length": "it is generation.max_new_tokens (TRL: max_completion_length)"}
+
+
+def _fields(section: str | None) -> dict[str, dataclasses.Field]:
+    cls = SECTIONS[section] if section else TrainConfig
+    return {f.name: f for f in dataclasses.fields(cls) if not (section is None and f.name in SECTIONS)}
+
+
+def canonical_key(key: str) -> tuple[str, dict | None]:
+    """(`section.field` or a top-level `field`, value translation) for a key as a user writes it."""
+    key = key.lstrip("-").replace("-", "_")
+    if key in NOT_THE_SAME:
+        raise SettingError(key, f"TRL's {key} has no same-meaning setting here: {NOT_THE_SAME[key]}")
+    if key in ALIASES:
+        return ALIASES[key], None
+    if key in TRL_NAMES:
+        return TRL_NAMES[key]
+    if "." in key:
+        section, name = key.split(".", 1)
+        if section not in SECTIONS or name not in _fields(section):
+            raise SettingError(key, "unknown setting" + _suggestion(key))
+        if key in DERIVED:
+            raise SettingError(key, f"cannot be set: {DERIVED[key]}")
+        return key, None
+    matches = [name for name in _fields(None) if name == key]
+    matches += [f"{s}.{key}" for s in SECTIONS if key in _fields(s)]
+    if not matches:
+        raise SettingError(key, "unknown setting" + _suggestion(key))
+    if len(matches) > 1:
+        raise SettingError(key, f"ambiguous ({', '.join(matches)}); write it as section.field")
+    if matches[0] in DERIVED:
+        raise SettingError(key, f"cannot be set: {DERIVED[matches[0]]}")
+    return matches[0], None
+
+
+def _suggestion(key: str) -> str:
+    import difflib
+
+    names = [f"{s}.{n}" for s in SECTIONS for n in _fields(s)] + list(_fields(None))
+    close = difflib.get_close_matches(key, names + [n.split(".", 1)[-1] for n in names], n=1)
+    return f"; did you mean {close[0]!r}?" if close else " (see `vlm-grpo train --help`)"
+
+
+def _hint(key: str):
+    section, _, name = key.rpartition(".")
+    cls = SECTIONS[section] if section else TrainConfig
+    return typing.get_type_hints(cls)[name]
+
+
+def coerce(value: Any, hint: Any, key: str) -> Any:
+    """A YAML or command-line value as the field's type; a value that is not is an error naming the setting."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        origin = typing.get_origin(hint)
+    if isinstance(value, str) and hint is not str:
+        value = yaml.safe_load(value)
+    try:
+        if hint is bool:
+            if not isinstance(value, bool):
+                raise TypeError
+            return value
+        if hint in (int, float):
+            if isinstance(value, bool) or (hint is int and isinstance(value, float) and not value.is_integer()):
+                raise TypeError
+            return hint(value)
+        if hint is str:
+            if isinstance(value, (dict, list)):
+                raise TypeError
+            return str(value) if not isinstance(value, bool) else value  # a bool may be a spelling (see `values`)
+        if origin in (list, tuple):
+            items = value if isinstance(value, (list, tuple)) else [v for v in str(value).split(",") if v]
+            item_type = (typing.get_args(hint) or (str,))[0]
+            items = [coerce(v, item_type, key) for v in items]
+            return tuple(items) if origin is tuple else items
+        if origin is dict and not isinstance(value, dict):
+            raise TypeError
+    except (TypeError, ValueError):
+        raise SettingError(key, f"{value!r} is not a valid {getattr(hint, '__name__', hint)}") from None
+    return value
+
+
+def _put(values: dict[str, Any], key: str, value: Any) -> None:
+    name, translation = canonical_key(key)
+    if translation is not None:
+        value = coerce(value, bool, key)
+        value = translation[value]
+    values[name] = coerce(value, _hint(name), name)
+
+
+def _collect_mapping(values: dict[str, Any], data: dict[str, Any], prefix: str = "") -> None:
+    for key, value in data.items():
+        if not prefix and key in SECTIONS and isinstance(value, dict):
+            _collect_mapping(values, value, prefix=f"{key}.")
+        else:
+            _put(values, f"{prefix}{key}", value)
+
+
+def _collect_words(values: dict[str, Any], words: list[str]) -> None:
+    """`--key value` pairs (a bare `--flag` means true)."""
+    i = 0
+    while i < len(words):
+        key = words[i]
+        if not key.startswith("--"):
+            raise SettingError(key, "expected --key value")
+        if i + 1 < len(words) and not words[i + 1].startswith("--"):
+            _put(values, key, words[i + 1])
+            i += 2
+        else:
+            _put(values, key, True)
+            i += 1
+
+
+def build_config(values: dict[str, Any]) -> TrainConfig:
+    sections = {}
+    for name, cls in SECTIONS.items():
+        kwargs = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith(f"{name}.")}
+        try:
+            sections[name] = cls(**kwargs)
+        except SettingError as err:
+            raise err.within(name) from None
+    return TrainConfig(**sections, **{k: v for k, v in values.items() if "." not in k})
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise SettingError("config", f"no such file: {path}")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise SettingError("config", f"{path} must hold a mapping of settings")
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> TrainConfig:
+    """Defaults <- `base` mapping <- YAML file <- command-line words, checked once merged."""
+    values: dict[str, Any] = {}
+    if base:
+        _collect_mapping(values, base)
+    if path:
+        _collect_mapping(values, read_yaml(path))
+    if overrides:
+        _collect_words(values, overrides)
+    return build_config(values)
+
+
+def merge_settings(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Setting mappings merged section by section; a later layer wins."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if key in SECTIONS and isinstance(value, dict) and isinstance(out.get(key), dict):
+                out[key] = {**out[key], **value}
+            else:
+                out[key] = value
+    return out
+
+
+def load_recipe_config(path: str | Path | None = None, overrides: list[str] | None = None) -> tuple[TrainConfig, Recipe]:
+    """(settings, recipe): `load_config` with defaults underneath the file and the command line: the chosen
+    recipe's, then, when the policy is a checkpoint shipped in the package (`pretrained:NAME`, no `init_from`)
+    and the recipe is the one it was trained for, the GRPO settings that go with it (vlm_grpo/pretrained)."""
+    from vlm_grpo import pretrained
+
+    cfg = load_config(path, overrides)
+    recipe = get_recipe(cfg.data.recipe)
+    layers = [recipe.defaults]
+    if cfg.model.init_from is None:
+        model_defaults = pretrained.run_defaults(cfg.model.name)
+        if model_defaults.get("data", {}).get("recipe", cfg.data.recipe) == cfg.data.recipe:
+            layers.append(model_defaults)
+    base = merge_settings(*layers)
+    return (load_config(path, overrides, base=base) if base else cfg), recipe
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def check_sources(cfg: TrainConfig) -> None:
+    """Model sources that cannot work, refused before anything loads (one line naming the setting)."""
+    from vlm_grpo.adapters.model_spec import parse_model_spec
+
+    for key, spec in (("model.name", cfg.model.name), ("model.init_from", cfg.model.init_from)):
+        if spec is None:
+            continue
+        try:
+            parsed = parse_model_spec(spec)
+        except ValueError as err:
+            raise SettingError(key, str(err)) from None
+        if parsed.kind == "checkpoint" and not os.path.exists(parsed.name) and not HUB_ID.fullmatch(parsed.name):
+            raise SettingError(key, f"no such directory or hub id: {parsed.name}")
+
+
+def to_yaml(cfg: TrainConfig) -> str:
+    """The resolved settings as a YAML file `--config` reads back (derived values left out)."""
+    data = _plain(cfg.to_dict())
+    data["loss"].pop("max_completion_length", None)
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def settings_help() -> str:
+    """Every setting with its type, default and help, by section (for `--help`)."""
+    lines = ["settings (--section.field VALUE, or --field VALUE when the name is unique; YAML keys alike):"]
+    defaults = TrainConfig()
+    for section in [None, *SECTIONS]:
+        obj = getattr(defaults, section) if section else defaults
+        lines.append(f"\n  {section or 'run'}:")
+        for name, f in _fields(section).items():
+            key = f"{section}.{name}" if section else name
+            if key in DERIVED:
+                continue
+            hint = typing.get_type_hints(type(obj))[name]
+            kind = getattr(hint, "__name__", str(hint)).replace("typing.", "")
+            lines.append(f"    --{key} ({kind}, default {getattr(obj, name)!r})  {help_of(f)}")
+    lines.append("\n  TRL names accepted: " + ", ".join(f"{k} -> {v[0]}" for k, v in TRL_NAMES.items()))
+    return "\n".join(lines)

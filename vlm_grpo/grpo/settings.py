@@ -1,0 +1,88 @@
+"""Settings declared once, with their help and their limits, and checked wherever they come from.
+
+Every field of a settings dataclass is made with `setting(default, help=..., ...)`: the help text feeds
+`vlm-grpo train --help`, and the limits (`choices`, `at_least`, `above`, `below`, `at_most`) are checked by
+`check_fields` when the dataclass is built: from defaults, YAML, the command line or Python alike. A failing
+value raises `SettingError` naming the setting and what is allowed, in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+
+class SettingError(ValueError):
+    """A setting whose value cannot work; the message names it and says what is allowed."""
+
+    def __init__(self, name: str, problem: str):
+        self.name, self.problem = name, problem
+        super().__init__(f"setting {name!r}: {problem}")
+
+    def within(self, section: str) -> "SettingError":
+        return SettingError(f"{section}.{self.name}", self.problem)
+
+
+def setting(default: Any = dataclasses.MISSING, *, help: str, factory: Any = dataclasses.MISSING,
+            choices: Sequence[Any] | None = None, at_least: float | None = None, above: float | None = None,
+            below: float | None = None, at_most: float | None = None, values: dict[Any, Any] | None = None):
+    """A dataclass field with its one-line help and its limits. `values` maps accepted spellings to the stored
+    value (e.g. TRL's `scale_rewards: false` -> "none"); `choices` apply to each item of a list."""
+    meta = {"help": help, "choices": tuple(choices) if choices else None, "at_least": at_least, "above": above,
+            "below": below, "at_most": at_most, "values": values or {}}
+    if factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def check_fields(obj: Any) -> None:
+    """Map spellings and check every field of a settings dataclass against its declared limits."""
+    for f in dataclasses.fields(obj):
+        meta = f.metadata
+        if "help" not in meta:
+            continue
+        value = getattr(obj, f.name)
+        spellings = meta["values"]
+        if spellings and _hashable(value) and value in spellings:
+            value = spellings[value]
+            setattr(obj, f.name, value)
+        if value is None:
+            continue
+        items = value if isinstance(value, (list, tuple)) and meta["choices"] else [value]
+        for item in items:
+            _check(f.name, item, meta)
+
+
+def _check(name: str, value: Any, meta: dict) -> None:
+    if meta["choices"] and value not in meta["choices"]:
+        raise SettingError(name, f"{value!r} is not one of {', '.join(map(str, meta['choices']))}")
+    bounds = [(meta["at_least"], ">=", lambda v, b: v >= b), (meta["above"], ">", lambda v, b: v > b),
+              (meta["below"], "<", lambda v, b: v < b), (meta["at_most"], "<=", lambda v, b: v <= b)]
+    for bound, sign, ok in bounds:
+        if bound is None:
+            continue
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise SettingError(name, f"{value!r} is not a finite number")
+        if not ok(value, bound):
+            raise SettingError(name, f"{value!r} is out of range: it must be {sign} {bound}")
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def help_of(f: dataclasses.Field) -> str:
+    """The field's help text plus its limits, for the settings listing."""
+    meta = f.metadata
+    limits = []
+    if meta.get("choices"):
+        limits.append("one of " + " | ".join(map(str, meta["choices"])))
+    for key, sign in (("at_least", ">="), ("above", ">"), ("below", "<"), ("at_most", "<=")):
+        if meta.get(key) is not None:
+            limits.append(f"{sign} {meta[key]}")
+    return meta.get("help", "") + (f" [{', '.join(limits)}]" if limits else "")
