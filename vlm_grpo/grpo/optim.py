@@ -255,6 +255,28 @@ def clip_gradients(optimizer: torch.optim.Optimizer, cfg: OptimConfig) -> torch.
     return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
 
+def update_step(accelerator, optimizer: torch.optim.Optimizer, cfg: OptimConfig) -> tuple[torch.Tensor, bool]:
+    """Clip and apply one update; returns (gradient norm, skipped).
+
+    Clipping goes through the accelerator, which unscales fp16 gradients first (clipping scaled gradients would
+    clip by the wrong norm). With a loss scaler the optimizer step always runs: the scaler itself skips an
+    update whose gradients overflowed and lowers its scale, which skipping its step would never let happen.
+    Without one, a non-finite gradient norm skips the update here, weights untouched.
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if not params:
+        return torch.tensor(0.0), False
+    max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+    grad_norm = accelerator.clip_grad_norm_(params, max_norm)
+    if getattr(optimizer, "scaler", None) is not None:
+        optimizer.step()
+        return grad_norm, bool(accelerator.optimizer_step_was_skipped)
+    if not torch.isfinite(torch.as_tensor(grad_norm)).item():
+        return grad_norm, True
+    optimizer.step()
+    return grad_norm, False
+
+
 # ---------------------------------------------------------------- report
 def trainable_table(adapter, cfg: OptimConfig | None = None) -> str:
     """One row per module group (parameters, trainable, lr) and a total row; lr needs `cfg`."""

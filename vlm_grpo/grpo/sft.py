@@ -33,7 +33,7 @@ from vlm_grpo.grpo.data_order import step_seed
 from vlm_grpo.grpo.evaluate import evaluate_run, heldout_metrics
 from vlm_grpo.adapters.teacher_forcing import completion_logits
 from vlm_grpo.grpo.logprobs import token_logprobs
-from vlm_grpo.grpo.optim import clip_gradients
+from vlm_grpo.grpo.optim import update_step
 from vlm_grpo.recipes.base import Sample
 
 log = logging.getLogger(__name__)
@@ -159,12 +159,9 @@ class SFTTrainer(BaseTrainer):
                 acc.backward(total / tokens)
             nll_sum += total.item()
             hit_sum += hits.item()
-        grad_norm = clip_gradients(self.optimizer, cfg.optim)
-        skipped = 0
-        if torch.isfinite(torch.as_tensor(grad_norm)).item():
-            self.optimizer.step()
-        else:
-            skipped = 1
+        grad_norm, was_skipped = update_step(acc, self.optimizer, cfg.optim)
+        skipped = int(was_skipped)
+        if was_skipped:
             log.warning("sft step %d: non-finite gradient norm, update skipped", step)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -24,7 +24,7 @@ from vlm_grpo.grpo.evaluate import evaluate_run, format_report, heldout_metrics,
 from vlm_grpo.grpo.logprobs import group_logits, token_logprobs_and_entropy
 from vlm_grpo.grpo.lora import is_lora_wrapped, reference_disabled
 from vlm_grpo.grpo.loss import grpo_loss
-from vlm_grpo.grpo.optim import clip_gradients
+from vlm_grpo.grpo.optim import update_step
 from vlm_grpo.grpo.rewards import run_rewards, score
 from vlm_grpo.grpo.rollout import Rollout, rollout
 
@@ -205,10 +205,8 @@ class GRPOTrainer(BaseTrainer):
                     loss_metrics = {**loss_metrics, "loss": loss.item(), "entropy": masked_mean(entropy, mask[chunk]).item()}
                 for key, value in loss_metrics.items():
                     sums[key] = sums.get(key, 0.0) + float(value) * len(chunk) / len(rows) / cfg.num_iterations
-            grad_norm = clip_gradients(self.optimizer, cfg.optim)
-            if torch.isfinite(torch.as_tensor(grad_norm)).item():
-                self.optimizer.step()
-            else:
+            grad_norm, was_skipped = update_step(acc, self.optimizer, cfg.optim)
+            if was_skipped:
                 skipped += 1
                 log.warning("step %d: non-finite gradient norm, update skipped", step)
             self.scheduler.step()
