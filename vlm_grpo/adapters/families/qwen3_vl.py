@@ -30,9 +30,9 @@ from vlm_grpo.adapters.seeding import seeded_model
 # Qwen3-VL's ChatML without a default system turn; an image part is <|vision_start|><|image_pad|><|vision_end|>.
 QWEN3_CHAT_TEMPLATE = chatml_template("<|vision_start|><|image_pad|><|vision_end|>", default_system=None)
 QWEN3_LAYOUT = ModuleLayout(
-    vision=(r"model\.visual\.(?!merger\.|deepstack_merger_list\.)",),
+    vision=(r"model\.visual\.(?!merger\.)(?!deepstack_merger_list\.)",),  # no `|`: it would split the README table
     # the merger and the DeepStack mergers both project vision features into the language model's width
-    projector=(r"model\.visual\.(merger|deepstack_merger_list)\.",),
+    projector=(r"model\.visual\.merger\.", r"model\.visual\.deepstack_merger_list\."),
     language=(r"model\.language_model\.",),
     projector_output=(r"model\.visual\.merger\.linear_fc2\.",),  # the main merger's, not a DeepStack merger's
 )
@@ -56,7 +56,7 @@ QWEN3_VOCAB = 151936
 VISION_2B_4B = dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, patch_size=16,
                     spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
                     deepstack_visual_indexes=[5, 11, 17], hidden_act="gelu_pytorch_tanh")
-REAL_IMAGE = dict(min_pixels=256 * 32 * 32, max_pixels=1280 * 32 * 32)
+REAL_IMAGE = dict(min_pixels=256 * 256, max_pixels=4096 * 4096)  # the checkpoints' preprocessor_config.json
 PRESETS = {
     "qwen3_vl_2b": Architecture(
         vision=dict(VISION_2B_4B, out_hidden_size=2048),
