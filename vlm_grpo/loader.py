@@ -14,6 +14,7 @@ from vlm_grpo.adapters.model_spec import parse_model_spec
 from vlm_grpo.adapters.checkpoints import read_model_type
 from vlm_grpo.adapters.registry import all_presets, class_for_model_type, family_class
 from vlm_grpo.compat.cache_policy import resolve_use_cache
+from vlm_grpo.compat.cache_probe import STEPS
 
 
 def default_device(device: str | torch.device | None = None) -> torch.device:
@@ -32,12 +33,14 @@ def load_model(
     allow_pickle_weights: bool = False,
     cache_policy: str = "auto",
     decide_cache: bool = True,
+    probe_steps: int = STEPS,
 ) -> VLMAdapter:
     """`spec` (see model_spec.py) on `device` (default: cuda if available, else cpu).
 
     Twins are built in float32 (`seed` draws their weights), presets in bfloat16 unless `dtype` names another;
     checkpoints load in `dtype` ("auto": as saved). `decide_cache=False` leaves the cache decision open (the
-    cache probe command decides it itself).
+    cache probe command decides it itself); `probe_steps`: decode steps the cache probe compares (a run's
+    max_new_tokens when smaller than the default 16).
     """
     parsed = parse_model_spec(spec)
     device = default_device(device)
@@ -56,13 +59,13 @@ def load_model(
     if not load_in_4bit:  # a 4-bit model is placed by its device map and cannot be moved
         adapter.model.to(device)
     if decide_cache:
-        apply_cache_policy(adapter, cache_policy)
+        apply_cache_policy(adapter, cache_policy, probe_steps)
     return adapter
 
 
-def apply_cache_policy(adapter: VLMAdapter, policy: str = "auto") -> bool:
+def apply_cache_policy(adapter: VLMAdapter, policy: str = "auto", probe_steps: int = STEPS) -> bool:
     """Decide (once) whether `adapter` generates with the KV cache, and hand the decision to it."""
-    adapter.use_cache = resolve_use_cache(adapter, policy)
+    adapter.use_cache = resolve_use_cache(adapter, policy, steps=max(2, probe_steps))
     return adapter.use_cache
 
 

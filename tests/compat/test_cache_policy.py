@@ -10,10 +10,11 @@ from vlm_grpo.compat import cache_policy
 from vlm_grpo.compat.cache_policy import resolve_use_cache
 from vlm_grpo.compat.cache_probe import CacheProbeReport, probe_cache
 from vlm_grpo.compat.known_quirks import known_cache_quirk
-from vlm_grpo.compat.simulated_quirk import image_features_dropped_after_prefill
+from vlm_grpo.compat.simulated_faults import FAULTS, simulated_fault
 from vlm_grpo.loader import apply_cache_policy
 from vlm_grpo.grpo.logprobs import completion_logprobs, token_logprobs
 from tests.adapters.samples import picture, user_turn
+from tests.conftest import tiny_adapter
 
 
 def test_every_family_passes_the_probe_today(adapter):
@@ -24,7 +25,7 @@ def test_every_family_passes_the_probe_today(adapter):
 
 def test_simulated_quirk_is_caught_and_auto_switches_off_the_cache(adapter):
     fresh = type(adapter)(adapter.model, adapter.processor)
-    with image_features_dropped_after_prefill(fresh):
+    with simulated_fault(fresh, "drop_image"):
         report = probe_cache(fresh, steps=3)
         assert not report.cache_ok, report.table()
         assert report.path_ok(False), report.table()
@@ -48,6 +49,34 @@ def test_simulated_quirk_is_caught_and_auto_switches_off_the_cache(adapter):
     assert "forward" not in vars(adapter.model)
 
 
+@pytest.mark.parametrize("kind", FAULTS)
+def test_every_simulated_fault_is_caught(adapter, kind):
+    """Faults that shift, reorder, mask or (late) drop what cached decoding sees, and NaN weights: each fails the
+    cached path on every family, while the uncached path (untouched but for NaN weights) still agrees."""
+    with simulated_fault(adapter, kind):
+        report = probe_cache(adapter)
+    assert not report.cache_ok, report.table()
+    if kind == "nan_weights":
+        assert not report.finite and not report.path_ok(False) and "NON-FINITE" in report.table()
+    else:
+        assert report.finite and report.path_ok(False), report.table()
+    assert report.steps == 16  # the late fault starts at step 6: a 4-step probe would miss it
+
+
+def test_no_false_alarm_in_bfloat16(family):
+    adapter = type(tiny_adapter(family)).tiny(seed=0)  # a copy: the shared twin stays float32
+    adapter.model.to(torch.bfloat16)
+    report = probe_cache(adapter)
+    assert report.cache_ok and report.path_ok(False), report.table()
+    assert report.tolerance >= 2e-2 and not report.blind
+
+
+def test_tolerance_comes_from_the_measured_noise():
+    report = probe_cache(tiny_adapter("qwen2_5_vl"))
+    assert 0 < report.noise < 1e-5 and report.tolerance == max(10 * report.noise, 1e-5)
+    assert report.cached_diff <= report.tolerance < 1e-4  # a position shift (>= 3e-4) cannot hide under it
+
+
 def test_known_quirk_table_skips_the_probe(monkeypatch):
     assert known_cache_quirk("smolvlm", "4.49.0") is not None
     assert known_cache_quirk("idefics3", "4.46.1") is not None
@@ -58,7 +87,7 @@ def test_known_quirk_table_skips_the_probe(monkeypatch):
         family = "smolvlm"
 
     monkeypatch.setattr(cache_policy.transformers, "__version__", "4.49.0")
-    monkeypatch.setattr(cache_policy, "probe_cache", lambda _a: pytest.fail("auto must not probe a known quirk"))
+    monkeypatch.setattr(cache_policy, "probe_cache", lambda *a, **k: pytest.fail("auto must not probe a known quirk"))
     assert resolve_use_cache(Stub(), "auto") is False
     assert resolve_use_cache(Stub(), "cache") is True
     assert resolve_use_cache(Stub(), "no-cache") is False

@@ -6,29 +6,34 @@ import contextlib
 import sys
 
 from vlm_grpo.commands.model_args import add_model_args, load_from_args
+from vlm_grpo.compat.simulated_faults import FAULTS
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("check-cache", help="probe whether KV-cached generation agrees with a full forward")
     add_model_args(p)
-    p.add_argument("--steps", type=int, default=4, help="decode steps compared (>= 2)")
-    p.add_argument("--simulate-quirk", action="store_true", help="drop image features after prefill (self-test)")
+    p.add_argument("--steps", type=int, default=16, help="decode steps compared (>= 2)")
+    p.add_argument("--simulate-quirk", nargs="?", const="drop_image", default=None, choices=FAULTS,
+                   help="self-test: corrupt cached decoding one way (default drop_image)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from vlm_grpo.compat.cache_policy import resolve_use_cache
     from vlm_grpo.compat.cache_probe import probe_cache
-    from vlm_grpo.compat.simulated_quirk import image_features_dropped_after_prefill
+    from vlm_grpo.compat.simulated_faults import simulated_fault
 
     adapter = load_from_args(args, decide_cache=False)  # the probe below is the decision
-    simulate = image_features_dropped_after_prefill(adapter) if args.simulate_quirk else contextlib.nullcontext()
+    simulate = simulated_fault(adapter, args.simulate_quirk) if args.simulate_quirk else contextlib.nullcontext()
     with simulate:
         report = probe_cache(adapter, steps=args.steps)
         adapter.use_cache = resolve_use_cache(adapter, args.cache_policy, report=report)
     print(report.table())
     chosen = "KV cache" if adapter.use_cache else "no cache"
     print(f"policy {args.cache_policy}: generation uses {chosen}")
+    if not report.finite:
+        print("FAIL: the model produces non-finite logits", file=sys.stderr)
+        return 1
     if report.blind:
         print("FAIL: the probe is blind (swapping the image did not change the logits)", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ def run(args) -> int:
     for family in sorted(families()):
         print(f"\n=== tiny:{family} ===")
         ns = model_namespace(
-            f"tiny:{family}", device="cpu", steps=4, simulate_quirk=False,
+            f"tiny:{family}", device="cpu", steps=16, simulate_quirk=None,
             prompt="How many red triangles are in the image?", image=None, max_new_tokens=12,
         )
         failures += check_cache.run(ns) != 0

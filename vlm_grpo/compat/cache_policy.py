@@ -6,17 +6,17 @@ import logging
 
 import transformers
 
-from vlm_grpo.compat.cache_probe import CacheProbeReport, probe_cache
+from vlm_grpo.compat.cache_probe import STEPS, CacheProbeReport, probe_cache
 from vlm_grpo.compat.known_quirks import known_cache_quirk
 
 POLICIES = ("auto", "cache", "no-cache")
 log = logging.getLogger(__name__)
 
 
-def resolve_use_cache(adapter, policy: str = "auto", report: CacheProbeReport | None = None) -> bool:
+def resolve_use_cache(adapter, policy: str = "auto", report: CacheProbeReport | None = None, steps: int = STEPS) -> bool:
     """`cache`/`no-cache` force the choice; `auto` trusts the cache only where it was shown safe.
 
-    `report`: an already-run probe for this model, to avoid probing twice.
+    `report`: an already-run probe for this model, to avoid probing twice; `steps`: decode steps probed.
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown cache policy {policy!r}; choose one of {', '.join(POLICIES)}")
@@ -26,7 +26,7 @@ def resolve_use_cache(adapter, policy: str = "auto", report: CacheProbeReport | 
     if quirk is not None:
         log.warning("%s: KV cache off (known quirk, transformers %s): %s", adapter.family, quirk.transformers, quirk.reason)
         return False
-    report = report or probe_cache(adapter)
+    report = report or probe_cache(adapter, steps=steps)
     if not report.cache_ok:
         log.warning("%s: KV cache off, the cache probe failed:\n%s", adapter.family, report.table())
     return report.cache_ok

@@ -1,13 +1,16 @@
 """The cache probe: does KV-cached greedy generation see the same model as a full forward?
 
-Three views of one greedy completion on a real image+prompt are compared over several decode
-steps: generation with the KV cache, generation without it, and one teacher-forced forward over
-prompt+completion (the ground truth the training loss uses). Step 0 comes from the prefill, so a
-quirk that loses image information in cached decoding only shows from step 1 on: hence >= 2
-steps. A control swaps the image: if that does not move the logits, the probe cannot see image
-loss at all and says it is blind. Agreement is judged against the larger of a precision floor and
-5% of what swapping the image moves: reduced-precision compute (bf16 autocast) stays "agrees",
-while losing the image, which moves logits about as much as swapping it, does not.
+Three views of one greedy completion on a real image+prompt are compared over `steps` decode steps (16 by
+default): generation with the KV cache, generation without it, and one teacher-forced forward over
+prompt+completion (the ground truth the training loss uses). Step 0 comes from the prefill, so a fault in
+cached decoding only shows from step 1 on, and some only after a few steps.
+
+What counts as agreement is measured, not assumed: the same forward is run twice, alone and left-padded
+inside a batch, and the difference is the forward's own numerical noise. A path agrees when its logits stay
+within NOISE_MULTIPLE times that noise (never below a precision floor: 1e-5 in float32, 2e-2 in half
+precision) and its greedy tokens are the ones the forward prefers (near ties within the tolerance excepted).
+Non-finite logits are a verdict of their own. A control swaps the image: if that does not move the logits
+to at least twice the tolerance, the probe cannot see image loss at all and says it is blind.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ from dataclasses import dataclass
 import torch
 import transformers
 
-from vlm_grpo.compat.probe_image import probe_images
 from vlm_grpo.adapters.teacher_forcing import completion_logits
+from vlm_grpo.compat.probe_image import probe_images
 
 PROBE_PROMPT = "Describe the shapes in the picture and count them."
-RELATIVE_TOLERANCE = 0.05
+PADDING_PROMPT = "Look at this other picture closely. Which colours and shapes are in it, and how many of each?"
+STEPS = 16
+NOISE_MULTIPLE = 10
 
 
 @dataclass
@@ -29,31 +34,41 @@ class CacheProbeReport:
     family: str
     transformers_version: str
     steps: int
-    tolerance: float
+    tolerance: float  # max(NOISE_MULTIPLE x noise, precision floor)
     cached_diff: float  # max |logit diff|, cached generation vs teacher-forced forward
     uncached_diff: float  # same, uncached generation
     control_diff: float  # teacher-forced logits, probe image vs control image
+    noise: float = 0.0  # the forward alone vs left-padded in a batch
+    cached_tokens_ok: bool = True  # greedy tokens = the forward's choice (near ties excepted)
+    uncached_tokens_ok: bool = True
+    finite: bool = True  # every logit of every view is finite
 
     @property
     def blind(self) -> bool:
-        return self.control_diff <= 10 * self.tolerance
+        return self.finite and self.control_diff <= 2 * self.tolerance
 
     def path_ok(self, use_cache: bool) -> bool:
-        diff = self.cached_diff if use_cache else self.uncached_diff
-        return diff <= self.tolerance and not self.blind
+        diff, tokens_ok = (self.cached_diff, self.cached_tokens_ok) if use_cache else (self.uncached_diff, self.uncached_tokens_ok)
+        return self.finite and diff <= self.tolerance and tokens_ok and not self.blind
 
     @property
     def cache_ok(self) -> bool:
         return self.path_ok(True)
 
-    def rows(self) -> list[tuple[str, float, str]]:
-        def verdict(diff: float) -> str:
-            return "agrees" if diff <= self.tolerance else "DISAGREES"
+    def _verdict(self, diff: float, tokens_ok: bool) -> str:
+        if not self.finite:
+            return "NON-FINITE logits"
+        if diff > self.tolerance:
+            return "DISAGREES"
+        return "agrees" if tokens_ok else "DISAGREES (other tokens)"
 
-        control = "BLIND (image does not change logits)" if self.blind else "image changes logits"
+    def rows(self) -> list[tuple[str, float, str]]:
+        control = "non-finite" if not self.finite else (
+            "BLIND (image does not change logits)" if self.blind else "image changes logits")
         return [
-            ("generate, KV cache", self.cached_diff, verdict(self.cached_diff)),
-            ("generate, no cache", self.uncached_diff, verdict(self.uncached_diff)),
+            ("generate, KV cache", self.cached_diff, self._verdict(self.cached_diff, self.cached_tokens_ok)),
+            ("generate, no cache", self.uncached_diff, self._verdict(self.uncached_diff, self.uncached_tokens_ok)),
+            ("noise floor (padding)", self.noise, f"tolerance {self.tolerance:.3g}"),
             ("control: other image", self.control_diff, control),
         ]
 
@@ -65,46 +80,68 @@ class CacheProbeReport:
         return "\n".join(lines)
 
 
-def default_tolerance(model: torch.nn.Module) -> float:
-    # fp32 paths agree to ~1e-6; half precision reorders sums enough to move logits by ~1e-2.
+def precision_floor(model: torch.nn.Module) -> float:
+    # float32 paths agree to ~1e-7; half precision reorders sums enough to move logits by ~1e-2.
     dtype = next(model.parameters()).dtype
-    return 1e-3 if dtype == torch.float32 else 1e-1
+    return 1e-5 if dtype == torch.float32 else 2e-2
 
 
-def probe_cache(adapter, steps: int = 4, tolerance: float | None = None, prompt: str = PROBE_PROMPT) -> CacheProbeReport:
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+def _tokens_ok(tokens: torch.Tensor, forward: torch.Tensor, suppressed: list[int], tolerance: float) -> bool:
+    """Whether each greedy token is the forward's choice, or within `tolerance` of it (a near tie)."""
+    allowed = forward.clone()
+    allowed[..., suppressed] = float("-inf")
+    best = allowed.max(dim=-1).values
+    chosen = allowed.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return bool(((best - chosen) <= tolerance).all())
+
+
+def probe_cache(adapter, steps: int = STEPS, tolerance: float | None = None, prompt: str = PROBE_PROMPT) -> CacheProbeReport:
     if steps < 2:
         raise ValueError("the cache probe needs at least 2 decode steps: step 0 comes from the prefill")
-    tolerance = default_tolerance(adapter.model) if tolerance is None else tolerance  # the precision floor
     device = next(adapter.model.parameters()).device
     image, control_image = probe_images()
-    conversation = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
 
-    def encode(img):
-        return adapter.encode_prompts([conversation], [[img]]).to(device)
+    def conversation(text):
+        return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
 
-    batch = encode(image)
-    diffs, completions = {}, {}
+    batch = adapter.encode_prompts([conversation(prompt)], [[image]]).to(device)
+    views = {}
     for use_cache in (True, False):
-        out = adapter.generate(
-            batch, max_new_tokens=steps, min_new_tokens=steps, use_cache=use_cache, output_logits=True
-        )
+        out = adapter.generate(batch, max_new_tokens=steps, min_new_tokens=steps, use_cache=use_cache, output_logits=True)
         completion = out.sequences[:, batch.input_ids.shape[1] :]
-        generated = torch.stack(out.logits, dim=1).float()
         with torch.no_grad():
             forward = completion_logits(adapter, batch, completion, torch.ones_like(completion)).float()
-        diffs[use_cache] = (generated - forward).abs().max().item()
-        completions[use_cache] = (completion, forward)
+        views[use_cache] = (completion, torch.stack(out.logits, dim=1).float(), forward)
 
-    completion, forward = completions[False]
+    completion, _, forward = views[False]
+    ones = torch.ones_like(completion)
+    padded_batch = adapter.encode_prompts([conversation(PADDING_PROMPT), conversation(prompt)], [[control_image], [image]])
     with torch.no_grad():
-        other = completion_logits(adapter, encode(control_image), completion, torch.ones_like(completion)).float()
-    control = (other - forward).abs().max().item()
+        other = completion_logits(adapter, adapter.encode_prompts([conversation(prompt)], [[control_image]]).to(device),
+                                  completion, ones).float()
+        padded = completion_logits(adapter, padded_batch.to(device), completion.repeat(2, 1), ones.repeat(2, 1)).float()[1:]
+    finite = all(bool(torch.isfinite(t).all()) for view in views.values() for t in view[1:]) and \
+        bool(torch.isfinite(other).all() and torch.isfinite(padded).all())
+    noise = _max_diff(padded, forward) if finite else float("nan")
+    if tolerance is None:
+        tolerance = max(NOISE_MULTIPLE * noise, precision_floor(adapter.model)) if finite else precision_floor(adapter.model)
+    suppressed = adapter.suppressed_token_ids() + adapter.eos_token_ids  # min_new_tokens bars EOS too
+    diffs = {k: _max_diff(gen, fwd) for k, (_, gen, fwd) in views.items()}
+    tokens = {k: _tokens_ok(c, fwd, suppressed, tolerance) for k, (c, _, fwd) in views.items()}
     return CacheProbeReport(
         family=adapter.family,
         transformers_version=transformers.__version__,
         steps=steps,
-        tolerance=max(tolerance, RELATIVE_TOLERANCE * control),
+        tolerance=tolerance,
         cached_diff=diffs[True],
         uncached_diff=diffs[False],
-        control_diff=control,
+        control_diff=_max_diff(other, forward),
+        noise=noise,
+        cached_tokens_ok=tokens[True],
+        uncached_tokens_ok=tokens[False],
+        finite=finite,
     )

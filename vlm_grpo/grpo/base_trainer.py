@@ -53,6 +53,7 @@ def load_policy(cfg: TrainConfig, device: torch.device | None = None):
         trust_remote_code=cfg.model.trust_remote_code,
         allow_pickle_weights=cfg.model.allow_pickle_weights,
         cache_policy=cfg.model.cache_policy,
+        probe_steps=min(16, cfg.generation.max_new_tokens),
     )
 
 
@@ -87,7 +88,7 @@ class BaseTrainer:
         self.dataset = CheckedSource(self._build_dataset(), cfg.data.on_bad_sample)
         self.adapter = adapter or load_policy(cfg, self.accelerator.device)
         if self.adapter.use_cache is None:  # an adapter built by the caller: decide as the loader would
-            apply_cache_policy(self.adapter, cfg.model.cache_policy)
+            apply_cache_policy(self.adapter, cfg.model.cache_policy, min(16, cfg.generation.max_new_tokens))
         self._setup_training()
         if self.is_main:
             check_disk_space(self.run_dir, self.adapter.model)
