@@ -9,6 +9,7 @@ import sys
 from vlm_grpo.commands import (
     attention,
     bench,
+    check,
     check_cache,
     completions,
     compose,
@@ -23,7 +24,7 @@ from vlm_grpo.commands import (
 )
 
 COMMANDS = (
-    train, sft, eval, plot, attention, completions, check_cache, generate, compose, families, demo, bench, verify,
+    train, sft, eval, check, check_cache, plot, attention, completions, generate, compose, families, demo, bench, verify,
 )
 
 

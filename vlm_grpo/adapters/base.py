@@ -145,6 +145,10 @@ class VLMAdapter(ABC):
         """Chat messages + each sample's images -> one left-padded PromptBatch, checked for alignment."""
         if len(conversations) != len(images):
             raise ValueError(f"{len(conversations)} conversations but {len(images)} image lists")
+        for i, (conv, sample) in enumerate(zip(conversations, images)):
+            parts = sum(isinstance(m["content"], list) and sum(p.get("type") == "image" for p in m["content"]) for m in conv)
+            if parts != len(sample):
+                raise ImageTokenMismatch(f"sample {i}: the prompt has {parts} image parts but {len(sample)} images")
         texts = [
             self.processor.apply_chat_template(list(conv), add_generation_prompt=True, tokenize=False)
             for conv in conversations

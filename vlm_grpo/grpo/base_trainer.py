@@ -33,6 +33,7 @@ from vlm_grpo.grpo.guards import KLWatchdog, NonFiniteGuard, check_disk_space
 from vlm_grpo.grpo.manifest import write_manifest
 from vlm_grpo.grpo.lora import apply_lora, is_lora_wrapped, save_merged
 from vlm_grpo.grpo.optim import apply_freeze, build_optimizer, build_scheduler, trainable_table
+from vlm_grpo.grpo.preflight import cheap_checks, raise_on_failure
 from vlm_grpo.grpo.run_log import RunLog
 from vlm_grpo.grpo.run_settings import check_sources
 from vlm_grpo.loader import apply_cache_policy, load_model
@@ -41,7 +42,7 @@ from vlm_grpo.recipes.checked import CheckedSource
 
 
 
-def load_policy(cfg: TrainConfig, device: torch.device | None = None):
+def load_policy(cfg: TrainConfig, device: torch.device | None = None, decide_cache: bool = True):
     """The adapter of `model.init_from` (a checkpoint to start from) or else `model.name`, on `device`."""
     return load_model(
         cfg.model.init_from or cfg.model.name,
@@ -54,6 +55,7 @@ def load_policy(cfg: TrainConfig, device: torch.device | None = None):
         allow_pickle_weights=cfg.model.allow_pickle_weights,
         cache_policy=cfg.model.cache_policy,
         probe_steps=min(16, cfg.generation.max_new_tokens),
+        decide_cache=decide_cache,
     )
 
 
@@ -63,6 +65,9 @@ def check_writable(run_dir: Path) -> None:
     probe = run_dir / ".write-test"
     probe.write_text("ok")
     probe.unlink()
+
+
+PREFLIGHT_SAMPLES = 4  # samples the cheap pre-flight checks encode at the start of a run
 
 
 class BaseTrainer:
@@ -89,6 +94,9 @@ class BaseTrainer:
         self.adapter = adapter or load_policy(cfg, self.accelerator.device)
         if self.adapter.use_cache is None:  # an adapter built by the caller: decide as the loader would
             apply_cache_policy(self.adapter, cfg.model.cache_policy, min(16, cfg.generation.max_new_tokens))
+        if self.is_main:  # the cheap pre-flight checks on the first samples, before any training
+            first = [self.dataset[i] for i in range(min(PREFLIGHT_SAMPLES, len(self.dataset)))]
+            raise_on_failure(cheap_checks(self.adapter, first, self.completion_budget()))
         self._setup_training()
         if self.is_main:
             check_disk_space(self.run_dir, self.adapter.model)
@@ -112,6 +120,10 @@ class BaseTrainer:
 
     def _after_freeze(self) -> None:
         """Runs once the trainable set is final, before the optimizer is built (GRPO: reference copy)."""
+
+    def completion_budget(self) -> int:
+        """Tokens a completion may take (for the sequence-budget check)."""
+        return self.cfg.generation.max_new_tokens
 
     def scheduler_steps(self) -> int:
         return self.cfg.max_steps

@@ -139,6 +139,9 @@ class SFTTrainer(BaseTrainer):
         if self.cfg.sft.eval_every < 0:
             raise ValueError(f"sft.eval_every must be >= 0, got {self.cfg.sft.eval_every}")
 
+    def completion_budget(self) -> int:
+        return self.cfg.sft.max_reference_tokens
+
     def train_step(self, step: int) -> dict[str, Any]:
         cfg, acc = self.cfg, self.accelerator
         torch.manual_seed(step_seed(cfg.seed, step, acc.process_index))  # dropout: same on resume

@@ -1,0 +1,48 @@
+"""`vlm-grpo check`: pre-flight checks on the real model and the recipe's data before a long job."""
+
+from __future__ import annotations
+
+from vlm_grpo.commands.settings import add_settings_command
+
+
+def add_parser(sub) -> None:
+    p = add_settings_command(
+        sub, "check", run,
+        help="pre-flight: cache probe, batch = one by one, image tokens = features, sequence budget, suppressed ids",
+        description="Runs on the model and recipe a run would use (same settings as train: --model, --recipe, "
+        "--data.recipe_options, --max-new-tokens, --cache-policy ...) and exits non-zero if any check fails.",
+    )
+    p.add_argument("--samples", type=int, default=4, help="recipe samples checked (default 4)")
+
+
+def run(args, extra: list[str]) -> int:
+    from vlm_grpo.compat.cache_policy import resolve_use_cache
+    from vlm_grpo.compat.cache_probe import probe_cache
+    from vlm_grpo.grpo.base_trainer import load_policy
+    from vlm_grpo.grpo.preflight import Finding, check_batch_vs_single, cheap_checks
+    from vlm_grpo.grpo.run_settings import check_sources, load_recipe_config
+
+    cfg, recipe = load_recipe_config(args.config, extra)
+    check_sources(cfg)
+    if args.samples < 1:
+        raise ValueError(f"--samples must be >= 1, got {args.samples}")
+    adapter = load_policy(cfg, decide_cache=False)
+    options = dict(cfg.data.recipe_options)
+    if recipe.checks_rows:
+        options.setdefault("on_bad_sample", cfg.data.on_bad_sample)
+    data = recipe.build(split="train", size=max(args.samples, cfg.data.train_size), seed=cfg.seed, **options)
+    samples = [data[i] for i in range(min(args.samples, len(data)))]
+    steps = min(16, cfg.generation.max_new_tokens)
+
+    report = probe_cache(adapter, steps=max(2, steps))
+    use_cache = resolve_use_cache(adapter, cfg.model.cache_policy, report=report)
+    print(report.table())
+    findings = [Finding("cache probe", report.path_ok(use_cache),
+                        f"policy {cfg.model.cache_policy}: generation uses {'the KV cache' if use_cache else 'no cache'}")]
+    findings += cheap_checks(adapter, samples, cfg.generation.max_new_tokens)
+    if findings[1].ok:
+        findings.append(check_batch_vs_single(adapter, samples, max(2, min(8, steps)), tolerance=max(1e-4, report.tolerance)))
+    print("\n".join(f.line() for f in findings))
+    failed = sum(not f.ok for f in findings)
+    print(f"{len(findings) - failed} of {len(findings)} checks passed")
+    return 1 if failed else 0

@@ -1,0 +1,115 @@
+"""Pre-flight checks on the real model and data, before a long job (`vlm-grpo check`; `train` runs the cheap ones).
+
+Each check returns a `Finding` (ok or not, one line saying what was measured). Cheap: the recipe's first samples
+encode with image tokens equal to image features, the sequence budget (prompt + image tokens + completion) fits
+the model, and the suppressed ids hold the image placeholder but no end-of-sequence id. Costly: the cache probe
+and one left-padded batch against the same samples one by one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vlm_grpo.adapters.batch import ImageTokenMismatch
+from vlm_grpo.adapters.teacher_forcing import completion_logits
+from vlm_grpo.grpo.logprobs import token_logprobs
+
+
+@dataclass
+class Finding:
+    check: str
+    ok: bool
+    detail: str
+
+    def line(self) -> str:
+        return f"{'ok  ' if self.ok else 'FAIL'}  {self.check}: {self.detail}"
+
+
+def _device_batch(adapter, samples):
+    param = next(adapter.model.parameters())
+    batch = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples])
+    return batch.to(param.device, dtype=param.dtype)
+
+
+def check_alignment(adapter, samples) -> Finding:
+    try:
+        batch = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples])
+    except (ImageTokenMismatch, ValueError) as err:
+        return Finding("image tokens = image features", False, str(err))
+    counts = adapter.feature_counts(batch)
+    return Finding("image tokens = image features", True, f"{len(samples)} samples, {min(counts)}-{max(counts)} image "
+                   f"tokens each (= the features their images give)")
+
+
+def check_budget(adapter, samples, max_new_tokens: int) -> Finding:
+    batch = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples])
+    lengths = batch.attention_mask.sum(dim=1).tolist()
+    images = (batch.input_ids == adapter.image_token_id).sum(dim=1).tolist()
+    longest = int(max(lengths)) + max_new_tokens
+    limit = getattr(adapter.model.config.get_text_config(), "max_position_embeddings", None)
+    per_image = [n // max(1, k) for n, k in zip(images, batch.images_per_sample) if k]
+    detail = (f"prompts of {int(min(lengths))}-{int(max(lengths))} tokens, images cost {min(per_image, default=0)}-"
+              f"{max(per_image, default=0)} tokens each; with {max_new_tokens} new tokens the longest sequence is {longest}")
+    if limit is not None and longest > limit:
+        return Finding("sequence budget", False, f"{detail}, above the model's {limit} positions: use smaller images "
+                       "(fewer image tokens: the recipe's image size or the processor's max pixels) or fewer new tokens")
+    return Finding("sequence budget", True, detail + (f" of the model's {limit}" if limit else ""))
+
+
+def check_suppressed(adapter) -> Finding:
+    suppressed = adapter.suppressed_token_ids()
+    names = adapter.tokenizer.convert_ids_to_tokens(suppressed)
+    names = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    if adapter.image_token_id not in suppressed:
+        return Finding("suppressed ids", False, f"the image placeholder {adapter.image_token_id} is not suppressed")
+    stops = set(adapter.eos_token_ids) & set(suppressed)
+    if stops:
+        return Finding("suppressed ids", False, f"end-of-sequence ids {sorted(stops)} are suppressed: the policy could never stop")
+    return Finding("suppressed ids", True, f"{len(suppressed)} never generated ({names})")
+
+
+def _longer(sample):
+    """`sample` with more words in its last user turn: a neighbour that makes the others left-padded."""
+    from dataclasses import replace
+
+    turn = dict(sample.prompt[-1])
+    content = turn["content"]
+    extra = " Take your time and look at every part of the picture before you answer."
+    turn["content"] = content + extra if isinstance(content, str) else [*content, {"type": "text", "text": extra}]
+    return replace(sample, prompt=[*sample.prompt[:-1], turn])
+
+
+def check_batch_vs_single(adapter, samples, max_new_tokens: int, tolerance: float) -> Finding:
+    """Greedy completions of a left-padded batch (the samples beside a longer neighbour), their log-probs in the
+    batch against each sample alone."""
+    batch = _device_batch(adapter, [*samples, _longer(samples[0])])
+    padded = int((batch.attention_mask[: len(samples)] == 0).sum(dim=1).min())
+    out = adapter.generate(batch, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens)
+    completion = out.sequences[:, batch.input_ids.shape[1] :]
+    ones = torch.ones_like(completion)
+    worst = 0.0
+    with torch.no_grad():
+        together = token_logprobs(completion_logits(adapter, batch, completion, ones), completion)
+        for i, sample in enumerate(samples):
+            alone = token_logprobs(completion_logits(adapter, _device_batch(adapter, [sample]), completion[i : i + 1],
+                                                     ones[i : i + 1]), completion[i : i + 1])
+            worst = max(worst, (alone[0] - together[i]).abs().max().item())
+    ok = worst <= tolerance
+    return Finding("left-padded batch = one by one", ok, f"log-prob difference {worst:.2e} over {len(samples)} samples "
+                   f"x {max_new_tokens} tokens, each padded by >= {padded} (tolerance {tolerance:g})")
+
+
+def cheap_checks(adapter, samples, max_new_tokens: int) -> list[Finding]:
+    aligned = check_alignment(adapter, samples)
+    findings = [aligned, check_suppressed(adapter)]
+    if aligned.ok:  # the budget needs the samples to encode
+        findings.insert(1, check_budget(adapter, samples, max_new_tokens))
+    return findings
+
+
+def raise_on_failure(findings: list[Finding]) -> None:
+    failed = [f for f in findings if not f.ok]
+    if failed:
+        raise ValueError("pre-flight check failed: " + "; ".join(f"{f.check}: {f.detail}" for f in failed))
