@@ -12,6 +12,7 @@ from vlm_grpo.commands import (
     check_cache,
     completions,
     compose,
+    convert_gguf,
     demo,
     eval,
     families,
@@ -23,7 +24,7 @@ from vlm_grpo.commands import (
 )
 
 COMMANDS = (
-    train, sft, eval, plot, attention, completions, check_cache, generate, compose, families, demo, bench, verify,
+    train, sft, eval, plot, attention, completions, check_cache, generate, compose, convert_gguf, families, demo, bench, verify,
 )
 
 
