@@ -57,6 +57,12 @@ def donors(tmp_path_factory):
     lm_bare.resize_token_embeddings(len(bare))
     lm_bare.save_pretrained(root / "lm_bare")
     bare.save_pretrained(root / "lm_bare")
+    # A hub-style tokenizer: right padding by default, nothing about padding in its saved config (as SmolLM2's).
+    right = tiny_qwen2_lm(seed=4, tie=True)[1]
+    right.init_kwargs.pop("padding_side", None)
+    right.padding_side = "right"
+    lm.save_pretrained(root / "lm_right")
+    right.save_pretrained(root / "lm_right")
     with seeded(6):
         SiglipVisionModel(SiglipVisionConfig(**TINY_SIGLIP)).save_pretrained(root / "siglip")  # no image processor
         clip = CLIPVisionModel(CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -244,3 +250,13 @@ def test_chatml_default_system_reads_a_template_without_one():
     tokenizer.chat_template = OWN_TEMPLATE
     assert chatml_default_system(tokenizer) == OWN_SYSTEM
 
+
+@pytest.mark.parametrize("vision_name", ["qwen_vl", "siglip"])
+def test_composed_checkpoint_pads_left_wherever_it_loads(donors, tmp_path, vision_name):
+    """Regression (SmolLM2's real tokenizer): compose set left padding on the tokenizer but the saved config did
+    not say so, and a plain AutoProcessor load of the hybrid padded right."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(donors / "lm_right").padding_side == "right"
+    out = compose(str(donors / vision_name), str(donors / "lm_right"), str(tmp_path / "hybrid"))
+    assert AutoProcessor.from_pretrained(out).tokenizer.padding_side == "left"

@@ -247,6 +247,10 @@ def _tokenizer_with(lm_tokenizer, tokens, notes: list[str]):
         tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in missing], special_tokens=True)
         notes.append(f"added tokens missing from the LM tokenizer: {missing}")
     tokenizer.padding_side = "left"  # generation appends on the right
+    # ... and saved so: a hub tokenizer (SmolLM2's, Qwen2.5's) defaults to right padding, and the attribute alone
+    # is not written, so the checkpoint would pad right wherever it is loaded without our loader (TRL, plain
+    # AutoProcessor), shifting left-aligned prompts away from their completions
+    tokenizer.init_kwargs["padding_side"] = "left"
     return tokenizer
 
 
