@@ -76,3 +76,13 @@ def test_compose_reports_a_directory_with_several_gguf_files(tmp_path, capsys):
     (tmp_path / "b.gguf").write_bytes(b"GGUF")
     assert main(["compose", "--vision", "tiny:hybrid_llava", "--llm", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "2 .gguf files" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gguf") is None, reason="pip install gguf")
+@pytest.mark.parametrize("content", [b"not a gguf file at all" * 40, b"GGUF\x03\x00\x00\x00"], ids=["junk", "truncated"])
+def test_a_damaged_gguf_is_one_line_naming_the_file(tmp_path, capsys, content):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(content)
+    assert main(["convert-gguf", "--gguf", str(bad), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{bad}: not a GGUF causal LM" in err

