@@ -36,7 +36,8 @@ def smollm2_dir(real_root):
     return out
 
 
-@pytest.fixture(scope="session")
+# The models in memory are per module (freed after it, 0.5 GB each); the directories are per session.
+@pytest.fixture(scope="module")
 def donor(smollm2_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -65,7 +66,7 @@ def hybrid_dir(real_root, siglip_dir, gguf_path):
     return out
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def hybrid(hybrid_dir):
     from vlm_grpo.loader import load_model
 
