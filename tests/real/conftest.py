@@ -7,6 +7,8 @@ hybrid is compared with) and the hybrid composed by `vlm-grpo compose --llm <the
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -16,7 +18,10 @@ SIGLIP = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_at
 
 @pytest.fixture(scope="session")
 def real_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("real")
+    """Gigabytes of float32 checkpoints: removed when the session ends (pytest keeps its last 3 temp roots)."""
+    root = tmp_path_factory.mktemp("real")
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ reading a checkpoint that reloads. Small settings keep the group fast on 2 CPU c
 from __future__ import annotations
 
 import json
+import shutil
 
 import torch
 
@@ -61,6 +62,7 @@ def test_grpo_with_lora_saves_a_final_that_reloads_and_evaluates(hybrid_dir, hyb
                  "--max-new-tokens", "12", "--output-dir", str(out)]) == 0
     report = json.loads((out / "eval-test.json").read_text())
     assert report["size"] == 2 and len(report["samples"]) == 2 and 0.0 <= report["accuracy"] <= 1.0
+    shutil.rmtree(out)  # 1.5 GB; a failing run's directory stays for a look
 
 
 def test_sft_two_steps_train_the_projector_and_reload(hybrid_dir, hybrid, tmp_path):
@@ -76,3 +78,4 @@ def test_sft_two_steps_train_the_projector_and_reload(hybrid_dir, hybrid, tmp_pa
     assert frozen and all(torch.equal(before[k], after[k]) for k in frozen)
     assert again.image_token_id == hybrid.image_token_id and len(again.tokenizer) == len(hybrid.tokenizer)
     _generates(again)
+    shutil.rmtree(out)  # 2 GB with the optimizer state; a failing run's directory stays for a look
