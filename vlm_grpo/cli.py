@@ -13,6 +13,7 @@ from vlm_grpo.commands import (
     check_cache,
     completions,
     compose,
+    convert_gguf,
     demo,
     eval,
     families,
@@ -24,7 +25,8 @@ from vlm_grpo.commands import (
 )
 
 COMMANDS = (
-    train, sft, eval, check, check_cache, plot, attention, completions, generate, compose, families, demo, bench, verify,
+    train, sft, eval, check, check_cache, plot, attention, completions, generate, compose, convert_gguf, families, demo,
+    bench, verify,
 )
 
 

@@ -2,7 +2,9 @@
 
 The vision donor is any `--model` value of a Qwen2.5-VL-classes family (a checkpoint directory or hub id,
 `FAMILY:PATH`, `tiny:...`, `preset:...`, loaded by the one loader) or a SigLIP/CLIP checkpoint; the
-language donor is a causal-LM checkpoint. The output is an ordinary checkpoint (`--model hybrid:DIR`).
+language donor is a causal-LM checkpoint or a GGUF file (vlm_grpo/gguf.py: a .gguf file, a directory holding
+one, or a bundled name such as `smollm2`), read as float weights. The output is an ordinary checkpoint
+(`--model hybrid:DIR`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from vlm_grpo.adapters.assembly import (
 from vlm_grpo.adapters.model_spec import ModelSpec, parse_model_spec
 from vlm_grpo.adapters.checkpoints import read_model_type
 from vlm_grpo.adapters.registry import all_presets, family_class
+from vlm_grpo.gguf import find_gguf, gguf_model_type, load_gguf
 from vlm_grpo.loader import load_model
 
 
@@ -29,9 +32,13 @@ def compose(vision_src: str, llm_src: str, out_dir: str, seed: int = 0) -> Path:
 
     vision_spec = parse_model_spec(vision_src)
     vision_type = _model_type(vision_spec)
-    check_pairing(vision_type, read_model_type(llm_src))  # before loading anything large
-    lm = AutoModelForCausalLM.from_pretrained(llm_src, dtype="auto")
-    lm_tokenizer = AutoTokenizer.from_pretrained(llm_src)
+    gguf = find_gguf(llm_src)
+    check_pairing(vision_type, gguf_model_type(gguf) if gguf else read_model_type(llm_src))  # before loading anything large
+    if gguf:
+        lm, lm_tokenizer = load_gguf(gguf)
+    else:
+        lm = AutoModelForCausalLM.from_pretrained(llm_src, dtype="auto")
+        lm_tokenizer = AutoTokenizer.from_pretrained(llm_src)
     if vision_type in QWEN_VISION_TYPES:
         donor = load_model(vision_src, seed=seed, dtype="auto", device="cpu", decide_cache=False)
         result = assemble_qwen(donor.model, donor.processor, lm, lm_tokenizer, seed)

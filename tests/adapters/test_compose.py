@@ -16,11 +16,13 @@ from transformers import (
     CLIPVisionConfig,
     CLIPVisionModel,
     Qwen2_5_VLForConditionalGeneration,
+    SiglipImageProcessor,
     SiglipVisionConfig,
     SiglipVisionModel,
 )
 
-from vlm_grpo.adapters.assembly import UnsupportedPairing
+from vlm_grpo.adapters.assembly import UnsupportedPairing, assemble_llava
+from vlm_grpo.adapters.chat_templates import chatml_default_system, chatml_template
 from vlm_grpo.compose import compose
 from vlm_grpo.adapters.families.hybrid import TINY_LM, TINY_SIGLIP, HybridAdapter, LlavaHybridAdapter, qwen2_lm
 from vlm_grpo.adapters.families.qwen2_5_vl import Qwen2_5_VLAdapter
@@ -55,6 +57,12 @@ def donors(tmp_path_factory):
     lm_bare.resize_token_embeddings(len(bare))
     lm_bare.save_pretrained(root / "lm_bare")
     bare.save_pretrained(root / "lm_bare")
+    # A hub-style tokenizer: right padding by default, nothing about padding in its saved config (as SmolLM2's).
+    right = tiny_qwen2_lm(seed=4, tie=True)[1]
+    right.init_kwargs.pop("padding_side", None)
+    right.padding_side = "right"
+    lm.save_pretrained(root / "lm_right")
+    right.save_pretrained(root / "lm_right")
     with seeded(6):
         SiglipVisionModel(SiglipVisionConfig(**TINY_SIGLIP)).save_pretrained(root / "siglip")  # no image processor
         clip = CLIPVisionModel(CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -187,3 +195,68 @@ def test_vision_donor_is_any_model_value(donors, tmp_path):
     ours = adapter.model.model.visual.state_dict()
     assert all(torch.equal(ours[k], v) for k, v in donor.items() if not k.startswith("merger.mlp.2."))
     assert _text_logit_diff(adapter, donors / "lm") <= 1e-5
+
+
+# An instruct LM's own ChatML template with a default system turn of its own (as SmolLM2's: "You are a helpful
+# AI assistant named SmolLM, trained by Hugging Face"), written here, string content only.
+OWN_SYSTEM = "You are Tiny, a test model."
+OWN_TEMPLATE = (
+    "{% for m in messages %}{% if loop.first and m['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\n" + OWN_SYSTEM + "<|im_end|>\\n' }}{% endif %}"
+    "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def _llava_with_template(template: str):
+    tokenizer = build_tokenizer(
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], chat_template=template,
+        eos_token="<|im_end|>", pad_token="<|im_end|>",  # pad == eos, as SmolLM2's
+    )
+    lm, _ = tiny_qwen2_lm(seed=7, tie=True)
+    lm.resize_token_embeddings(len(tokenizer))
+    with seeded(8):
+        vision = SiglipVisionModel(SiglipVisionConfig(**TINY_SIGLIP))
+    size = {"height": TINY_SIGLIP["image_size"], "width": TINY_SIGLIP["image_size"]}
+    return assemble_llava(vision, SiglipImageProcessor(size=size), lm, tokenizer), tokenizer
+
+
+def test_llava_keeps_the_lm_default_system_turn():
+    """Regression (SmolLM2): the hybrid's template opened every prompt with a generic system turn instead of
+    the one the instruct LM was tuned with; a text-only conversation must render exactly as the LM's own."""
+    composed, donor_tokenizer = _llava_with_template(OWN_TEMPLATE)
+    text_only = [{"role": "user", "content": "How many red circles?"}]
+    ours = composed.processor.apply_chat_template(text_only, add_generation_prompt=True, tokenize=False)
+    assert ours == donor_tokenizer.apply_chat_template(text_only, add_generation_prompt=True, tokenize=False)
+    with_image = composed.processor.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False)
+    assert with_image.startswith(f"<|im_start|>system\n{OWN_SYSTEM}<|im_end|>\n<|im_start|>user\n<image>How many")
+    own_system = [{"role": "system", "content": "Be brief."}, *text_only]
+    assert OWN_SYSTEM not in composed.processor.apply_chat_template(own_system, tokenize=False)
+
+
+def test_llava_with_a_non_chatml_lm_template_says_so():
+    composed, _ = _llava_with_template("{% for m in messages %}### {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    assert any("not ChatML" in note for note in composed.notes)
+    text = composed.processor.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False)
+    assert text.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n")
+
+
+def test_chatml_default_system_reads_a_template_without_one():
+    tokenizer = build_tokenizer(
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], chat_template=chatml_template("<image>", default_system=None),
+        eos_token="<|im_end|>", pad_token="<|endoftext|>",
+    )
+    assert chatml_default_system(tokenizer) is None
+    tokenizer.chat_template = OWN_TEMPLATE
+    assert chatml_default_system(tokenizer) == OWN_SYSTEM
+
+
+@pytest.mark.parametrize("vision_name", ["qwen_vl", "siglip"])
+def test_composed_checkpoint_pads_left_wherever_it_loads(donors, tmp_path, vision_name):
+    """Regression (SmolLM2's real tokenizer): compose set left padding on the tokenizer but the saved config did
+    not say so, and a plain AutoProcessor load of the hybrid padded right."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(donors / "lm_right").padding_side == "right"
+    out = compose(str(donors / vision_name), str(donors / "lm_right"), str(tmp_path / "hybrid"))
+    assert AutoProcessor.from_pretrained(out).tokenizer.padding_side == "left"

@@ -14,7 +14,7 @@ FLOORS = [
     ("vlm_grpo", "vlm_grpo.images", "vlm_grpo.pretrained"),  # shared utilities and shipped data
     ("vlm_grpo.adapters", "vlm_grpo.recipes"),  # the model side's ground floor; tasks
     ("vlm_grpo.compat",),  # version quirks and their probes (use adapters)
-    ("vlm_grpo.loader", "vlm_grpo.compose"),  # the one loader (decides the cache policy); hybrids from donors
+    ("vlm_grpo.loader", "vlm_grpo.compose", "vlm_grpo.gguf"),  # the one loader (decides the cache policy); hybrids from donors; GGUF LMs
     ("vlm_grpo.grpo",),  # the shared loop (and SFT, evaluation)
     ("vlm_grpo.inspect", "vlm_grpo.bench"),  # reading runs and models; the benchmark
     ("vlm_grpo.commands",),  # every CLI command

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from tokenizers import AddedToken
 
-from vlm_grpo.adapters.chat_templates import chatml_template
+from vlm_grpo.adapters.chat_templates import DEFAULT_SYSTEM, NotChatML, chatml_default_system, chatml_template
 from vlm_grpo.adapters.families.qwen2_5_vl import QWEN_CHAT_TEMPLATE, qwen_token_ids
 from vlm_grpo.adapters.seeding import seeded
 
@@ -35,7 +35,8 @@ SUPPORTED = (
     "vision siglip/siglip_vision_model/clip/clip_vision_model + any causal LM -> LLaVA classes"
 )
 
-# ChatML with one <image> placeholder per image part (the LLaVA processor expands it per patch).
+# ChatML with one <image> placeholder per image part (the LLaVA processor expands it per patch); the default
+# system turn is the LM donor's own when its template is ChatML (llava_chat_template).
 LLAVA_CHAT_TEMPLATE = chatml_template(IMAGE_TOKEN)
 
 
@@ -196,20 +197,33 @@ def assemble_llava(vision, image_processor, lm, lm_tokenizer, seed: int = 0) -> 
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     model.generation_config.eos_token_id = sorted({*eos, im_end, tokenizer.eos_token_id})  # the template ends turns with <|im_end|>
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    tokenizer.chat_template = LLAVA_CHAT_TEMPLATE
+    template = llava_chat_template(lm_tokenizer, notes)
+    tokenizer.chat_template = template
     _check_image_size(image_processor, vision_cfg.image_size)
     processor = LlavaProcessor(
         image_processor=copy.deepcopy(image_processor),
         tokenizer=tokenizer,
         patch_size=vision_cfg.patch_size,
         vision_feature_select_strategy=strategy,
-        chat_template=LLAVA_CHAT_TEMPLATE,
+        chat_template=template,
         image_token=IMAGE_TOKEN,
         num_additional_image_tokens=0 if siglip else 1,
     )
     model.eval()
     notes.append(f"text-only logits equal the donor LM's: max |diff| {check_text_logits(model, lm, tokenizer):.3g}")
     return Composed(model, processor, notes)
+
+
+def llava_chat_template(lm_tokenizer, notes: list[str]) -> str:
+    """ChatML with image parts, opening with the system turn the LM was tuned with: an instruct LM's template
+    often writes a default system message (SmolLM2: "You are a helpful AI assistant named SmolLM, ..."), and
+    the hybrid's text-only prompts should read as the LM's own do."""
+    try:
+        return chatml_template(IMAGE_TOKEN, default_system=chatml_default_system(lm_tokenizer))
+    except NotChatML as err:
+        notes.append(f"the LM's chat template is not ChatML ({err}); the hybrid writes ChatML with the "
+                     f"default system turn {DEFAULT_SYSTEM!r}")
+        return LLAVA_CHAT_TEMPLATE
 
 
 def _check_image_size(image_processor, image_size: int) -> None:
@@ -233,6 +247,10 @@ def _tokenizer_with(lm_tokenizer, tokens, notes: list[str]):
         tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in missing], special_tokens=True)
         notes.append(f"added tokens missing from the LM tokenizer: {missing}")
     tokenizer.padding_side = "left"  # generation appends on the right
+    # ... and saved so: a hub tokenizer (SmolLM2's, Qwen2.5's) defaults to right padding, and the attribute alone
+    # is not written, so the checkpoint would pad right wherever it is loaded without our loader (TRL, plain
+    # AutoProcessor), shifting left-aligned prompts away from their completions
+    tokenizer.init_kwargs["padding_side"] = "left"
     return tokenizer
 
 

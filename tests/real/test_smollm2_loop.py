@@ -1,0 +1,81 @@
+"""The composed SmolLM2 hybrid through the CLI: the cache probe, GRPO with LoRA, SFT, and eval, each saving or
+reading a checkpoint that reloads. Small settings keep the group fast on 2 CPU cores."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import torch
+
+from tests.real.marks import REAL
+from vlm_grpo.cli import main
+from vlm_grpo.grpo.run_log import read_jsonl
+from vlm_grpo.loader import load_model
+
+pytestmark = REAL
+
+IM_END = 2
+SMALL = ["--recipe", "shapes", "--train-size", "8", "--batch-size", "2", "--num-generations", "2",
+         "--max-new-tokens", "12", "--logging.progress", "false"]
+
+
+def _generates(adapter) -> None:
+    from PIL import Image
+
+    prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many circles?"}]}]
+    batch = adapter.encode_prompts([prompt], [[Image.new("RGB", (64, 64), "white")]])
+    out = adapter.generate(batch, max_new_tokens=4, min_new_tokens=4)
+    assert out.sequences.shape[1] == batch.input_ids.shape[1] + 4
+
+
+def test_cache_probe_passes(hybrid_dir, capsys):
+    assert main(["check-cache", "--model", f"hybrid:{hybrid_dir}"]) == 0
+    report = capsys.readouterr().out
+    assert "hybrid_llava" in report and "image changes logits" in report
+    assert report.count("agrees") == 2
+
+
+def test_grpo_with_lora_saves_a_final_that_reloads_and_evaluates(hybrid_dir, hybrid, tmp_path):
+    out = tmp_path / "grpo"
+    args = ["train", "--model", f"hybrid:{hybrid_dir}", "--lora.r", "8", "--max-steps", "2", "--output-dir", str(out)]
+    assert main([*args, *SMALL]) == 0
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]
+    completions = read_jsonl(out / "completions.jsonl")
+    assert len(completions) == 2 * 2 * 2  # steps x prompts x generations
+    assert not any("<image>" in c["completion"] or "<|im_end|>" in c["completion"] for c in completions)
+    assert (out / "final" / "adapter_model.safetensors").is_file()
+
+    merged = load_model(str(out / "final" / "merged"), device="cpu", decide_cache=False)
+    assert type(merged).__name__ == "LlavaHybridAdapter"
+    assert len(merged.tokenizer) == len(hybrid.tokenizer) and merged.eos_token_ids == [IM_END]
+    embed = merged.model.get_input_embeddings().weight
+    assert merged.model.lm_head.weight.data_ptr() == embed.data_ptr()  # still tied after the merge
+    before, after = hybrid.model.state_dict(), merged.model.state_dict()
+    q = "model.language_model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(before[q], after[q])  # the LoRA deltas were merged in
+    vision = [k for k in before if k.startswith("model.vision_tower.")]
+    assert vision and all(torch.equal(before[k], after[k]) for k in vision)  # LoRA adapts the LM only
+    _generates(merged)
+
+    assert main(["eval", "--model", str(out / "final"), "--recipe", "shapes", "--size", "2",
+                 "--max-new-tokens", "12", "--output-dir", str(out)]) == 0
+    report = json.loads((out / "eval-test.json").read_text())
+    assert report["size"] == 2 and len(report["samples"]) == 2 and 0.0 <= report["accuracy"] <= 1.0
+    shutil.rmtree(out)  # 1.5 GB; a failing run's directory stays for a look
+
+
+def test_sft_two_steps_train_the_projector_and_reload(hybrid_dir, hybrid, tmp_path):
+    out = tmp_path / "sft"
+    args = ["sft", "--model", f"hybrid:{hybrid_dir}", "--freeze-preset", "seed_hybrid", "--learning-rate", "1e-3",
+            "--max-steps", "2", "--output-dir", str(out)]
+    assert main([*args, *SMALL]) == 0
+    again = load_model(str(out / "final"), device="cpu", decide_cache=False)
+    before, after = hybrid.model.state_dict(), again.model.state_dict()
+    projector_out = "model.multi_modal_projector.linear_2.weight"
+    assert not torch.equal(before[projector_out], after[projector_out])  # the LM learns to see through it
+    frozen = [k for k in before if k.startswith(("model.vision_tower.", "model.language_model.layers.29."))]
+    assert frozen and all(torch.equal(before[k], after[k]) for k in frozen)
+    assert again.image_token_id == hybrid.image_token_id and len(again.tokenizer) == len(hybrid.tokenizer)
+    _generates(again)
+    shutil.rmtree(out)  # 2 GB with the optimizer state; a failing run's directory stays for a look
