@@ -36,6 +36,13 @@ def test_cache_probe_passes(hybrid_dir, capsys):
     assert report.count("agrees") == 2
 
 
+def test_preflight_check_passes(hybrid_dir, capsys):
+    assert main(["check", "--model", f"hybrid:{hybrid_dir}", "--recipe", "shapes", "--max-new-tokens", "12",
+                 "--data.recipe_options", "{image_size: 64}"]) == 0
+    out = capsys.readouterr().out
+    assert "5 of 5 checks passed" in out and "FAIL" not in out and "<image>" in out
+
+
 def test_grpo_with_lora_saves_a_final_that_reloads_and_evaluates(hybrid_dir, hybrid, tmp_path):
     out = tmp_path / "grpo"
     args = ["train", "--model", f"hybrid:{hybrid_dir}", "--lora.r", "8", "--max-steps", "2", "--output-dir", str(out)]
