@@ -23,10 +23,12 @@ RUN_DEFAULTS: dict[str, dict[str, Any]] = {
     "shapes-tiny": {
         "data": {"recipe": "shapes", "recipe_options": {"image_size": 64}, "train_size": 100_000, "batch_size": 16,
                  "num_generations": 8},
-        "generation": {"max_new_tokens": 24, "temperature": 0.7},
+        # temperature 1: the checkpoint writes the full describe-reason-answer form in about 11% of its samples
+        # (7% at 0.7), which is what GRPO has to find and reinforce
+        "generation": {"max_new_tokens": 24, "temperature": 1.0},
         "loss": {"beta": 0.1},
-        # Vision tower and projector frozen: with them trainable every setting tried lost 3-7 points.
-        "optim": {"learning_rate": 3e-5, "freeze": ["vision", "projector"]},
+        # vision tower and projector frozen: GRPO changes how the model answers, not what it sees
+        "optim": {"learning_rate": 5e-5, "freeze": ["vision", "projector"]},
         "max_steps": 200,
         "eval": {"before_after": True, "size": 200, "eval_batch_size": 50, "data_seed": 0},
         "logging": {"plot": True},
