@@ -30,12 +30,13 @@ from vlm_grpo.grpo import checkpoint as ckpt
 from vlm_grpo.grpo.config import TrainConfig
 from vlm_grpo.grpo.data_order import batch_indices
 from vlm_grpo.grpo.guards import KLWatchdog, NonFiniteGuard, check_disk_space
-from vlm_grpo.grpo.manifest import write_manifest
+from vlm_grpo.grpo.manifest import verify, write_manifest
 from vlm_grpo.grpo.lora import apply_lora, is_lora_wrapped, save_merged
 from vlm_grpo.grpo.optim import apply_freeze, build_optimizer, build_scheduler, trainable_table
 from vlm_grpo.grpo.preflight import cheap_checks, raise_on_failure
 from vlm_grpo.grpo.run_log import RunLog
-from vlm_grpo.grpo.run_settings import check_sources
+from vlm_grpo.grpo.run_dir import prepare_run_dir
+from vlm_grpo.grpo.run_settings import check_sources, to_yaml
 from vlm_grpo.loader import apply_cache_policy, load_model
 from vlm_grpo.recipes import get_recipe
 from vlm_grpo.recipes.checked import CheckedSource
@@ -59,14 +60,6 @@ def load_policy(cfg: TrainConfig, device: torch.device | None = None, decide_cac
     )
 
 
-def check_writable(run_dir: Path) -> None:
-    """Create `run_dir` and fail now, not at the first checkpoint, if it cannot be written."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    probe = run_dir / ".write-test"
-    probe.write_text("ok")
-    probe.unlink()
-
-
 PREFLIGHT_SAMPLES = 4  # samples the cheap pre-flight checks encode at the start of a run
 
 
@@ -87,7 +80,9 @@ class BaseTrainer:
         set_seed(cfg.seed)
         self.run_dir = Path(cfg.logging.output_dir)
         if self.is_main:
-            check_writable(self.run_dir)
+            prepare_run_dir(self.run_dir, resume=cfg.resume or cfg.resume_from is not None,
+                            overwrite=cfg.logging.overwrite_output_dir)
+            (self.run_dir / "config.yaml").write_text(to_yaml(cfg))  # the resolved settings: a valid --config
         self.recipe = recipe or get_recipe(cfg.data.recipe)
         self._prepare_task()
         self.dataset = CheckedSource(self._build_dataset(), cfg.data.on_bad_sample)
@@ -176,7 +171,13 @@ class BaseTrainer:
         return path
 
     def resume(self) -> int:
-        latest = ckpt.latest_good_checkpoint(self.run_dir, report=print if self.is_main else lambda _: None)
+        if self.cfg.resume_from:
+            latest = Path(self.cfg.resume_from)
+            problems = verify(latest) if latest.is_dir() else ["no such checkpoint directory"]
+            if problems:
+                raise RuntimeError(f"resume_from {latest}: {'; '.join(problems)}")
+        else:
+            latest = ckpt.latest_good_checkpoint(self.run_dir, report=print if self.is_main else lambda _: None)
         if latest is None:
             if self.is_main:
                 print(f"--resume: no complete checkpoint in {self.run_dir}; starting from step 0")
@@ -209,7 +210,7 @@ class BaseTrainer:
     # ---------------------------------------------------------------- the loop
     def train(self) -> list[dict[str, Any]]:
         cfg = self.cfg
-        start = self.resume() if cfg.resume else 0
+        start = self.resume() if cfg.resume or cfg.resume_from else 0
         if cfg.logging.report_to:
             flat = {k: str(v) for k, v in flatten(cfg.to_dict()).items()}
             self.accelerator.init_trackers("vlm-grpo", config=flat)

@@ -92,6 +92,8 @@ class LoggingConfig:
     progress: bool = setting(True, help="show a progress bar")
     save_merged: bool = setting(True, help="with LoRA, also write final/merged (the full model, deltas folded in)")
     plot: bool = setting(False, help="train/sft commands: write the run's charts to <output_dir>/plots at the end")
+    overwrite_output_dir: bool = setting(False, help="replace the run already in output_dir (its logs, checkpoints, "
+                                         "final model); other files stay")
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -147,6 +149,7 @@ class TrainConfig:
     mixed_precision: str = setting("no", help="autocast precision", choices=("no", "bf16", "fp16"))
     seed: int = setting(0, help="seed of data order, sampling, tiny twins and presets")
     resume: bool = setting(False, help="continue from the newest checkpoint that verifies")
+    resume_from: str | None = setting(None, help="continue from this checkpoint directory (verified first)")
 
     def __post_init__(self) -> None:
         check_fields(self)

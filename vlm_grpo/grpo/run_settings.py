@@ -127,6 +127,9 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
 
 
 def _put(values: dict[str, Any], key: str, value: Any) -> None:
+    if key.lstrip("-").replace("-", "_") == "resume_from_checkpoint":  # TRL: true (the newest) or a checkpoint path
+        value = yaml.safe_load(value) if isinstance(value, str) else value
+        key, value = ("resume", value) if isinstance(value, bool) else ("resume_from", value)
     name, translation = canonical_key(key)
     if translation is not None:
         value = coerce(value, bool, key)
@@ -266,5 +269,6 @@ def settings_help() -> str:
             hint = typing.get_type_hints(type(obj))[name]
             kind = getattr(hint, "__name__", str(hint)).replace("typing.", "")
             lines.append(f"    --{key} ({kind}, default {getattr(obj, name)!r})  {help_of(f)}")
-    lines.append("\n  TRL names accepted: " + ", ".join(f"{k} -> {v[0]}" for k, v in TRL_NAMES.items()))
+    lines.append("\n  TRL names accepted: " + ", ".join(f"{k} -> {v[0]}" for k, v in TRL_NAMES.items())
+                 + ", resume_from_checkpoint -> resume (true) or resume_from (a path)")
     return "\n".join(lines)

@@ -66,7 +66,7 @@ class GRPOTrainer(BaseTrainer):
         cfg = self.cfg
         if not cfg.eval.before_after:
             return super().train()
-        resuming = cfg.resume and latest_checkpoint(self.run_dir) is not None
+        resuming = cfg.resume_from is not None or (cfg.resume and latest_checkpoint(self.run_dir) is not None)
         before = None if resuming else self._heldout("before", 0)  # a resumed run logged it the first time
         history = super().train()
         if history and history[-1]["step"] == cfg.max_steps:
