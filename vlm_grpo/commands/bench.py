@@ -44,6 +44,11 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    import importlib.util
+
+    missing = [m for m in ("trl", "psutil") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise RuntimeError(f"vlm-grpo bench needs {' and '.join(missing)}: pip install 'vlm-grpo[bench]'")
     from vlm_grpo.bench.run import format_report, run_benchmark
     from vlm_grpo.bench.settings import BenchSettings
 

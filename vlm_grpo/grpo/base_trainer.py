@@ -35,7 +35,11 @@ from vlm_grpo.grpo.lora import apply_lora, is_lora_wrapped, save_merged
 from vlm_grpo.grpo.optim import apply_freeze, build_optimizer, build_scheduler, trainable_table
 from vlm_grpo.grpo.preflight import cheap_checks, raise_on_failure
 from vlm_grpo.grpo.run_log import RunLog
+from vlm_grpo.grpo.hub import push_final
+from vlm_grpo.grpo.model_card import write_model_card
+from vlm_grpo.grpo.rewards import run_rewards
 from vlm_grpo.grpo.run_dir import prepare_run_dir
+from vlm_grpo.grpo.trackers import TRACKER_PROJECT, check_trackers
 from vlm_grpo.grpo.run_settings import check_sources, to_yaml
 from vlm_grpo.loader import apply_cache_policy, load_model
 from vlm_grpo.recipes import get_recipe
@@ -69,7 +73,10 @@ class BaseTrainer:
 
     def __init__(self, cfg: TrainConfig, adapter=None, recipe=None, after_run: Sequence[Callable[[Path], Any]] = ()):
         check_sources(cfg)  # a model that cannot load is refused before anything else happens
+        check_trackers(cfg.logging.report_to)
         self.cfg = cfg
+        self.heldout: dict[str, dict[str, Any]] = {}  # held-out reports by moment (before, after ...), for the card
+        self._trackers_started = False
         self.after_run = list(after_run)  # called with the run directory at the end (e.g. the plots the command wires)
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),  # lets torchrun-launched CPU processes form a gloo group
@@ -207,13 +214,46 @@ class BaseTrainer:
         self.accelerator.wait_for_everyone()
         return final
 
+    # ---------------------------------------------------------------- trackers, card, hub
+    def start_trackers(self) -> None:
+        """accelerate's trackers (logging.report_to), started once per run."""
+        if self.cfg.logging.report_to and not self._trackers_started:
+            flat = {k: str(v) for k, v in flatten(self.cfg.to_dict()).items()}
+            name = self.cfg.logging.run_name
+            kwargs = {"wandb": {"name": name}, "mlflow": {"run_name": name}} if name else {}
+            self.accelerator.init_trackers(TRACKER_PROJECT, config=flat, init_kwargs=kwargs)
+            self._trackers_started = True
+
+    def track(self, metrics: dict[str, Any], step: int) -> None:
+        if self._trackers_started:
+            self.accelerator.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+
+    def finish(self) -> None:
+        """After the final model is saved: its model card (with any held-out results), the hub push, the trackers."""
+        final = self.run_dir / "final"
+        if self.is_main and final.is_dir():
+            logging_cfg = self.cfg.logging
+            title = logging_cfg.hub_model_id or self.run_dir.resolve().name
+            write_model_card(final, self.run_dir, self.cfg, stage=self.stage, family=self.adapter.family,
+                             rewards=self.card_rewards(), heldout=self.heldout, title=title)
+            write_manifest(final)
+            if logging_cfg.push_to_hub:
+                url = push_final(final, logging_cfg.hub_model_id or self.run_dir.resolve().name, private=logging_cfg.hub_private)
+                print(f"pushed {final} to {url}")
+        if self._trackers_started:
+            self.accelerator.end_training()
+
+    def card_rewards(self) -> list:
+        """The rewards the model card lists (the run's)."""
+        return run_rewards(self.recipe, self.cfg.data.rewards)
+
     # ---------------------------------------------------------------- the loop
-    def train(self) -> list[dict[str, Any]]:
+    def train(self, finish: bool = True) -> list[dict[str, Any]]:
+        """The step loop; `finish=False` leaves the model card, push and trackers to the caller (GRPO's held-out
+        evaluation after the run comes first)."""
         cfg = self.cfg
         start = self.resume() if cfg.resume or cfg.resume_from else 0
-        if cfg.logging.report_to:
-            flat = {k: str(v) for k, v in flatten(cfg.to_dict()).items()}
-            self.accelerator.init_trackers("vlm-grpo", config=flat)
+        self.start_trackers()
         nonfinite, kl_watch = NonFiniteGuard(cfg.guard.max_nonfinite_steps), KLWatchdog(cfg.guard)
         history = []
         progress = _progress(start, cfg.max_steps, self.stage, enabled=self.is_main and cfg.logging.progress)
@@ -226,8 +266,7 @@ class BaseTrainer:
                 metrics["skipped_samples"] = len(self.dataset.skipped)
                 history.append(metrics)
                 self.log.metrics(metrics)
-                if cfg.logging.report_to:
-                    self.accelerator.log(metrics, step=metrics["step"])
+                self.track(metrics, metrics["step"])
                 progress.update(1)
                 progress.set_postfix(self.progress_postfix(metrics))
                 # A guard that trips raises before this step is saved: the newest checkpoint stays the last good one.
@@ -248,9 +287,9 @@ class BaseTrainer:
         self.save_final()
         if self.dataset.skipped and self.is_main:
             print(f"skipped {len(self.dataset.skipped)} bad samples: {list(self.dataset.skipped)}")
-        if cfg.logging.report_to:
-            self.accelerator.end_training()
         self.run_after_hooks()
+        if finish:
+            self.finish()
         return history
 
     def run_after_hooks(self) -> None:

@@ -92,6 +92,10 @@ class LoggingConfig:
     progress: bool = setting(True, help="show a progress bar")
     save_merged: bool = setting(True, help="with LoRA, also write final/merged (the full model, deltas folded in)")
     plot: bool = setting(False, help="train/sft commands: write the run's charts to <output_dir>/plots at the end")
+    run_name: str | None = setting(None, help="the run's name in wandb / mlflow")
+    push_to_hub: bool = setting(False, help="push final/ (weights or LoRA adapter, processor, model card) to the hub")
+    hub_model_id: str | None = setting(None, help="the hub repo to push to (default: the output directory's name)")
+    hub_private: bool = setting(False, help="create the hub repo private")
     overwrite_output_dir: bool = setting(False, help="replace the run already in output_dir (its logs, checkpoints, "
                                          "final model); other files stay")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 import time
 from typing import Any
@@ -57,6 +58,8 @@ class GRPOTrainer(BaseTrainer):
             write_report(report, self.run_dir / f"eval-{when}.json")
             self.log.metrics({"step": step, "stage": f"eval-{when}", **heldout_metrics(report)})
             print(f"\nheld-out evaluation {when} GRPO (step {step}):\n{format_report(report)}")
+        self.heldout[when] = report
+        self.track(heldout_metrics(report), step)
         return report
 
     def train(self) -> list[dict[str, Any]]:
@@ -67,13 +70,20 @@ class GRPOTrainer(BaseTrainer):
         if not cfg.eval.before_after:
             return super().train()
         resuming = cfg.resume_from is not None or (cfg.resume and latest_checkpoint(self.run_dir) is not None)
-        before = None if resuming else self._heldout("before", 0)  # a resumed run logged it the first time
-        history = super().train()
+        self.start_trackers()
+        if not resuming:
+            before = self._heldout("before", 0)
+        elif (self.run_dir / "eval-before.json").is_file():  # a resumed run evaluated it the first time
+            before = self.heldout["before"] = json.loads((self.run_dir / "eval-before.json").read_text())
+        else:
+            before = None
+        history = super().train(finish=False)
         if history and history[-1]["step"] == cfg.max_steps:
             after = self._heldout("after", cfg.max_steps)
             if before is not None and self.is_main:
                 self._report_before_after(before, after)
             self.run_after_hooks()  # again, now with the after point
+            self.finish()
         return history
 
     def _report_before_after(self, before: dict[str, Any], after: dict[str, Any]) -> None:
@@ -92,6 +102,9 @@ class GRPOTrainer(BaseTrainer):
     def _prepare_task(self) -> None:
         cfg = self.cfg
         self.rewards = run_rewards(self.recipe, cfg.data.rewards)
+
+    def card_rewards(self) -> list:
+        return self.rewards
 
     def _after_freeze(self) -> None:
         if self.cfg.loss.beta > 0 and not is_lora_wrapped(self.adapter):
