@@ -44,7 +44,10 @@ class DataConfig:
     num_generations: int = setting(4, help="completions per prompt (G): GRPO compares a prompt's completions, so >= 2",
                                    at_least=2)
     recipe_options: dict[str, Any] = setting(factory=dict, help="options for the recipe's builder, e.g. {image_size: 64}")
-    rewards: list[str] = setting(factory=list, help="name=module:function*weight entries; they replace the recipe's rewards")
+    rewards: list[str] = setting(factory=list, help="name=module:function*weight entries (name, weight optional; "
+                                 "--reward SPEC appends one); they replace the recipe's rewards")
+    reward_weights: list[float] = setting(factory=list, help="one weight per reward, in order (as TRL's reward_weights); "
+                                          "empty: each reward's own")
     on_bad_sample: str = setting("error", help="a bad row stops the run naming row and field, or is skipped",
                                  choices=("error", "skip"))
     on_reward_error: str = setting("raise", help="a failing reward stops the run, or scores 0 and is counted",

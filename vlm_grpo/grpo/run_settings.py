@@ -24,6 +24,7 @@ from vlm_grpo.grpo.settings import SettingError, help_of
 from vlm_grpo.recipes import Recipe, get_recipe
 
 ALIASES = {"model": "model.name"}  # `--model X` sets model.name
+APPENDS = {"reward": "data.rewards"}  # `--reward X` (again and again) adds one entry to a list setting
 # TRL GRPOConfig names with the same meaning here: name -> (our key, value translation or None)
 TRL_NAMES: dict[str, tuple[str, dict | None]] = {
     "max_completion_length": ("generation.max_new_tokens", None),
@@ -127,6 +128,14 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
 
 
 def _put(values: dict[str, Any], key: str, value: Any) -> None:
+    short = key.lstrip("-").replace("-", "_")
+    if short in APPENDS:  # each value is one whole entry: a spec is never split at commas
+        name = APPENDS[short]
+        entries = value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(v, (bool, dict, list)) or v is None for v in entries):
+            raise SettingError(short, f"{value!r} is not a {name.rpartition('.')[2]} entry (e.g. module:function)")
+        values[name] = [*values.get(name, []), *map(str, entries)]
+        return
     name, translation = canonical_key(key)
     if translation is not None:
         value = coerce(value, bool, key)
@@ -266,5 +275,6 @@ def settings_help() -> str:
             hint = typing.get_type_hints(type(obj))[name]
             kind = getattr(hint, "__name__", str(hint)).replace("typing.", "")
             lines.append(f"    --{key} ({kind}, default {getattr(obj, name)!r})  {help_of(f)}")
+    lines.append("\n  --reward SPEC adds one entry to data.rewards each time it is given")
     lines.append("\n  TRL names accepted: " + ", ".join(f"{k} -> {v[0]}" for k, v in TRL_NAMES.items()))
     return "\n".join(lines)

@@ -180,7 +180,7 @@ class SFTTrainer(BaseTrainer):
         metrics = self._mean_over_processes(metrics)
         every = cfg.sft.eval_every
         if every > 0 and ((step + 1) % every == 0 or step + 1 == cfg.max_steps):
-            metrics.update(heldout_metrics(evaluate_run(self.adapter, self.recipe, cfg)))
+            metrics.update(heldout_metrics(evaluate_run(self.adapter, self.recipe, cfg, step=step + 1)))
         metrics["step"] = step + 1
         return metrics
 
