@@ -37,7 +37,7 @@ from vlm_grpo.grpo.preflight import cheap_checks, raise_on_failure
 from vlm_grpo.grpo.run_log import RunLog
 from vlm_grpo.grpo.run_settings import check_sources
 from vlm_grpo.loader import apply_cache_policy, load_model
-from vlm_grpo.recipes import get_recipe
+from vlm_grpo.grpo.data_source import build_split, resolve_recipe
 from vlm_grpo.recipes.checked import CheckedSource
 
 
@@ -88,7 +88,7 @@ class BaseTrainer:
         self.run_dir = Path(cfg.logging.output_dir)
         if self.is_main:
             check_writable(self.run_dir)
-        self.recipe = recipe or get_recipe(cfg.data.recipe)
+        self.recipe = recipe or resolve_recipe(cfg.data.recipe)
         self._prepare_task()
         self.dataset = CheckedSource(self._build_dataset(), cfg.data.on_bad_sample)
         self.adapter = adapter or load_policy(cfg, self.accelerator.device)
@@ -105,10 +105,7 @@ class BaseTrainer:
 
     def _build_dataset(self):
         cfg = self.cfg
-        options = dict(cfg.data.recipe_options)
-        if self.recipe.checks_rows:
-            options.setdefault("on_bad_sample", cfg.data.on_bad_sample)
-        return self.recipe.build(split="train", size=cfg.data.train_size, seed=cfg.seed, **options)
+        return build_split(self.recipe, cfg.data, "train", cfg.data.train_size, cfg.seed)
 
     @property
     def is_main(self) -> bool:

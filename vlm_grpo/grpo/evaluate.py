@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
+from vlm_grpo.grpo.data_source import build_options
 from vlm_grpo.grpo.reward_inputs import RewardInputs, trainer_state
 from vlm_grpo.grpo.rewards import run_rewards, score
 from vlm_grpo.grpo.rollout import mask_after_eos
@@ -155,7 +156,7 @@ def side_by_side(before: dict[str, Any], after: dict[str, Any], limit: int | Non
 
 def evaluate_run(adapter, recipe, cfg, rewards=None, step: int = 0) -> dict[str, Any]:
     """`evaluate` with a run config's settings: the eval section (split, size, batch size, data seed),
-    generation.max_new_tokens, data.recipe_options, and the run's rewards (`rewards`, already loaded, or else
+    generation.max_new_tokens, the data settings, and the run's rewards (`rewards`, already loaded, or else
     `run_rewards` of data.rewards and data.reward_weights); `step` is the run's step."""
     return evaluate(
         adapter,
@@ -165,7 +166,7 @@ def evaluate_run(adapter, recipe, cfg, rewards=None, step: int = 0) -> dict[str,
         seed=cfg.seed if cfg.eval.data_seed is None else cfg.eval.data_seed,
         batch_size=cfg.eval.eval_batch_size,
         max_new_tokens=cfg.generation.max_new_tokens,
-        recipe_options=cfg.data.recipe_options,
+        recipe_options=build_options(recipe, cfg.data),
         rewards=run_rewards(recipe, cfg.data.rewards, cfg.data.reward_weights) if rewards is None else rewards,
         length_edges=cfg.eval.length_edges or None,
         global_step=step,

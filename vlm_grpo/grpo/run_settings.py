@@ -20,8 +20,9 @@ from typing import Any
 import yaml
 
 from vlm_grpo.grpo.config import SECTIONS, TrainConfig
+from vlm_grpo.grpo.data_source import build_options, resolve_recipe
 from vlm_grpo.grpo.settings import SettingError, help_of
-from vlm_grpo.recipes import Recipe, get_recipe
+from vlm_grpo.recipes import Recipe
 
 ALIASES = {"model": "model.name"}  # `--model X` sets model.name
 APPENDS = {"reward": "data.rewards"}  # `--reward X` (again and again) adds one entry to a list setting
@@ -214,18 +215,22 @@ def merge_settings(*layers: dict[str, Any]) -> dict[str, Any]:
 def load_recipe_config(path: str | Path | None = None, overrides: list[str] | None = None) -> tuple[TrainConfig, Recipe]:
     """(settings, recipe): `load_config` with defaults underneath the file and the command line: the chosen
     recipe's, then, when the policy is a checkpoint shipped in the package (`pretrained:NAME`, no `init_from`)
-    and the recipe is the one it was trained for, the GRPO settings that go with it (vlm_grpo/pretrained)."""
+    and the recipe is the one it was trained for, the GRPO settings that go with it (vlm_grpo/pretrained).
+    Data settings the recipe cannot use (a dataset for a generated task, a missing file) are refused here,
+    before any model loads."""
     from vlm_grpo import pretrained
 
     cfg = load_config(path, overrides)
-    recipe = get_recipe(cfg.data.recipe)
+    recipe = resolve_recipe(cfg.data.recipe)
     layers = [recipe.defaults]
     if cfg.model.init_from is None:
         model_defaults = pretrained.run_defaults(cfg.model.name)
         if model_defaults.get("data", {}).get("recipe", cfg.data.recipe) == cfg.data.recipe:
             layers.append(model_defaults)
     base = merge_settings(*layers)
-    return (load_config(path, overrides, base=base) if base else cfg), recipe
+    cfg = load_config(path, overrides, base=base) if base else cfg
+    build_options(recipe, cfg.data)
+    return cfg, recipe
 
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")

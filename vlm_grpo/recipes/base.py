@@ -47,7 +47,8 @@ class Recipe:
     rewards: list[Reward]
     accuracy_reward: str | None = None  # the component that means "the answer is right"
     defaults: dict[str, Any] = field(default_factory=dict)  # config overrides this task needs
-    checks_rows: bool = False  # build() reads a dataset's rows and takes on_bad_sample (error | skip)
+    checks_rows: bool = False  # build() reads a dataset's rows and takes on_bad_sample (error | skip), path, hub_id
+    takes_columns: bool = False  # build() takes the column names prompt_key, image_key, answer_key
 
 
 def user_turn(text: str, n_images: int = 1) -> list[dict[str, Any]]:
