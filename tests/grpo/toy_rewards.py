@@ -14,3 +14,12 @@ def fails_on_digits(completions, **_):
             raise ValueError(f"cannot parse {text[:20]!r}")
         out.append(1.0)
     return out
+
+
+STEPS: list[int] = []  # the trainer_state.global_step of each call to record_steps
+
+
+def record_steps(completions, trainer_state, **_):
+    """Scores 0; records the step the trainer says it is at (TRL's trainer_state argument)."""
+    STEPS.append(trainer_state.global_step)
+    return [0.0] * len(completions)

@@ -95,7 +95,7 @@ def test_bad_row_names_row_and_field(monkeypatch, field, value, expected):
 
     rows = sft_rows()
     rows[1][field] = value  # mixed column types cannot go through parquet: serve the rows as a hub set would
-    monkeypatch.setattr(datasets, "load_dataset", lambda name, split: rows)
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, split, streaming=False: rows)
     with pytest.raises(ValueError, match=rf"MMInstruction/Clevr_CoGenT_TrainA_R1: row 1: field '{field}' {expected}"):
         build(hub_id="MMInstruction/Clevr_CoGenT_TrainA_R1", size=0)
 

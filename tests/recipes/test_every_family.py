@@ -48,6 +48,38 @@ def test_two_grpo_steps(recipe, family, data, tmp_path):
     assert (tmp_path / "final" / "config.json").is_file()
 
 
+MY_REWARDS = """
+def accuracy(completions, solution, **kwargs):
+    replies = [completion[0]["content"] for completion in completions]
+    return [1.0 if answer in reply else 0.0 for reply, answer in zip(replies, solution)]
+"""
+
+
+def test_your_data_and_trl_rewards_from_the_command_line(family, tmp_path, monkeypatch):
+    """`vlm-grpo train --dataset ./my.jsonl --reward trl.rewards:... --reward my_rewards.py:...` on every family."""
+    from vlm_grpo.cli import main
+    from vlm_grpo.grpo.run_log import read_jsonl
+
+    monkeypatch.chdir(tmp_path)
+    save_image(tmp_path / "red.png", 0, size=56)
+    write_jsonl(tmp_path / "my.jsonl", [
+        {"prompt": [{"role": "system", "content": "Think first, in <think> </think>."},
+                    {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour is it?"}]}],
+         "image": "red.png", "solution": "red"},
+        {"prompt": [{"role": "user", "content": "Name the colour."}], "images": ["red.png"], "solution": "red"},
+    ])
+    (tmp_path / "my_rewards.py").write_text(MY_REWARDS)
+    code = main(["train", "--model", f"tiny:{family}", "--dataset", "./my.jsonl",
+                 "--reward", "trl.rewards:think_format_reward", "--reward", "my_rewards.py:accuracy", "--max-steps", "2",
+                 "--output-dir", "run", "--max-new-tokens", "4", "--batch-size", "1", "--num-generations", "2",
+                 "--logging.progress", "false"])
+    assert code == 0
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert {"rewards/think_format_reward", "rewards/accuracy"} <= set(metrics[0])
+    assert (tmp_path / "run" / "final" / "config.json").is_file()
+
+
 def test_row_checking_recipes_declare_it():
     """The trainer passes data.on_bad_sample to exactly the recipes that declare `checks_rows`."""
     import inspect
@@ -55,5 +87,6 @@ def test_row_checking_recipes_declare_it():
     from vlm_grpo.recipes import RECIPES
 
     for name, recipe in RECIPES.items():
-        takes_it = "on_bad_sample" in inspect.signature(recipe.build).parameters
-        assert recipe.checks_rows == takes_it, name
+        params = inspect.signature(recipe.build).parameters
+        assert recipe.checks_rows == ("on_bad_sample" in params), name
+        assert recipe.takes_columns == ("prompt_key" in params), name  # data.prompt_key etc. go to exactly these

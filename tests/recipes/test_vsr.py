@@ -54,17 +54,18 @@ def test_hub_dataset_goes_through_load_dataset(monkeypatch):
 
     calls = []
 
-    def fake_load_dataset(name, split):
-        calls.append((name, split))
-        return datasets.Dataset.from_list([
+    def fake_load_dataset(name, split, streaming=False):
+        calls.append((name, split, streaming))
+        data = datasets.Dataset.from_list([
             {"image": png_bytes(i), "caption": "The dog is on the bed.", "label": i % 2,
              "relation": "on", "subj": "dog", "obj": "bed"}
             for i in range(3)
         ])
+        return data.to_iterable_dataset() if streaming else data
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     ds = build(split="validation", size=2, hub_id="someone/vsr")
-    assert calls == [("someone/vsr", "validation")] and len(ds) == 2
+    assert calls == [("someone/vsr", "validation", True)] and len(ds) == 2  # streamed: only the rows taken are read
     assert [ds[i].fields["solution"] for i in range(2)] == ["False", "True"]
 
 

@@ -32,6 +32,11 @@ BAD = {
     "--max-stpes 3": "'max_stpes': unknown setting; did you mean 'max_steps'?",
     "--learning-rate fast": "'optim.learning_rate': 'fast' is not a valid float",
     "--data.on_bad_sample ignore": "'data.on_bad_sample': 'ignore' is not one of error, skip",
+    "--dataset ./nothing.jsonl": "'data.dataset': no such file or folder: ./nothing.jsonl",
+    "--recipe shapes --dataset /": "'data.dataset': recipe 'shapes' makes its own data",
+    "--recipe vsr --prompt-key question": "'data.prompt_key': recipe 'vsr' has fixed column names",
+    "--reward-weights 1,heavy": "'data.reward_weights': '1,heavy' is not a valid list",
+    "--reward": "'reward': True is not a rewards entry",
 }
 
 

@@ -22,7 +22,7 @@ FLOORS = [
 ]
 # Imports by a computed name: where they go. Anything else computed is an error (the drawing must see it).
 DYNAMIC = {"vlm_grpo.adapters.registry": "vlm_grpo.adapters.families"}
-USER_CODE = {"vlm_grpo.grpo.rewards"}  # loads the reward module a user names: not package code
+USER_CODE = {"vlm_grpo.grpo.user_code"}  # loads the reward or recipe module a user names: not package code
 
 
 def module_name(path: Path) -> str:

@@ -19,6 +19,7 @@ def run(args, extra: list[str]) -> int:
     from vlm_grpo.compat.cache_policy import resolve_use_cache
     from vlm_grpo.compat.cache_probe import probe_cache
     from vlm_grpo.grpo.base_trainer import load_policy
+    from vlm_grpo.grpo.data_source import build_split
     from vlm_grpo.grpo.preflight import Finding, check_batch_vs_single, cheap_checks
     from vlm_grpo.grpo.run_settings import check_sources, load_recipe_config
 
@@ -27,10 +28,7 @@ def run(args, extra: list[str]) -> int:
     if args.samples < 1:
         raise ValueError(f"--samples must be >= 1, got {args.samples}")
     adapter = load_policy(cfg, decide_cache=False)
-    options = dict(cfg.data.recipe_options)
-    if recipe.checks_rows:
-        options.setdefault("on_bad_sample", cfg.data.on_bad_sample)
-    data = recipe.build(split="train", size=max(args.samples, cfg.data.train_size), seed=cfg.seed, **options)
+    data = build_split(recipe, cfg.data, "train", max(args.samples, cfg.data.train_size), cfg.seed)
     samples = [data[i] for i in range(min(args.samples, len(data)))]
     steps = min(16, cfg.generation.max_new_tokens)
 

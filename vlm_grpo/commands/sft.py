@@ -33,5 +33,6 @@ def run(args, extra: list[str]) -> int:
         first, last = history[0]["loss"], history[-1]["loss"]
         final = trainer.run_dir / "final"
         print(f"done: {len(history)} SFT steps, loss {first:.4f} -> {last:.4f}; model in {final}")
-        print(f"continue with GRPO: vlm-grpo train --init-from {final} --recipe {cfg.data.recipe} ...")
+        data = f" --dataset {cfg.data.dataset}" if cfg.data.dataset else ""
+        print(f"continue with GRPO: vlm-grpo train --init-from {final} --recipe {cfg.data.recipe}{data} ...")
     return 0

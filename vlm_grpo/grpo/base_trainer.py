@@ -29,22 +29,21 @@ from vlm_grpo.adapters.checkpoints import MERGED_DIR
 from vlm_grpo.grpo import checkpoint as ckpt
 from vlm_grpo.grpo.config import TrainConfig
 from vlm_grpo.grpo.data_order import batch_indices
+from vlm_grpo.grpo.data_source import build_split, resolve_recipe
 from vlm_grpo.grpo.guards import KLWatchdog, NonFiniteGuard, check_disk_space
-from vlm_grpo.grpo.manifest import verify, write_manifest
+from vlm_grpo.grpo.hub import push_final
 from vlm_grpo.grpo.lora import apply_lora, is_lora_wrapped, save_merged
+from vlm_grpo.grpo.manifest import verify, write_manifest
+from vlm_grpo.grpo.model_card import write_model_card
 from vlm_grpo.grpo.optim import apply_freeze, build_optimizer, build_scheduler, trainable_table
 from vlm_grpo.grpo.preflight import cheap_checks, raise_on_failure
-from vlm_grpo.grpo.run_log import RunLog
-from vlm_grpo.grpo.hub import push_final
-from vlm_grpo.grpo.model_card import write_model_card
 from vlm_grpo.grpo.rewards import run_rewards
 from vlm_grpo.grpo.run_dir import prepare_run_dir
-from vlm_grpo.grpo.trackers import TRACKER_PROJECT, check_trackers
+from vlm_grpo.grpo.run_log import RunLog
 from vlm_grpo.grpo.run_settings import check_sources, to_yaml
+from vlm_grpo.grpo.trackers import TRACKER_PROJECT, check_trackers
 from vlm_grpo.loader import apply_cache_policy, load_model
-from vlm_grpo.recipes import get_recipe
 from vlm_grpo.recipes.checked import CheckedSource
-
 
 
 def load_policy(cfg: TrainConfig, device: torch.device | None = None, decide_cache: bool = True):
@@ -90,7 +89,7 @@ class BaseTrainer:
             prepare_run_dir(self.run_dir, resume=cfg.resume or cfg.resume_from is not None,
                             overwrite=cfg.logging.overwrite_output_dir)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))  # the resolved settings: a valid --config
-        self.recipe = recipe or get_recipe(cfg.data.recipe)
+        self.recipe = recipe or resolve_recipe(cfg.data.recipe)
         self._prepare_task()
         self.dataset = CheckedSource(self._build_dataset(), cfg.data.on_bad_sample)
         self.adapter = adapter or load_policy(cfg, self.accelerator.device)
@@ -107,10 +106,7 @@ class BaseTrainer:
 
     def _build_dataset(self):
         cfg = self.cfg
-        options = dict(cfg.data.recipe_options)
-        if self.recipe.checks_rows:
-            options.setdefault("on_bad_sample", cfg.data.on_bad_sample)
-        return self.recipe.build(split="train", size=cfg.data.train_size, seed=cfg.seed, **options)
+        return build_split(self.recipe, cfg.data, "train", cfg.data.train_size, cfg.seed)
 
     @property
     def is_main(self) -> bool:

@@ -38,13 +38,23 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    recipe: str = setting("shapes", help="the task: shapes, cryptogram, vsr, clevr_count, mm_math")
+    recipe: str | None = setting(None, help="the task: shapes, cryptogram, vsr, clevr_count, mm_math, trl (your TRL-format "
+                                 "rows), or your own Recipe as module:OBJECT / file.py:OBJECT (None: trl when "
+                                 "data.dataset is set, else shapes)")
+    dataset: str | None = setting(None, help="your data: a JSONL/JSON/parquet file or folder, or a hub id (= --dataset); "
+                                  "read by the trl recipe, or by a file recipe as its path/hub_id")
+    prompt_key: str | None = setting(None, help="trl recipe: the prompt column (None: prompt)")
+    image_key: str | None = setting(None, help="trl recipe: the image column (None: images, else image)")
+    answer_key: str | None = setting(None, help="trl recipe: the answer column; rewards also receive it as solution")
     train_size: int = setting(256, help="samples in the training split the recipe builds", at_least=1)
     batch_size: int = setting(2, help="prompts per step, per process (B)", at_least=1)
     num_generations: int = setting(4, help="completions per prompt (G): GRPO compares a prompt's completions, so >= 2",
                                    at_least=2)
     recipe_options: dict[str, Any] = setting(factory=dict, help="options for the recipe's builder, e.g. {image_size: 64}")
-    rewards: list[str] = setting(factory=list, help="name=module:function*weight entries; they replace the recipe's rewards")
+    rewards: list[str] = setting(factory=list, help="name=module:function*weight entries (name, weight optional; "
+                                 "--reward SPEC appends one); they replace the recipe's rewards")
+    reward_weights: list[float] = setting(factory=list, help="one weight per reward, in order (as TRL's reward_weights); "
+                                          "empty: each reward's own")
     on_bad_sample: str = setting("error", help="a bad row stops the run naming row and field, or is skipped",
                                  choices=("error", "skip"))
     on_reward_error: str = setting("raise", help="a failing reward stops the run, or scores 0 and is counted",
@@ -52,6 +62,8 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.recipe is None:  # naming a dataset without a recipe means TRL-format rows
+            self.recipe = "trl" if self.dataset is not None else "shapes"
 
 
 @dataclass

@@ -15,8 +15,10 @@ from typing import Any, Sequence
 
 import torch
 
+from vlm_grpo.grpo.data_source import build_options
+from vlm_grpo.grpo.reward_inputs import RewardInputs, trainer_state
 from vlm_grpo.grpo.rewards import run_rewards, score
-from vlm_grpo.grpo.rollout import collect_fields, mask_after_eos
+from vlm_grpo.grpo.rollout import mask_after_eos
 
 
 def quartile_edges(lengths: Sequence[int], buckets: int = 4) -> list[int]:
@@ -76,10 +78,12 @@ def evaluate(
     recipe_options: dict[str, Any] | None = None,
     rewards=None,
     length_edges: Sequence[int] | None = None,
+    global_step: int = 0,
 ) -> dict[str, Any]:
-    """Greedy completions for `size` samples of `split`; every reward component's mean, accuracy (share of
-    samples whose `recipe.accuracy_reward` component is > 0), mean completion length, accuracy by length
-    bucket, and one record per sample. `rewards` replaces the recipe's (list of `Reward`)."""
+    """Greedy completions for `size` samples of `split`; every reward component's mean (over the completions it
+    applies to), accuracy (share of samples whose `recipe.accuracy_reward` component is > 0), mean completion
+    length, accuracy by length bucket, and one record per sample. `rewards` replaces the recipe's (list of
+    `Reward`); rewards read `global_step` off their `trainer_state`."""
     if size < 1 or batch_size < 1:
         raise ValueError(f"eval size and batch size must be >= 1, got {size} and {batch_size}")
     rewards = list(recipe.rewards) if rewards is None else list(rewards)
@@ -103,7 +107,8 @@ def evaluate(
             mask = mask_after_eos(ids, adapter.eos_token_ids)
             texts = adapter.tokenizer.batch_decode(ids * mask + adapter.pad_token_id * (1 - mask), skip_special_tokens=True)
             stopped = (torch.isin(ids, torch.tensor(adapter.eos_token_ids, device=ids.device)) & mask.bool()).any(1)
-            total, components = score(rewards, texts, collect_fields(samples, 1))
+            inputs = RewardInputs.from_samples(samples, 1, texts, ids, mask, trainer_state(global_step))
+            total, components = score(rewards, inputs)
             for row, index in enumerate(indices):
                 parts = {name: v[row].item() for name, v in components.items()}
                 records.append(
@@ -149,10 +154,10 @@ def side_by_side(before: dict[str, Any], after: dict[str, Any], limit: int | Non
     return "\n".join(lines).rstrip()
 
 
-def evaluate_run(adapter, recipe, cfg, rewards=None) -> dict[str, Any]:
+def evaluate_run(adapter, recipe, cfg, rewards=None, step: int = 0) -> dict[str, Any]:
     """`evaluate` with a run config's settings: the eval section (split, size, batch size, data seed),
-    generation.max_new_tokens, data.recipe_options, and the run's rewards (`rewards`, already loaded, or else
-    `run_rewards` of data.rewards)."""
+    generation.max_new_tokens, the data settings, and the run's rewards (`rewards`, already loaded, or else
+    `run_rewards` of data.rewards and data.reward_weights); `step` is the run's step."""
     return evaluate(
         adapter,
         recipe,
@@ -161,18 +166,27 @@ def evaluate_run(adapter, recipe, cfg, rewards=None) -> dict[str, Any]:
         seed=cfg.seed if cfg.eval.data_seed is None else cfg.eval.data_seed,
         batch_size=cfg.eval.eval_batch_size,
         max_new_tokens=cfg.generation.max_new_tokens,
-        recipe_options=cfg.data.recipe_options,
-        rewards=run_rewards(recipe, cfg.data.rewards) if rewards is None else rewards,
+        recipe_options=build_options(recipe, cfg.data),
+        rewards=run_rewards(recipe, cfg.data.rewards, cfg.data.reward_weights) if rewards is None else rewards,
         length_edges=cfg.eval.length_edges or None,
+        global_step=step,
     )
 
 
 def heldout_metrics(report: dict[str, Any]) -> dict[str, float]:
     """A report's headline numbers as metrics.jsonl keys (eval/accuracy, eval/reward, eval/completion_length)."""
-    out = {"eval/reward": report["reward"], "eval/completion_length": report["completion_length"]}
+    out = {"eval/completion_length": report["completion_length"]}
+    if report["reward"] is not None:  # None: no reward applied to any sample
+        out["eval/reward"] = report["reward"]
     if report["accuracy"] is not None:
         out["eval/accuracy"] = report["accuracy"]
     return out
+
+
+def _present_mean(values: Sequence[float]) -> float | None:
+    """Mean over the values that are not NaN (a reward that returned None does not apply); None if none is."""
+    present = [v for v in values if not math.isnan(v)]
+    return sum(present) / len(present) if present else None
 
 
 def summarize(records: list[dict[str, Any]], reward_names: list[str], accuracy_key: str | None, split: str = "",
@@ -184,8 +198,8 @@ def summarize(records: list[dict[str, Any]], reward_names: list[str], accuracy_k
     return {
         "split": split,
         "size": n,
-        "reward": sum(r["reward"] for r in records) / n,
-        "rewards": {name: sum(r["rewards"][name] for r in records) / n for name in reward_names},
+        "reward": _present_mean([r["reward"] for r in records]),
+        "rewards": {name: _present_mean([r["rewards"][name] for r in records]) for name in reward_names},
         "accuracy_reward": accuracy_key,
         "accuracy": None if correct is None else sum(correct) / n,
         "completion_length": sum(lengths) / n,

@@ -1,52 +1,63 @@
-"""Scoring completions with named, weighted reward functions; each component is kept for logging."""
+"""Scoring completions with named, weighted reward functions; each component is kept for logging.
+
+A reward may return None for a completion it does not apply to (TRL's convention): that component is NaN for
+it, the weighted total leaves it out (a NaN-ignoring sum, as TRL's nansum), a completion no reward applies to
+has a NaN total (advantages give it 0) and logged means are over the values present.
+"""
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
-from pathlib import Path
+import math
 from typing import Any
 
 import torch
 
+from vlm_grpo.grpo.reward_inputs import RewardInputs
+from vlm_grpo.grpo.user_code import load_object
 from vlm_grpo.recipes.base import Reward
 
 
 def load_reward_function(spec: str):
     """`package.module:function` or `path/to/file.py:function`: only the code the user names is loaded."""
-    module_name, sep, func_name = spec.rpartition(":")
-    if not sep or not module_name or not func_name:
-        raise ValueError(f"reward function {spec!r}: expected module:function or file.py:function")
-    if module_name.endswith(".py"):
-        path = Path(module_name)
-        if not path.is_file():
-            raise ValueError(f"reward function {spec!r}: no such file {path}")
-        loader_spec = importlib.util.spec_from_file_location(f"vlm_grpo_user_reward_{path.stem}", path)
-        module = importlib.util.module_from_spec(loader_spec)
-        sys.modules[loader_spec.name] = module
-        loader_spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(module_name)
-    fn = getattr(module, func_name, None)
+    fn = load_object(spec, "reward function", noun="function")
     if not callable(fn):
-        raise ValueError(f"reward function {spec!r}: {module_name} has no function {func_name!r}")
+        module_name, _, name = spec.rpartition(":")
+        raise ValueError(f"reward function {spec!r}: {module_name} has no function {name!r} ({type(fn).__name__})")
     return fn
 
 
-def run_rewards(recipe, specs: list[str]) -> list[Reward]:
-    """The rewards a run scores with: `data.rewards` when given (it replaces the recipe's), else the recipe's."""
-    return parse_reward_specs(specs) if specs else list(recipe.rewards)
+def run_rewards(recipe, specs: list[str], weights: list[float] | None = None) -> list[Reward]:
+    """The rewards a run scores with: `data.rewards` when given (it replaces the recipe's), else the recipe's;
+    `weights` (TRL's reward_weights), when given, is one weight per reward in order and replaces theirs."""
+    rewards = parse_reward_specs(specs, explicit_weights=bool(weights)) if specs else [
+        Reward(r.name, r.fn, r.weight) for r in recipe.rewards
+    ]
+    if not rewards:
+        raise ValueError(f"recipe {recipe.name!r} has no rewards of its own: name at least one with "
+                         "--reward module:function or --reward file.py:function")
+    if weights:
+        if len(weights) != len(rewards):
+            raise ValueError(f"data.reward_weights has {len(weights)} weights for {len(rewards)} rewards "
+                             f"({', '.join(r.name for r in rewards)}): give one per reward, in order")
+        for reward, weight in zip(rewards, weights):
+            reward.weight = float(weight)
+    names = [r.name for r in rewards]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"two rewards are named {twice[0]!r}: name them apart (name=module:function)")
+    return rewards
 
 
-def parse_reward_specs(specs: list[str]) -> list[Reward]:
+def parse_reward_specs(specs: list[str], explicit_weights: bool = False) -> list[Reward]:
     """`name=module:function*weight` entries (name and weight optional)."""
     rewards = []
     for spec in specs:
         name, _, rest = spec.partition("=") if "=" in spec.split(":")[0] else ("", "", spec)
         target, _, weight = rest.partition("*")
+        if weight and explicit_weights:
+            raise ValueError(f"reward {spec!r} carries a weight and data.reward_weights is set too: give weights one way")
         fn = load_reward_function(target)
-        rewards.append(Reward(name or fn.__name__, fn, float(weight) if weight else 1.0))
+        rewards.append(Reward(name or getattr(fn, "__name__", target.rpartition(":")[2]), fn, float(weight) if weight else 1.0))
     return rewards
 
 
@@ -54,57 +65,91 @@ class RewardError(RuntimeError):
     """A reward function raised; the message names the reward and the sample that broke it."""
 
 
-def _offending_sample(reward: Reward, completions: list[str], fields: dict[str, list[Any]]) -> tuple[int, BaseException]:
+def _offending_sample(reward: Reward, inputs: RewardInputs) -> tuple[int, BaseException]:
     """Re-run the reward one completion at a time to find the first one it fails on."""
-    for i, completion in enumerate(completions):
+    for i in range(len(inputs)):
         try:
-            reward.fn(completions=[completion], **{k: [v[i]] for k, v in fields.items()})
+            inputs.one(i).call(reward.fn)
         except Exception as err:  # noqa: BLE001 - user code may raise anything
             return i, err
     return -1, RuntimeError("fails only on the whole batch")
 
 
-def _call(reward: Reward, completions: list[str], fields: dict[str, list[Any]], on_error: str, errors: dict[str, int]) -> list[float]:
+def _format_hint(inputs: RewardInputs, index: int, cause: BaseException) -> str:
+    """A reward that indexes its completions the other way fails with one of these: say which form it got."""
+    if index < 0 or not isinstance(cause, (TypeError, KeyError, IndexError, AttributeError)):
+        return ""
+    if inputs.conversational and inputs.conversational[index]:
+        return ("; completions were chat messages [{'role': 'assistant', 'content': text}] because the row's prompt "
+                "is chat messages (TRL's rule)")
+    return ("; completions were plain text because the sample's prompt is not TRL chat-message data (TRL's rule: "
+            "write the prompt as chat messages to get [{'role': 'assistant', 'content': text}])")
+
+
+def _as_score(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def _call(reward: Reward, inputs: RewardInputs, on_error: str, errors: dict[str, int]) -> list[float]:
     try:
-        values = reward.fn(completions=completions, **fields)
+        values = [_as_score(v) for v in inputs.call(reward.fn)]
     except Exception as err:  # noqa: BLE001
-        index, cause = _offending_sample(reward, completions, fields)
+        index, cause = _offending_sample(reward, inputs)
         if on_error != "zero":
-            where = f"completion {index} ({completions[index][:80]!r})" if index >= 0 else "the batch"
-            raise RewardError(f"reward {reward.name!r} raised on {where}: {type(cause).__name__}: {cause}") from err
+            where = f"completion {index} ({inputs.completions[index][:80]!r})" if index >= 0 else "the batch"
+            raise RewardError(f"reward {reward.name!r} raised on {where}: {type(cause).__name__}: {cause}"
+                              f"{_format_hint(inputs, index, cause)}") from err
         # Score each completion alone so only the ones it fails on get 0.
         values = []
-        for i, completion in enumerate(completions):
+        for i in range(len(inputs)):
             try:
-                values.extend(reward.fn(completions=[completion], **{k: [v[i]] for k, v in fields.items()}))
+                values.extend(_as_score(v) for v in inputs.one(i).call(reward.fn))
             except Exception:  # noqa: BLE001
                 values.append(0.0)
                 errors[reward.name] = errors.get(reward.name, 0) + 1
-    if len(values) != len(completions):
-        raise RewardError(f"reward {reward.name!r} returned {len(values)} scores for {len(completions)} completions")
+    if len(values) != len(inputs):
+        raise RewardError(f"reward {reward.name!r} returned {len(values)} scores for {len(inputs)} completions")
     return values
 
 
 def score(
     rewards: list[Reward],
-    completions: list[str],
-    fields: dict[str, list[Any]],
+    completions: list[str] | RewardInputs,
+    fields: dict[str, list[Any]] | None = None,
     on_error: str = "raise",
     errors: dict[str, int] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Total weighted reward [N] and each component's raw scores [N].
+    """Total weighted reward [N] and each component's raw scores [N] (NaN where a reward returned None).
 
+    `completions` is a RewardInputs (everything TRL passes a reward) or plain texts with their `fields`.
     on_error="raise": a failing reward raises RewardError naming it and the completion it failed on;
     "zero": those completions score 0 for it, counted per reward in `errors`.
     """
     if on_error not in ("raise", "zero"):
         raise ValueError(f"on_reward_error must be raise or zero, not {on_error!r}")
+    inputs = completions if isinstance(completions, RewardInputs) else RewardInputs(list(completions), dict(fields or {}))
     components: dict[str, torch.Tensor] = {}
     errors = {} if errors is None else errors
-    total = torch.zeros(len(completions), dtype=torch.float32)
+    weighted = []
     for reward in rewards:
-        values = _call(reward, completions, fields, on_error, errors)
-        scores = torch.tensor([float(v) for v in values], dtype=torch.float32)
+        scores = torch.tensor(_call(reward, inputs, on_error, errors), dtype=torch.float32)
         components[reward.name] = scores
-        total += reward.weight * scores
+        weighted.append(reward.weight * scores)
+    if not weighted:
+        return torch.zeros(len(inputs)), components
+    stacked = torch.stack(weighted)
+    total = torch.nansum(stacked, dim=0)
+    total[torch.isnan(stacked).all(dim=0)] = math.nan  # no reward applies: unscorable, not 0
     return total, components
+
+
+def nan_mean(values: torch.Tensor) -> float:
+    """Mean over the values present (NaN: not applicable); NaN when none is."""
+    present = values[~torch.isnan(values)]
+    return present.mean().item() if present.numel() else math.nan
+
+
+def nan_std(values: torch.Tensor) -> float:
+    """Unbiased std over the values present; 0.0 with fewer than two."""
+    present = values[~torch.isnan(values)]
+    return present.std().item() if present.numel() > 1 else 0.0

@@ -20,10 +20,12 @@ from typing import Any
 import yaml
 
 from vlm_grpo.grpo.config import SECTIONS, TrainConfig
+from vlm_grpo.grpo.data_source import build_options, resolve_recipe
 from vlm_grpo.grpo.settings import SettingError, help_of
-from vlm_grpo.recipes import Recipe, get_recipe
+from vlm_grpo.recipes import Recipe
 
 ALIASES = {"model": "model.name"}  # `--model X` sets model.name
+APPENDS = {"reward": "data.rewards"}  # `--reward X` (again and again) adds one entry to a list setting
 # TRL GRPOConfig names with the same meaning here: name -> (our key, value translation or None)
 TRL_NAMES: dict[str, tuple[str, dict | None]] = {
     "max_completion_length": ("generation.max_new_tokens", None),
@@ -127,7 +129,15 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
 
 
 def _put(values: dict[str, Any], key: str, value: Any) -> None:
-    if key.lstrip("-").replace("-", "_") == "resume_from_checkpoint":  # TRL: true (the newest) or a checkpoint path
+    short = key.lstrip("-").replace("-", "_")
+    if short in APPENDS:  # each value is one whole entry: a spec is never split at commas
+        name = APPENDS[short]
+        entries = value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(v, (bool, dict, list)) or v is None for v in entries):
+            raise SettingError(short, f"{value!r} is not a {name.rpartition('.')[2]} entry (e.g. module:function)")
+        values[name] = [*values.get(name, []), *map(str, entries)]
+        return
+    if short == "resume_from_checkpoint":  # TRL: true (the newest) or a checkpoint path
         value = yaml.safe_load(value) if isinstance(value, str) else value
         key, value = ("resume", value) if isinstance(value, bool) else ("resume_from", value)
     name, translation = canonical_key(key)
@@ -208,18 +218,22 @@ def merge_settings(*layers: dict[str, Any]) -> dict[str, Any]:
 def load_recipe_config(path: str | Path | None = None, overrides: list[str] | None = None) -> tuple[TrainConfig, Recipe]:
     """(settings, recipe): `load_config` with defaults underneath the file and the command line: the chosen
     recipe's, then, when the policy is a checkpoint shipped in the package (`pretrained:NAME`, no `init_from`)
-    and the recipe is the one it was trained for, the GRPO settings that go with it (vlm_grpo/pretrained)."""
+    and the recipe is the one it was trained for, the GRPO settings that go with it (vlm_grpo/pretrained).
+    Data settings the recipe cannot use (a dataset for a generated task, a missing file) are refused here,
+    before any model loads."""
     from vlm_grpo import pretrained
 
     cfg = load_config(path, overrides)
-    recipe = get_recipe(cfg.data.recipe)
+    recipe = resolve_recipe(cfg.data.recipe)
     layers = [recipe.defaults]
     if cfg.model.init_from is None:
         model_defaults = pretrained.run_defaults(cfg.model.name)
         if model_defaults.get("data", {}).get("recipe", cfg.data.recipe) == cfg.data.recipe:
             layers.append(model_defaults)
     base = merge_settings(*layers)
-    return (load_config(path, overrides, base=base) if base else cfg), recipe
+    cfg = load_config(path, overrides, base=base) if base else cfg
+    build_options(recipe, cfg.data)
+    return cfg, recipe
 
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -269,6 +283,7 @@ def settings_help() -> str:
             hint = typing.get_type_hints(type(obj))[name]
             kind = getattr(hint, "__name__", str(hint)).replace("typing.", "")
             lines.append(f"    --{key} ({kind}, default {getattr(obj, name)!r})  {help_of(f)}")
+    lines.append("\n  --reward SPEC adds one entry to data.rewards each time it is given")
     lines.append("\n  TRL names accepted: " + ", ".join(f"{k} -> {v[0]}" for k, v in TRL_NAMES.items())
                  + ", resume_from_checkpoint -> resume (true) or resume_from (a path)")
     return "\n".join(lines)

@@ -180,7 +180,7 @@ class SFTTrainer(BaseTrainer):
         metrics = self._mean_over_processes(metrics)
         every = cfg.sft.eval_every
         if every > 0 and ((step + 1) % every == 0 or step + 1 == cfg.max_steps):
-            report = evaluate_run(self.adapter, self.recipe, cfg)
+            report = evaluate_run(self.adapter, self.recipe, cfg, step=step + 1)
             metrics.update(heldout_metrics(report))
             self.heldout = {f"step {step + 1}": report}  # the newest evaluation, for the model card
         metrics["step"] = step + 1

@@ -26,11 +26,17 @@ from vlm_grpo.grpo.logprobs import group_logits, token_logprobs_and_entropy
 from vlm_grpo.grpo.lora import is_lora_wrapped, reference_disabled
 from vlm_grpo.grpo.loss import grpo_loss
 from vlm_grpo.grpo.optim import update_step
-from vlm_grpo.grpo.rewards import run_rewards, score
+from vlm_grpo.grpo.reward_inputs import RewardInputs, trainer_state
+from vlm_grpo.grpo.rewards import nan_mean, nan_std, run_rewards, score
 from vlm_grpo.grpo.rollout import Rollout, rollout
 
 log = logging.getLogger(__name__)
 SIDE_BY_SIDE_SHOWN = 6  # held-out pairs printed at the end of a run with eval.before_after
+
+
+def _loggable(value: Any) -> Any:
+    """A value a reward logged, as completions.jsonl can hold it (anything but plain scalars as text)."""
+    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -51,7 +57,7 @@ class GRPOTrainer(BaseTrainer):
     # ---------------------------------------------------------------- held-out evaluation around the run
     def _heldout(self, when: str, step: int) -> dict[str, Any]:
         """Greedy evaluation (eval section) written to eval-<when>.json and logged as a metrics row."""
-        report = evaluate_run(self.adapter, self.recipe, self.cfg, rewards=self.rewards)
+        report = evaluate_run(self.adapter, self.recipe, self.cfg, rewards=self.rewards, step=step)
         if self.is_main:
             report["model"] = self.cfg.model.init_from or self.cfg.model.name
             report["step"] = step
@@ -101,7 +107,7 @@ class GRPOTrainer(BaseTrainer):
     # ---------------------------------------------------------------- hooks
     def _prepare_task(self) -> None:
         cfg = self.cfg
-        self.rewards = run_rewards(self.recipe, cfg.data.rewards)
+        self.rewards = run_rewards(self.recipe, cfg.data.rewards, cfg.data.reward_weights)
 
     def card_rewards(self) -> list:
         return self.rewards
@@ -181,7 +187,9 @@ class GRPOTrainer(BaseTrainer):
             )
         self.timings = {"rollout": time.perf_counter() - rollout_started}
         reward_errors: dict[str, int] = {}
-        total, components = score(self.rewards, ro.completions, ro.fields, cfg.data.on_reward_error, reward_errors)
+        inputs = RewardInputs.from_samples(samples, cfg.data.num_generations, ro.completions, ro.completion_ids,
+                                           ro.completion_mask, trainer_state(step, cfg.max_steps))
+        total, components = score(self.rewards, inputs, on_error=cfg.data.on_reward_error, errors=reward_errors)
         advantages, adv_metrics = group_advantages(total, cfg.data.num_generations, cfg.scale_rewards)
         advantages = advantages.to(acc.device)
         mask = ro.completion_mask
@@ -226,9 +234,11 @@ class GRPOTrainer(BaseTrainer):
             self.optimizer.zero_grad(set_to_none=True)
         metrics = {
             **sums,
-            "reward": total.mean().item(),
-            "reward_std": total.std().item() if len(total) > 1 else 0.0,
-            **{f"rewards/{name}": v.mean().item() for name, v in components.items()},
+            # a reward's None (not applicable) is NaN: means and stds are over the values present, as in TRL
+            "reward": nan_mean(total),
+            "reward_std": nan_std(total),
+            **{f"rewards/{name}": nan_mean(v) for name, v in components.items()},
+            **{f"reward_metrics/{name}": sum(v) / len(v) for name, v in inputs.logged_metrics.items() if v},
             **{k: float(v) for k, v in adv_metrics.items() if k not in ("reward_mean", "reward_std")},
             "completion_length": mask.sum(1).float().mean().item(),
             "grad_norm": float(grad_norm),
@@ -242,13 +252,15 @@ class GRPOTrainer(BaseTrainer):
         }
         metrics = self._mean_over_processes(metrics)
         metrics.update(step=step + 1, step_time=time.perf_counter() - started)
-        self._log_completions(step + 1, ro, total, components, advantages, indices)
+        self._log_completions(step + 1, ro, total, components, advantages, indices, inputs.extra_columns)
         return metrics
 
-    def _log_completions(self, step, ro: Rollout, total, components, advantages, indices) -> None:
+    def _log_completions(self, step, ro: Rollout, total, components, advantages, indices, extra=None) -> None:
         if not self.cfg.logging.log_completions:
             return
         g = self.cfg.data.num_generations
+        # columns rewards logged with log_extra, one value per completion (others cannot be lined up)
+        extra = {k: v for k, v in (extra or {}).items() if len(v) == len(ro.completions)}
         rows = []
         for i, text in enumerate(ro.completions):
             rows.append(
@@ -261,6 +273,7 @@ class GRPOTrainer(BaseTrainer):
                     "reward": total[i].item(),
                     "rewards": {name: v[i].item() for name, v in components.items()},
                     "advantage": advantages[i].item(),
+                    **({"extra": {k: _loggable(v[i]) for k, v in extra.items()}} if extra else {}),
                 }
             )
         gathered = self._gather_rows(rows)

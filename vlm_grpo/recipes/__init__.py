@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from vlm_grpo.recipes.base import Recipe, Reward, Sample
-from vlm_grpo.recipes import clevr_count, cryptogram, mm_math, shapes, vsr
+from vlm_grpo.recipes import clevr_count, cryptogram, mm_math, shapes, trl_format, vsr
 
 RECIPES: dict[str, Recipe] = {
-    r.name: r for r in (shapes.RECIPE, cryptogram.RECIPE, vsr.RECIPE, clevr_count.RECIPE, mm_math.RECIPE)
+    r.name: r
+    for r in (shapes.RECIPE, cryptogram.RECIPE, vsr.RECIPE, clevr_count.RECIPE, mm_math.RECIPE, trl_format.RECIPE)
 }
 
 
 def get_recipe(name: str) -> Recipe:
     if name not in RECIPES:
-        raise ValueError(f"unknown recipe {name!r}; available recipes: {', '.join(sorted(RECIPES))}")
+        raise ValueError(f"unknown recipe {name!r}; available recipes: {', '.join(sorted(RECIPES))}, or your own "
+                         "as module:OBJECT or file.py:OBJECT")
     return RECIPES[name]
 
 

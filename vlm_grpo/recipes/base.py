@@ -12,6 +12,8 @@ from PIL import Image
 
 # A reward scores completions; every other sample field arrives as a keyword list aligned with them.
 RewardFn = Callable[..., list[float]]
+# The keyword arguments the loop passes every reward itself (TRL's names); a sample field must not take one.
+REWARD_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
 
 
 @dataclass
@@ -20,6 +22,9 @@ class Sample:
     images: list[Image.Image]
     fields: dict[str, Any] = field(default_factory=dict)  # ground truth etc., passed to rewards
     reference: str | None = None  # a reference response, for SFT
+    # The prompt as a TRL-format dataset row wrote it (a string or chat messages); None when a recipe wrote the
+    # prompt. Rewards are called as TRL calls them: a chat-message prompt gives chat-message completions.
+    data_prompt: str | list[dict[str, Any]] | None = None
 
 
 class SampleSource(Protocol):
@@ -42,7 +47,8 @@ class Recipe:
     rewards: list[Reward]
     accuracy_reward: str | None = None  # the component that means "the answer is right"
     defaults: dict[str, Any] = field(default_factory=dict)  # config overrides this task needs
-    checks_rows: bool = False  # build() reads a dataset's rows and takes on_bad_sample (error | skip)
+    checks_rows: bool = False  # build() reads a dataset's rows and takes on_bad_sample (error | skip), path, hub_id
+    takes_columns: bool = False  # build() takes the column names prompt_key, image_key, answer_key
 
 
 def user_turn(text: str, n_images: int = 1) -> list[dict[str, Any]]:

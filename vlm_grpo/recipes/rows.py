@@ -92,10 +92,10 @@ def read_rows(path: str | Path | None, hub_id: str | None, split: str, size: int
     if hub_id is not None:
         from datasets import load_dataset
 
-        dataset = load_dataset(hub_id, split=split)
-        if size:
-            dataset = dataset.select(range(min(size, len(dataset))))
-        return list(dataset), hub_id, None
+        # Streamed, images left encoded: only the rows taken are read, and each keeps its image's bytes or path
+        # (decoded when its sample is taken), so a split is never held in memory as decoded images.
+        rows = iter(undecoded_images(load_dataset(hub_id, split=split, streaming=True)))
+        return (itertools.islice(rows, size) if size else rows), hub_id, None
     path = Path(path).expanduser()
     if path.is_dir():
         path = find_data_file(path, split)
@@ -103,6 +103,21 @@ def read_rows(path: str | Path | None, hub_id: str | None, split: str, size: int
         raise ValueError(f"data path {path} does not exist")
     rows = iter_file(path)
     return (itertools.islice(rows, size) if size else rows), str(path), path.parent
+
+
+def undecoded_images(dataset: Any) -> Any:
+    """`dataset` with its image columns (one image or a list of them) cast to `{"bytes", "path"}` records."""
+    import datasets
+
+    features = getattr(dataset, "features", None)
+    if not features or not hasattr(dataset, "cast_column"):
+        return dataset
+    for name, feature in features.items():
+        if isinstance(feature, datasets.Image) and feature.decode:
+            dataset = dataset.cast_column(name, datasets.Image(decode=False))
+        elif isinstance(feature, datasets.List) and isinstance(feature.feature, datasets.Image):
+            dataset = dataset.cast_column(name, datasets.List(datasets.Image(decode=False)))
+    return dataset
 
 
 # ----------------------------------------------------------------- checking
