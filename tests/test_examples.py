@@ -24,6 +24,8 @@ def data(tmp_path_factory):
         {"image": f"../images/{n}", "problem": "How many objects?", "thinking": "I count.", "solution": "2"} for n in names])
     write_jsonl(root / "mm_math" / "train.jsonl", [
         {"image": f"../images/{n}", "problem": "What is 1 + 1?", "solution": "$2$"} for n in names])
+    turn = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is 1 + 1?"}]}]
+    write_jsonl(root / "trl" / "my.jsonl", [{"prompt": turn, "image": f"../images/{n}", "solution": "$2$"} for n in names])
     return root
 
 
@@ -38,9 +40,11 @@ def test_example_runs_one_step_on_the_tiny_twin(path, data, tmp_path):
     options = dict(cfg.data.recipe_options)
     if "path" in options:
         options["path"] = str(data / Path(options["path"]).name)
-    options.setdefault("image_size", 56)
+    if cfg.data.recipe in ("shapes", "cryptogram"):
+        options.setdefault("image_size", 56)
+    dataset = ["--dataset", str(data / "trl" / Path(cfg.data.dataset).name)] if cfg.data.dataset else []
     cfg = load_config(path, ["--model", f"tiny:{family}", "--output-dir", str(tmp_path / "run"),
-                             "--data.recipe_options", repr(options), *SMALL])
+                             "--data.recipe_options", repr(options), *dataset, *SMALL])
     history = GRPOTrainer(cfg).train()
     final = tmp_path / "run" / "final"
     assert [m["step"] for m in history] == [1]

@@ -32,6 +32,7 @@ TRL_NAMES: dict[str, tuple[str, dict | None]] = {
     "save_steps": ("logging.save_every", None),
     "save_total_limit": ("logging.keep_checkpoints", None),
     "lr_scheduler_type": ("optim.lr_scheduler", None),
+    "hub_private_repo": ("logging.hub_private", None),
     "bf16": ("mixed_precision", {True: "bf16", False: "no"}),
     "fp16": ("mixed_precision", {True: "fp16", False: "no"}),
 }
@@ -43,6 +44,8 @@ NOT_THE_SAME = {
     "logging_steps": "every step is logged (metrics.jsonl and the trackers)",
     "use_vllm": "generation runs in the policy itself (shared prefix and image features), there is no vLLM mode",
     "max_prompt_length": "prompts are never cut: an image's tokens must stay whole",
+    "data_seed": "TRL's seeds the training sampler; here the data order follows seed, and eval.data_seed picks the "
+    "held-out samples",
 }
 DERIVED = {"loss.max_completion_length": "it is generation.max_new_tokens (TRL: max_completion_length)"}
 
