@@ -12,7 +12,7 @@ from vlm_grpo.adapters.registry import family_class
 from vlm_grpo.adapters.sharing import generate_shared, image_features
 from vlm_grpo.grpo.run_settings import load_config
 from vlm_grpo.grpo.counters import VisionCounter
-from vlm_grpo.grpo.logprobs import group_logits, token_logprobs, token_logprobs_and_entropy
+from vlm_grpo.grpo.logprobs import group_scores, token_logprobs_and_entropy
 from vlm_grpo.grpo.loss import LossConfig, grpo_loss
 from vlm_grpo.grpo.trainer import GRPOTrainer
 
@@ -51,8 +51,7 @@ def _loss(logps, mask):
 
 def _forward(adapter, prompts, ids, mask, **kwargs):
     index = [r // G for r in range(len(prompts) * G)]
-    logits = group_logits(adapter, prompts, index, ids, mask, **kwargs)
-    logps = token_logprobs(logits, ids)
+    logps = group_scores(adapter, prompts, index, ids, mask, **kwargs).logps
     return logps, _loss(logps, mask)
 
 

@@ -170,7 +170,7 @@ def test_yaml_config_and_overrides(tmp_path):
 
 def test_logprobs_are_taken_at_the_sampling_temperature(tmp_path):
     """Ratio, KL and entropy use the distribution the completions came from: softmax(logits / T), as in TRL."""
-    from vlm_grpo.grpo.logprobs import group_logits
+    from vlm_grpo.adapters.teacher_forcing import completion_logits
     from vlm_grpo.grpo.rollout import rollout
     from vlm_grpo.recipes.shapes import build
 
@@ -182,7 +182,7 @@ def test_logprobs_are_taken_at_the_sampling_temperature(tmp_path):
         ro = rollout(adapter, samples, cfg.generation, 2, "cpu")
         rows = list(range(4))
         got, entropy = trainer._logprobs(ro, rows, adapter.model, with_entropy=True)
-        logits = group_logits(adapter, ro.prompts, ro.prompt_index(rows), ro.completion_ids, ro.completion_mask)
+        logits = completion_logits(adapter, ro.prompts.select(ro.prompt_index(rows)), ro.completion_ids, ro.completion_mask)
     for temperature, expect_match in ((0.5, True), (1.0, False)):
         full = torch.log_softmax(logits.float() / temperature, -1)
         want = full.gather(-1, ro.completion_ids.unsqueeze(-1)).squeeze(-1)

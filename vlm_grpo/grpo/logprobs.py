@@ -1,9 +1,11 @@
-"""Per-token log-probabilities of completions from one teacher-forced forward.
+"""Per-token log-probabilities of completions.
 
-Memory: the model returns logits only for the completion positions (`logits_to_keep`), in its own dtype.
-`token_logprobs` then works through them in chunks: each chunk is cast to fp32, reduced to
-log p(token) (and optionally the entropy) and dropped, and the backward pass recomputes the softmax
-chunk by chunk. So no fp32 [rows, T, vocab] tensor (nor a saved log-softmax of that size) ever exists.
+The training path (`group_scores`) never builds logits: the LM head scores the tokens chunk by chunk from the
+hidden states (head_logprobs.py), with each prompt's images encoded once for its rows.
+
+`token_logprobs` scores tokens under logits someone already has (generate()'s, a probe's): it works through
+them in chunks (each cast to fp32, reduced to log p(token) and optionally the entropy, then dropped; backward
+recomputes the softmax chunk by chunk), so no fp32 copy of [rows, T, vocab] and no saved log-softmax exists.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 
 from vlm_grpo.adapters.sharing import embed_with_features, image_features, text_side
 from vlm_grpo.adapters.teacher_forcing import completion_logits
+from vlm_grpo.grpo.head_logprobs import TokenScores, score_completions
 
 CHUNK_BYTES = 256 * 2**20  # fp32 working set of one chunk
 
@@ -97,7 +100,7 @@ def completion_logprobs(adapter, batch, completion_ids, completion_mask, model=N
     return token_logprobs(logits, completion_ids)
 
 
-def group_logits(
+def group_scores(
     adapter,
     prompts,
     prompt_index: list[int],
@@ -108,20 +111,23 @@ def group_logits(
     share_features: bool = True,
     features=None,
     context=None,
-):
-    """Completion logits for rows `k` = (prompt `prompt_index[k]` of `prompts`, completion k).
+    **options,
+) -> TokenScores:
+    """TokenScores for rows `k` = (prompt `prompt_index[k]` of `prompts`, completion k), logits never built.
 
     share_features: each distinct prompt's images are encoded once (`sharing.image_features` on the
     distinct prompts, with gradient when the encoder trains) and placed into all its rows;
     `features` (an ImageFeatures of all of `prompts`, e.g. the rollout's, detached) skips the encoder.
     Otherwise every row's prompt is repeated, pixels included, and the model encodes each copy.
     `context`: entered around the feature and embedding computation (e.g. the accelerator's autocast).
+    `options`: temperature, with_entropy, chunk_bytes (see head_logprobs.chunked_scores).
     """
     import contextlib
 
     model = adapter.model if model is None else model
     if not share_features:
-        return completion_logits(adapter, prompts.select(prompt_index), completion_ids, completion_mask, model=model)
+        return score_completions(adapter, prompts.select(prompt_index), completion_ids, completion_mask, model=model,
+                                 **options)
     with context() if context is not None else contextlib.nullcontext():
         if features is None:
             distinct = sorted(set(prompt_index))
@@ -132,4 +138,4 @@ def group_logits(
             row_features = features.select(prompt_index)
         text = text_side(adapter, prompts).select(prompt_index)
         inputs = embed_with_features(adapter, text, row_features, completion_ids, completion_mask, model=model)
-    return completion_logits(adapter, text, completion_ids, completion_mask, model=model, inputs=inputs)
+    return score_completions(adapter, text, completion_ids, completion_mask, model=model, inputs=inputs, **options)

@@ -31,8 +31,7 @@ from vlm_grpo.grpo.base_trainer import BaseTrainer
 from vlm_grpo.grpo.config import TrainConfig
 from vlm_grpo.grpo.data_order import step_seed
 from vlm_grpo.grpo.evaluate import evaluate_run, heldout_metrics
-from vlm_grpo.adapters.teacher_forcing import completion_logits
-from vlm_grpo.grpo.logprobs import token_logprobs
+from vlm_grpo.grpo.head_logprobs import score_completions
 from vlm_grpo.grpo.optim import update_step
 from vlm_grpo.recipes.base import Sample
 
@@ -112,12 +111,10 @@ def build_sft_batch(adapter, samples: Sequence[Sample], max_tokens: int | None =
 
 def completion_nll(adapter, batch: SFTBatch, model=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Summed NLL over completion tokens, their count, and how many the argmax predicts right."""
-    logits = completion_logits(adapter, batch.prompts, batch.completion_ids, batch.completion_mask, model=model)
+    scores = score_completions(adapter, batch.prompts, batch.completion_ids, batch.completion_mask, model=model)
     mask = batch.completion_mask.float()
-    nll = -token_logprobs(logits, batch.completion_ids)
-    with torch.no_grad():
-        hits = ((logits.argmax(-1) == batch.completion_ids).float() * mask).sum()
-    return (nll * mask).sum(), mask.sum(), hits
+    hits = (scores.hits.float() * mask).sum()
+    return (-scores.logps * mask).sum(), mask.sum(), hits
 
 
 def sft_loss(adapter, batch: SFTBatch, model=None) -> torch.Tensor:

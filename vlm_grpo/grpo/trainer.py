@@ -22,7 +22,7 @@ from vlm_grpo.grpo.config import TrainConfig
 from vlm_grpo.grpo.counters import VisionCounter
 from vlm_grpo.grpo.data_order import step_seed
 from vlm_grpo.grpo.evaluate import evaluate_run, format_report, heldout_metrics, side_by_side, write_report
-from vlm_grpo.grpo.logprobs import group_logits, token_logprobs_and_entropy
+from vlm_grpo.grpo.logprobs import group_scores
 from vlm_grpo.grpo.lora import is_lora_wrapped, reference_disabled
 from vlm_grpo.grpo.loss import grpo_loss
 from vlm_grpo.grpo.optim import update_step
@@ -147,15 +147,13 @@ class GRPOTrainer(BaseTrainer):
     def _logprobs(self, ro: Rollout, rows: list[int], model, with_entropy: bool = False):
         perf = self.cfg.perf
         context = self.accelerator.autocast if model is self.model else None
-        logits = group_logits(
+        scores = group_scores(
             self.adapter, ro.prompts, ro.prompt_index(rows), ro.completion_ids[rows], ro.completion_mask[rows], model,
             share_features=perf.share_image_features, features=self._step_features(ro), context=context,
+            temperature=self.cfg.generation.temperature, with_entropy=with_entropy,
+            chunk_bytes=perf.logprob_chunk_mb * 2**20,
         )
-        logps, entropy = token_logprobs_and_entropy(
-            logits, ro.completion_ids[rows], with_entropy=with_entropy, chunk_bytes=perf.logprob_chunk_mb * 2**20,
-            temperature=self.cfg.generation.temperature,
-        )
-        return (logps, entropy) if with_entropy else logps
+        return (scores.logps, scores.entropy) if with_entropy else scores.logps
 
     def _reference_logprobs(self, ro: Rollout, rows: list[int]) -> torch.Tensor | None:
         if self.cfg.loss.beta <= 0:
