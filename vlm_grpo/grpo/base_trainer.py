@@ -27,6 +27,7 @@ from accelerate.utils import set_seed
 
 from vlm_grpo.adapters.checkpoints import MERGED_DIR
 from vlm_grpo.grpo import checkpoint as ckpt
+from vlm_grpo.grpo import checkpointing
 from vlm_grpo.grpo.config import TrainConfig
 from vlm_grpo.grpo.data_order import batch_indices
 from vlm_grpo.grpo.data_source import build_split, resolve_recipe
@@ -141,6 +142,8 @@ class BaseTrainer:
             apply_freeze(adapter, cfg.optim)
         self._after_freeze()
         adapter.model.train(self.dropout)
+        if cfg.perf.gradient_checkpointing:
+            checkpointing.enable(adapter.model)
         optimizer = build_optimizer(adapter, cfg.optim)
         self.scheduler = build_scheduler(optimizer, cfg.optim, total_steps=self.scheduler_steps())
         self.model, self.optimizer = self.accelerator.prepare(adapter.model, optimizer)

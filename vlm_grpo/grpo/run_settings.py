@@ -33,6 +33,7 @@ TRL_NAMES: dict[str, tuple[str, dict | None]] = {
     "save_total_limit": ("logging.keep_checkpoints", None),
     "lr_scheduler_type": ("optim.lr_scheduler", None),
     "hub_private_repo": ("logging.hub_private", None),
+    "gradient_checkpointing": ("perf.gradient_checkpointing", None),
     "bf16": ("mixed_precision", {True: "bf16", False: "no"}),
     "fp16": ("mixed_precision", {True: "fp16", False: "no"}),
 }

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from vlm_grpo.adapters.sharing import image_features
+from vlm_grpo.grpo import checkpointing
 from vlm_grpo.grpo.advantages import group_advantages
 from vlm_grpo.grpo.base_trainer import BaseTrainer
 from vlm_grpo.grpo.config import TrainConfig
@@ -147,12 +148,13 @@ class GRPOTrainer(BaseTrainer):
     def _logprobs(self, ro: Rollout, rows: list[int], model, with_entropy: bool = False):
         perf = self.cfg.perf
         context = self.accelerator.autocast if model is self.model else None
-        scores = group_scores(
-            self.adapter, ro.prompts, ro.prompt_index(rows), ro.completion_ids[rows], ro.completion_mask[rows], model,
-            share_features=perf.share_image_features, features=self._step_features(ro), context=context,
-            temperature=self.cfg.generation.temperature, with_entropy=with_entropy,
-            chunk_bytes=perf.logprob_chunk_mb * 2**20,
-        )
+        with checkpointing.active(model, perf.gradient_checkpointing):
+            scores = group_scores(
+                self.adapter, ro.prompts, ro.prompt_index(rows), ro.completion_ids[rows], ro.completion_mask[rows],
+                model, share_features=perf.share_image_features, features=self._step_features(ro), context=context,
+                temperature=self.cfg.generation.temperature, with_entropy=with_entropy,
+                chunk_bytes=perf.logprob_chunk_mb * 2**20,
+            )
         return (scores.logps, scores.entropy) if with_entropy else scores.logps
 
     def _reference_logprobs(self, ro: Rollout, rows: list[int]) -> torch.Tensor | None:
