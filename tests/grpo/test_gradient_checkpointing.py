@@ -11,7 +11,8 @@ from vlm_grpo.grpo.run_settings import load_config
 from vlm_grpo.grpo.trainer import GRPOTrainer
 
 RUN = ["--data.recipe_options", "{image_size: 56}", "--max-new-tokens", "5", "--logging.progress", "false",
-       "--log-completions", "false", "--max-steps", "1", "--learning-rate", "1e-2", "--batch-size", "2"]
+       "--log-completions", "false", "--max-steps", "1", "--learning-rate", "1e-2", "--batch-size", "2",
+       "--share-prompt", "false"]  # the same forward both ways (checkpointing turns the shared prompt off)
 
 
 def _step(family, tmp_path, checkpointed: bool):

@@ -21,7 +21,7 @@ def enable(model: torch.nn.Module) -> int:
     core = hf_core(model)
     if not getattr(core, "supports_gradient_checkpointing", False):
         raise ValueError(f"{type(core).__name__} does not support gradient checkpointing")
-    core.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    core.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     return sum(isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing for m in core.modules())
 
 

@@ -15,6 +15,7 @@ import torch
 from vlm_grpo.adapters.sharing import embed_with_features, image_features, text_side
 from vlm_grpo.adapters.teacher_forcing import completion_logits
 from vlm_grpo.grpo.head_logprobs import TokenScores, score_completions
+from vlm_grpo.grpo.shared_prompt import shared_prompt_scores
 
 CHUNK_BYTES = 256 * 2**20  # fp32 working set of one chunk
 
@@ -109,6 +110,7 @@ def group_scores(
     model=None,
     *,
     share_features: bool = True,
+    share_prompt: bool = False,
     features=None,
     context=None,
     **options,
@@ -119,6 +121,8 @@ def group_scores(
     distinct prompts, with gradient when the encoder trains) and placed into all its rows;
     `features` (an ImageFeatures of all of `prompts`, e.g. the rollout's, detached) skips the encoder.
     Otherwise every row's prompt is repeated, pixels included, and the model encodes each copy.
+    share_prompt (with share_features): each distinct prompt runs once and its KV cache serves its rows
+    (shared_prompt.py).
     `context`: entered around the feature and embedding computation (e.g. the accelerator's autocast).
     `options`: temperature, with_entropy, chunk_bytes (see head_logprobs.chunked_scores).
     """
@@ -128,14 +132,15 @@ def group_scores(
     if not share_features:
         return score_completions(adapter, prompts.select(prompt_index), completion_ids, completion_mask, model=model,
                                  **options)
+    distinct = sorted(set(prompt_index))
+    where = {p: k for k, p in enumerate(distinct)}
     with context() if context is not None else contextlib.nullcontext():
-        if features is None:
-            distinct = sorted(set(prompt_index))
-            where = {p: k for k, p in enumerate(distinct)}
-            encoded = image_features(adapter, prompts.select(distinct), model=model)
-            row_features = encoded.select([where[p] for p in prompt_index])
-        else:
-            row_features = features.select(prompt_index)
+        encoded = image_features(adapter, prompts.select(distinct), model=model) if features is None \
+            else features.select(distinct)
+        if share_prompt:
+            return shared_prompt_scores(adapter, prompts, prompt_index, encoded, completion_ids, completion_mask, model,
+                                        **options)
+        row_features = encoded.select([where[p] for p in prompt_index])
         text = text_side(adapter, prompts).select(prompt_index)
         inputs = embed_with_features(adapter, text, row_features, completion_ids, completion_mask, model=model)
     return score_completions(adapter, text, completion_ids, completion_mask, model=model, inputs=inputs, **options)

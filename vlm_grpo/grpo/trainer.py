@@ -152,6 +152,7 @@ class GRPOTrainer(BaseTrainer):
             scores = group_scores(
                 self.adapter, ro.prompts, ro.prompt_index(rows), ro.completion_ids[rows], ro.completion_mask[rows],
                 model, share_features=perf.share_image_features, features=self._step_features(ro), context=context,
+                share_prompt=perf.share_prompt and not perf.gradient_checkpointing,
                 temperature=self.cfg.generation.temperature, with_entropy=with_entropy,
                 chunk_bytes=perf.logprob_chunk_mb * 2**20,
             )

@@ -1,0 +1,61 @@
+"""The shared prompt in training: each prompt runs once and its KV cache serves its G completions; log-probs,
+entropy and gradients (vision tower included) equal one full forward per row, on every family."""
+
+from __future__ import annotations
+
+import torch
+
+from tests.adapters.samples import mixed_batch, user_turn
+from vlm_grpo.adapters.registry import family_class
+from vlm_grpo.grpo.logprobs import group_scores
+
+G, T = 2, 5
+
+
+def _case(family):
+    adapter = family_class(family).tiny(seed=0)
+    conversations, images = mixed_batch(adapter)
+    conversations.append(user_turn(0, "Say something without a picture."))
+    images.append([])
+    prompts = adapter.encode_prompts(conversations, images)
+    banned = set(adapter.suppressed_token_ids()) | set(adapter.eos_token_ids)
+    allowed = torch.tensor([i for i in range(len(adapter.tokenizer)) if i not in banned])
+    ids = allowed[torch.randint(len(allowed), (len(prompts) * G, T), generator=torch.Generator().manual_seed(0))]
+    mask = torch.ones_like(ids)
+    mask[1, 3:] = 0  # a completion that ended early
+    return adapter, prompts, ids, mask
+
+
+def _run(adapter, prompts, ids, mask, share_prompt):
+    adapter.model.zero_grad(set_to_none=True)
+    index = [r // G for r in range(len(prompts) * G)]
+    layers = adapter.model.get_decoder().layers
+    seen = []
+    hook = layers[0].register_forward_pre_hook(
+        lambda m, a, k: seen.append((a[0] if a else k["hidden_states"]).shape[:2]), with_kwargs=True)
+    scores = group_scores(adapter, prompts, index, ids, mask, share_prompt=share_prompt, with_entropy=True, temperature=0.8)
+    hook.remove()
+    weights = torch.linspace(-1.0, 1.0, ids.numel()).view_as(ids)
+    (scores.logps * weights * mask).sum().backward()
+    grads = {n: p.grad.clone() for n, p in adapter.model.named_parameters() if p.grad is not None}
+    return scores, grads, sum(rows * length for rows, length in seen)
+
+
+def test_shared_prompt_equals_one_forward_per_row(family):
+    adapter, prompts, ids, mask = _case(family)
+    plain, plain_grads, plain_tokens = _run(adapter, prompts, ids, mask, share_prompt=False)
+    shared, shared_grads, shared_tokens = _run(adapter, prompts, ids, mask, share_prompt=True)
+    assert (plain.logps - shared.logps).abs().max().item() <= 1e-5
+    assert (plain.entropy - shared.entropy).abs().max().item() <= 1e-5 and torch.equal(plain.hits, shared.hits)
+    assert plain_grads.keys() == shared_grads.keys()
+    a = torch.cat([plain_grads[n].flatten() for n in plain_grads])
+    b = torch.cat([shared_grads[n].flatten() for n in plain_grads])
+    assert ((a - b).norm() / a.norm()).item() <= 1e-4
+    largest = max(g.norm() for g in plain_grads.values())
+    for name, grad in plain_grads.items():  # every parameter that gets a real gradient (vision tower included)
+        if grad.norm() > 1e-3 * largest:
+            assert ((grad - shared_grads[name]).norm() / grad.norm()).item() <= 1e-4, name
+    assert any(adapter.module_group_of(n) == "vision" for n in plain_grads)
+    length, rows = prompts.input_ids.shape[1], ids.shape[0]
+    assert plain_tokens == rows * (length + T)  # the language model saw every prompt G times ...
+    assert shared_tokens == len(prompts) * length + rows * T  # ... and now once
