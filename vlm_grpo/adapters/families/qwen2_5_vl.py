@@ -119,6 +119,8 @@ class Qwen2_5_VLAdapter(VLMAdapter):
                       max_position_embeddings=4096, rope_parameters=qwen_rope([4, 6, 6])),
             image=BENCH_PIXELS,
         ),
+        # CPU memory benchmark: the tiny twin's sizes with Qwen's 151,936-token vocabulary, so the logits dominate
+        "qwen2_5_vl_wide_vocab": Architecture(TINY_VISION, TINY_TEXT, TINY_PIXELS, QWEN_VOCAB),
     }
 
     @classmethod
