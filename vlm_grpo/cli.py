@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args, extra) if getattr(args, "takes_extra", False) else args.func(args)
     except (ValueError, RuntimeError, OSError) as err:
+        if os.environ.get("VLM_GRPO_TRACEBACK"):  # the one-line message hides where it came from: show it all
+            raise
         print(f"vlm-grpo {args.command}: error: {err}", file=sys.stderr)
         return 2
 

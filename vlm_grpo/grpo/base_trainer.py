@@ -26,8 +26,10 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from vlm_grpo.adapters.checkpoints import MERGED_DIR
+from vlm_grpo.adapters.features import hf_core
 from vlm_grpo.grpo import checkpoint as ckpt
-from vlm_grpo.grpo import checkpointing
+from vlm_grpo.grpo import checkpointing, fsdp
+from vlm_grpo.grpo import sharded_checkpoint as shards
 from vlm_grpo.grpo.config import TrainConfig
 from vlm_grpo.grpo.data_order import batch_indices
 from vlm_grpo.grpo.data_source import build_split, resolve_recipe
@@ -85,6 +87,10 @@ class BaseTrainer:
             project_dir=cfg.logging.output_dir,
         )
         set_seed(cfg.seed)
+        self.sharding = fsdp.requested_mode(cfg.fsdp, self.accelerator)  # "no", or how FSDP shards the policy
+        if self.sharding != "no" and not torch.distributed.is_initialized():
+            raise ValueError(f"fsdp {self.sharding} shards across processes: launch with `accelerate launch "
+                             "--num_processes N` (or torchrun); one process trains without fsdp")
         self.run_dir = Path(cfg.logging.output_dir)
         if self.is_main:
             prepare_run_dir(self.run_dir, resume=cfg.resume or cfg.resume_from is not None,
@@ -133,6 +139,25 @@ class BaseTrainer:
     def train_step(self, step: int) -> dict[str, Any]:
         raise NotImplementedError
 
+    def _shard_more(self) -> None:
+        """Under FSDP, shards whatever else the stage keeps (GRPO: its reference copy)."""
+
+    # ---------------------------------------------------------------- running the model
+    def forward(self, fn: Callable[[torch.nn.Module], Any], model: torch.nn.Module | None = None) -> Any:
+        """`fn(model)` (default: the prepared policy); a sharded model runs it inside its root unit's forward."""
+        return fsdp.run(self.model if model is None else model, fn)
+
+    def with_full_weights(self, fn: Callable[[], Any]) -> Any:
+        """`fn()` with the policy's full weights in place (generation, evaluation): a no-op unless sharded."""
+        with fsdp.gathered(self.model):
+            return self.forward(lambda _model: fn())
+
+    def accumulating(self, last: bool):
+        """Around a micro-batch's backward: gradients stay local until the last one of the update."""
+        if last:
+            return contextlib.nullcontext()
+        return fsdp.no_sync(self.model) if fsdp.is_sharded(self.model) else self.accelerator.no_sync(self.model)
+
     # ---------------------------------------------------------------- setup
     def _setup_training(self) -> None:
         cfg, adapter = self.cfg, self.adapter
@@ -144,9 +169,17 @@ class BaseTrainer:
         adapter.model.train(self.dropout)
         if cfg.perf.gradient_checkpointing:
             checkpointing.enable(adapter.model)
+        if self.sharding != "no":  # before the optimizer: it must hold the shards
+            root = fsdp.shard(adapter.model, self.sharding)
+            self._shard_more()
         optimizer = build_optimizer(adapter, cfg.optim)
         self.scheduler = build_scheduler(optimizer, cfg.optim, total_steps=self.scheduler_steps())
-        self.model, self.optimizer = self.accelerator.prepare(adapter.model, optimizer)
+        if self.sharding == "no":
+            self.model, self.optimizer = self.accelerator.prepare(adapter.model, optimizer)
+        elif self.accelerator.is_fsdp2:  # accelerate's FSDP on GPUs: it takes the sharded root as it is
+            self.model, self.optimizer = self.accelerator.prepare(root, optimizer)
+        else:  # no DDP around a sharded model: the shards' reduce-scatter already averages the gradients
+            self.model, self.optimizer = root, self.accelerator.prepare(optimizer)
         if self.is_main:
             print(trainable_table(adapter, cfg.optim))
 
@@ -168,11 +201,19 @@ class BaseTrainer:
     def save(self, step: int) -> Path | None:
         self.accelerator.wait_for_everyone()
         path = None
-        if self.is_main:
-            state = {"config": self.cfg.to_dict(), "num_processes": self.accelerator.num_processes, "stage": self.stage}
-            path = ckpt.save_checkpoint(
-                self.run_dir, step, self.adapter, self.optimizer, self.scheduler, state, keep=self.cfg.logging.keep_checkpoints
-            )
+        state = {"config": self.cfg.to_dict(), "num_processes": self.accelerator.num_processes, "stage": self.stage,
+                 "fsdp": self.sharding}
+        keep = self.cfg.logging.keep_checkpoints
+        if fsdp.is_sharded(self.model):  # every process writes its shard, the main one commits
+            tmp = shards.shared_temp_dir(self.run_dir, f".tmp-checkpoint-{step}", self.is_main)
+            shards.write_shards(tmp, self.adapter.model, self.optimizer)
+            self.accelerator.wait_for_everyone()
+            if self.is_main:
+                self.adapter.processor.save_pretrained(tmp)
+                hf_core(self.adapter.model).config.save_pretrained(tmp)
+                path = ckpt.commit_checkpoint(tmp, self.run_dir, step, self.scheduler, state, keep=keep)
+        elif self.is_main:
+            path = ckpt.save_checkpoint(self.run_dir, step, self.adapter, self.optimizer, self.scheduler, state, keep=keep)
         self.accelerator.wait_for_everyone()
         return path
 
@@ -188,9 +229,16 @@ class BaseTrainer:
             if self.is_main:
                 print(f"--resume: no complete checkpoint in {self.run_dir}; starting from step 0")
             return 0
+        sharded = fsdp.is_sharded(self.model)
+        if shards.is_sharded_checkpoint(latest) != sharded:
+            written = "an FSDP run" if not sharded else "a run without FSDP"
+            raise RuntimeError(f"{latest} was written by {written}: resume it with the same fsdp setting and process count")
         try:
-            ckpt.load_weights(self.adapter.model, latest)
-            state = ckpt.load_training_state(latest, self.optimizer, self.scheduler)
+            if sharded:
+                shards.read_shards(latest, self.adapter.model, self.optimizer)
+            else:
+                ckpt.load_weights(self.adapter.model, latest)
+            state = ckpt.load_training_state(latest, None if sharded else self.optimizer, self.scheduler)
         except Exception as err:  # noqa: BLE001 - a verified checkpoint that still will not load: say which
             raise RuntimeError(f"{latest} verified but cannot be loaded into this run: {type(err).__name__}: {err}") from None
         self.log.truncate_after(state["step"])
@@ -201,17 +249,30 @@ class BaseTrainer:
     def save_final(self) -> Path:
         final = self.run_dir / "final"
         self.accelerator.wait_for_everyone()
+        adapter = self.adapter
+        if fsdp.is_sharded(self.model):  # the full weights, gathered once onto the main process, in a plain copy
+            full = shards.full_state_dict(self.adapter.model)
+            adapter = self._plain_copy(full) if self.is_main else None
         if self.is_main:
             tmp = self.run_dir / ".tmp-final"
             shutil.rmtree(tmp, ignore_errors=True)
-            ckpt.save_model(self.adapter, tmp)
-            if is_lora_wrapped(self.adapter) and self.cfg.logging.save_merged:
-                save_merged(self.adapter, tmp / MERGED_DIR)
+            ckpt.save_model(adapter, tmp)
+            if is_lora_wrapped(adapter) and self.cfg.logging.save_merged:
+                save_merged(adapter, tmp / MERGED_DIR)
             write_manifest(tmp)
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
         self.accelerator.wait_for_everyone()
         return final
+
+    def _plain_copy(self, state_dict: dict[str, torch.Tensor]):
+        """An unsharded adapter on the CPU holding `state_dict` (the starting model rebuilt, LoRA as in the run)."""
+        cfg = self.cfg
+        adapter = load_policy(cfg, torch.device("cpu"), decide_cache=False)
+        if cfg.lora.r > 0:
+            apply_lora(adapter, cfg.lora)
+        adapter.model.load_state_dict(state_dict, strict=True)
+        return adapter
 
     # ---------------------------------------------------------------- trackers, card, hub
     def start_trackers(self) -> None:

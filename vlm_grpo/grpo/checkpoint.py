@@ -47,12 +47,18 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(run_dir: Path, step: int, adapter, optimizer, scheduler, state: dict[str, Any], keep: int = 2) -> Path:
-    final = run_dir / f"checkpoint-{step}"
     tmp = run_dir / f".tmp-checkpoint-{step}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_model(adapter, tmp)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    return commit_checkpoint(tmp, run_dir, step, scheduler, state, keep)
+
+
+def commit_checkpoint(tmp: Path, run_dir: Path, step: int, scheduler, state: dict[str, Any], keep: int = 2) -> Path:
+    """`tmp` (weights and optimizer state already in it) plus scheduler, RNG state, step and manifest, renamed to
+    checkpoint-`step`: the rename is the commit point."""
+    final = run_dir / f"checkpoint-{step}"
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_state(), tmp / "rng_state.pt")
     (tmp / STATE_FILE).write_text(json.dumps({"step": step, **state}, indent=2, default=str))
@@ -65,13 +71,13 @@ def save_checkpoint(run_dir: Path, step: int, adapter, optimizer, scheduler, sta
         shutil.rmtree(old, ignore_errors=True)
     else:
         tmp.rename(final)
-    _fsync_dir(run_dir)
+    _fsync_dir(run_dir, recursive=False)
     _rotate(run_dir, keep)
     return final
 
 
-def _fsync_dir(path: Path) -> None:
-    for file in path.iterdir():
+def _fsync_dir(path: Path, recursive: bool = True) -> None:
+    for file in path.rglob("*") if recursive else path.iterdir():
         if file.is_file():
             with open(file, "rb") as fh:
                 os.fsync(fh.fileno())
@@ -139,7 +145,9 @@ def load_weights(model, checkpoint: Path) -> None:
 
 
 def load_training_state(checkpoint: Path, optimizer, scheduler) -> dict[str, Any]:
-    optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=False))
+    """Optimizer (None: read elsewhere, e.g. from the shards), scheduler, RNG state and the saved step."""
+    if optimizer is not None:
+        optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=False))
     scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", weights_only=False))
     set_rng_state(torch.load(checkpoint / "rng_state.pt", weights_only=False))
     return json.loads((checkpoint / STATE_FILE).read_text())

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from vlm_grpo.grpo.fsdp import MODES as FSDP_MODES
 from vlm_grpo.grpo.guards import GuardConfig
 from vlm_grpo.grpo.loss import LossConfig
 from vlm_grpo.grpo.lora import LoraSettings
@@ -168,6 +169,10 @@ class TrainConfig:
     num_iterations: int = setting(1, help="optimizer updates per rollout batch", at_least=1)
     gradient_accumulation_steps: int = setting(1, help="micro-batches per update (whole prompt groups each)", at_least=1)
     mixed_precision: str = setting("no", help="autocast precision", choices=("no", "bf16", "fp16"))
+    fsdp: str = setting("no", help="shard weights, gradients and optimizer state across processes (torch FSDP2): "
+                        "full_shard, or shard_grad_op (blocks keep their weights from forward to backward); also on "
+                        "under accelerate launch --use_fsdp --fsdp_version 2", choices=FSDP_MODES,
+                        values={"full_shard auto_wrap": "full_shard", "shard_grad_op auto_wrap": "shard_grad_op"})
     seed: int = setting(0, help="seed of data order, sampling, tiny twins and presets")
     resume: bool = setting(False, help="continue from the newest checkpoint that verifies")
     resume_from: str | None = setting(None, help="continue from this checkpoint directory (verified first)")
@@ -177,6 +182,8 @@ class TrainConfig:
         if self.data.batch_size % self.gradient_accumulation_steps:
             raise SettingError("gradient_accumulation_steps", f"{self.gradient_accumulation_steps} does not divide "
                                f"data.batch_size ({self.data.batch_size}): each micro-batch holds whole prompts")
+        if self.fsdp != "no" and self.lora.load_in_4bit:
+            raise SettingError("fsdp", "4-bit weights cannot be sharded here: use LoRA on a bf16 base, or fsdp no")
         # dr_grpo's normaliser is the completion length limit: derived, never set on its own
         self.loss.max_completion_length = self.generation.max_new_tokens
 

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from vlm_grpo.adapters.module_groups import MODULE_GROUPS, strip_wrapper_prefix
+from vlm_grpo.grpo.fsdp import full_tensor
 from vlm_grpo.grpo.settings import SettingError, check_fields, setting
 
 _LORA_PARAM = re.compile(r"\.lora_[A-Za-z_]+\.")
@@ -267,7 +269,11 @@ def update_step(accelerator, optimizer: torch.optim.Optimizer, cfg: OptimConfig)
     if not params:
         return torch.tensor(0.0), False
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
-    grad_norm = accelerator.clip_grad_norm_(params, max_norm)
+    if any(isinstance(p, DTensor) for p in params):  # FSDP shards: torch's clipping reduces the norm over them
+        accelerator.unscale_gradients()
+        grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    else:
+        grad_norm = accelerator.clip_grad_norm_(params, max_norm)
     if getattr(optimizer, "scaler", None) is not None:
         optimizer.step()
         return grad_norm, bool(accelerator.optimizer_step_was_skipped)

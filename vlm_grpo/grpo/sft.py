@@ -18,7 +18,6 @@ Everything else (run dir, freeze/LoRA, per-module learning rates, checkpoints, r
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import warnings
 from dataclasses import dataclass, replace
@@ -153,9 +152,8 @@ class SFTTrainer(BaseTrainer):
         self.optimizer.zero_grad(set_to_none=True)
         nll_sum = hit_sum = 0.0
         for k, chunk in enumerate(chunks):
-            sync = contextlib.nullcontext() if k == len(chunks) - 1 else acc.no_sync(self.model)
-            with sync:
-                total, _, hits = completion_nll(self.adapter, batch.select(chunk), model=self.model)
+            with self.accumulating(last=k == len(chunks) - 1):
+                total, _, hits = self.forward(lambda m: completion_nll(self.adapter, batch.select(chunk), model=m))
                 acc.backward(total / tokens)
             nll_sum += total.item()
             hit_sum += hits.item()
@@ -177,7 +175,7 @@ class SFTTrainer(BaseTrainer):
         metrics = self._mean_over_processes(metrics)
         every = cfg.sft.eval_every
         if every > 0 and ((step + 1) % every == 0 or step + 1 == cfg.max_steps):
-            report = evaluate_run(self.adapter, self.recipe, cfg, step=step + 1)
+            report = self.with_full_weights(lambda: evaluate_run(self.adapter, self.recipe, cfg, step=step + 1))
             metrics.update(heldout_metrics(report))
             self.heldout = {f"step {step + 1}": report}  # the newest evaluation, for the model card
         metrics["step"] = step + 1

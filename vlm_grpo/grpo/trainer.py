@@ -6,7 +6,6 @@ group advantages -> log-probs (old, reference) -> `num_iterations` clipped-ratio
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
@@ -16,7 +15,7 @@ from typing import Any
 import torch
 
 from vlm_grpo.adapters.sharing import image_features
-from vlm_grpo.grpo import checkpointing
+from vlm_grpo.grpo import checkpointing, fsdp
 from vlm_grpo.grpo.advantages import group_advantages
 from vlm_grpo.grpo.base_trainer import BaseTrainer
 from vlm_grpo.grpo.config import TrainConfig
@@ -58,7 +57,8 @@ class GRPOTrainer(BaseTrainer):
     # ---------------------------------------------------------------- held-out evaluation around the run
     def _heldout(self, when: str, step: int) -> dict[str, Any]:
         """Greedy evaluation (eval section) written to eval-<when>.json and logged as a metrics row."""
-        report = evaluate_run(self.adapter, self.recipe, self.cfg, rewards=self.rewards, step=step)
+        report = self.with_full_weights(lambda: evaluate_run(self.adapter, self.recipe, self.cfg, rewards=self.rewards,
+                                                             step=step))
         if self.is_main:
             report["model"] = self.cfg.model.init_from or self.cfg.model.name
             report["step"] = step
@@ -125,6 +125,10 @@ class GRPOTrainer(BaseTrainer):
         models = [self.adapter.model] + ([self.reference] if self.reference is not None else [])
         self.vision_counter = VisionCounter(self.adapter, models)
 
+    def _shard_more(self) -> None:
+        if self.reference is not None:
+            self.reference = fsdp.shard(self.reference, self.sharding)
+
     def scheduler_steps(self) -> int:
         return self.cfg.max_steps * self.cfg.num_iterations
 
@@ -142,21 +146,27 @@ class GRPOTrainer(BaseTrainer):
             return None
         if ro.features is None:
             with torch.no_grad():
-                ro.features = image_features(self.adapter, ro.prompts).detach()
+                ro.features = self.forward(lambda m: image_features(self.adapter, ro.prompts, model=m)).detach()
         return ro.features
 
     def _logprobs(self, ro: Rollout, rows: list[int], model, with_entropy: bool = False):
         perf = self.cfg.perf
         context = self.accelerator.autocast if model is self.model else None
-        with checkpointing.active(model, perf.gradient_checkpointing):
-            scores = group_scores(
-                self.adapter, ro.prompts, ro.prompt_index(rows), ro.completion_ids[rows], ro.completion_mask[rows],
-                model, share_features=perf.share_image_features, features=self._step_features(ro), context=context,
-                share_prompt=perf.share_prompt and not perf.gradient_checkpointing,
-                temperature=self.cfg.generation.temperature, with_entropy=with_entropy,
-                chunk_bytes=perf.logprob_chunk_mb * 2**20,
-            )
-        return (scores.logps, scores.entropy) if with_entropy else scores.logps
+        features = self._step_features(ro)
+
+        def scores(inner):  # returns tensors: a sharded root registers its backward hooks on them
+            with checkpointing.active(inner, perf.gradient_checkpointing):
+                out = group_scores(
+                    self.adapter, ro.prompts, ro.prompt_index(rows), ro.completion_ids[rows], ro.completion_mask[rows],
+                    inner, share_features=perf.share_image_features, features=features, context=context,
+                    share_prompt=perf.share_prompt and not perf.gradient_checkpointing,
+                    temperature=self.cfg.generation.temperature, with_entropy=with_entropy,
+                    chunk_bytes=perf.logprob_chunk_mb * 2**20,
+                )
+            return out.logps, out.entropy
+
+        logps, entropy = self.forward(scores, model)
+        return (logps, entropy) if with_entropy else logps
 
     def _reference_logprobs(self, ro: Rollout, rows: list[int]) -> torch.Tensor | None:
         if self.cfg.loss.beta <= 0:
@@ -164,8 +174,8 @@ class GRPOTrainer(BaseTrainer):
         with torch.no_grad():
             if self.reference is not None:
                 return self._logprobs(ro, rows, self.reference)
-            with reference_disabled(self.adapter):
-                return self._logprobs(ro, rows, self.adapter.model)
+            with reference_disabled(self.adapter):  # the policy itself (through its wrapper), LoRA off
+                return self._logprobs(ro, rows, self.model)
 
     def _chunks(self, n_rows: int) -> list[list[int]]:
         g, steps = self.cfg.data.num_generations, self.cfg.gradient_accumulation_steps
@@ -183,9 +193,9 @@ class GRPOTrainer(BaseTrainer):
         self.vision_counter.reset()
         rollout_started = time.perf_counter()
         with acc.autocast():  # sample in the precision the policy forward runs in (a no-op without mixed precision)
-            ro = rollout(
+            ro = self.with_full_weights(lambda: rollout(
                 self.adapter, samples, cfg.generation, cfg.data.num_generations, acc.device, shared_prefix=cfg.perf.shared_prefix
-            )
+            ))
         self.timings = {"rollout": time.perf_counter() - rollout_started}
         reward_errors: dict[str, int] = {}
         inputs = RewardInputs.from_samples(samples, cfg.data.num_generations, ro.completions, ro.completion_ids,
@@ -208,8 +218,7 @@ class GRPOTrainer(BaseTrainer):
         for _ in range(cfg.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             for k, chunk in enumerate(chunks):
-                sync = contextlib.nullcontext() if k == len(chunks) - 1 else acc.no_sync(self.model)
-                with sync:
+                with self.accumulating(last=k == len(chunks) - 1):
                     logps, entropy = self._logprobs(ro, chunk, self.model, with_entropy=True)
                     loss, loss_metrics = grpo_loss(
                         logps,

@@ -1,0 +1,141 @@
+"""FSDP2 full sharding with 2 CPU processes (gloo): the same gradients as 1 process and as DDP, sharded checkpoints
+that resume exactly, a `final/` that from_pretrained loads, LoRA and SFT under sharding."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vlm_grpo.adapters.registry import family_class
+from vlm_grpo.cli import main
+from vlm_grpo.grpo.run_log import read_jsonl
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("layout_worker.py")
+FAST = ["--data.recipe_options", "{image_size: 56}", "--max-new-tokens", "8", "--logging.progress", "false"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+# accelerate's own FSDP options: on CPU accelerate leaves them to the program, which shards with fully_shard
+FSDP_LAUNCH = ["--use_fsdp", "--fsdp_version", "2"]
+DDP_LAUNCH = ["--multi_gpu"]
+
+
+def launch(kind: list[str], port: int, *program: str) -> None:
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *kind, "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port), *program]
+    done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+
+
+def cli(*args: str) -> list[str]:
+    return ["-m", "vlm_grpo.cli", *args]
+
+
+def test_gradients_match_across_process_layouts(tmp_path):
+    """One process with 4 prompts, 2 DDP processes and 2 FSDP processes with 2 each, on the same completions: the
+    update's gradients agree to fp32 round-off (<= 1e-5 of each tensor's largest entry), the weights after the
+    AdamW step to 1% of the learning rate. The vision tower trains, so the image features are computed with
+    gradient outside the model's own forward (the shared-feature path) on every layout."""
+    one, ddp, sharded = tmp_path / "one.pt", tmp_path / "ddp.pt", tmp_path / "fsdp.pt"
+    done = subprocess.run([sys.executable, str(WORKER), str(one)], env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    launch(DDP_LAUNCH, 29531, str(WORKER), str(ddp))
+    launch(DDP_LAUNCH, 29532, str(WORKER), str(sharded), "--fsdp", "full_shard")
+    base = torch.load(one)
+    assert base["world"] == 1 and base["grads"]
+    assert any(".visual." in name or "vision" in name for name in base["grads"])  # the encoder has gradients
+    for path in (ddp, sharded):
+        other = torch.load(path)
+        assert other["world"] == 2
+        assert other["grads"].keys() == base["grads"].keys(), path.name
+        for name, grad in base["grads"].items():
+            scale = grad.abs().max().item() or 1.0
+            assert (other["grads"][name] - grad).abs().max().item() <= 1e-5 * scale, (path.name, name)
+        for name, weight in base["weights"].items():
+            assert (other["weights"][name] - weight).abs().max().item() <= 1e-2 * 1e-3, (path.name, name)
+
+
+def test_sharded_run_saves_resumes_exactly_and_writes_a_plain_final(tmp_path):
+    """accelerate launch --use_fsdp --fsdp_version 2: the policy and its reference copy sharded, gradient
+    accumulation without reduce-scatter in between; a run killed after checkpoint-2 and resumed ends with
+    exactly the weights and metrics of the uninterrupted one."""
+    common = ["train", "--model", "tiny:qwen2_5_vl", "--max-steps", "4", "--beta", "0.04", "--learning-rate", "1e-3",
+              "--gradient-accumulation-steps", "2", *FAST]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    launch(FSDP_LAUNCH, 29533, *cli(*common, "--output-dir", str(straight)))
+    launch(FSDP_LAUNCH, 29534, *cli(*common, "--output-dir", str(split), "--save-every", "2"))
+
+    shards = split / "checkpoint-2" / "sharded"
+    assert sorted(p.name for p in shards.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]  # one per process
+    listed = json.loads((split / "checkpoint-2" / "manifest.json").read_text())["files"]
+    assert {"sharded/__0_0.distcp", "sharded/__1_0.distcp", "sharded/.metadata"} <= set(listed)
+    assert json.loads((split / "checkpoint-2" / "trainer_state.json").read_text())["fsdp"] == "full_shard"
+    assert main(["verify", str(split)]) == 0
+
+    for extra in ("checkpoint-4", "final"):  # the run dies after checkpoint-2 ...
+        shutil.rmtree(split / extra)
+    lines = (split / "metrics.jsonl").read_text().splitlines()
+    (split / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    launch(FSDP_LAUNCH, 29535, *cli(*common, "--output-dir", str(split), "--resume"))  # ... and is resumed
+
+    a, b = load_file(straight / "final" / "model.safetensors"), load_file(split / "final" / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "step_time"} for r in rows]  # noqa: E731
+    assert strip(read_jsonl(straight / "metrics.jsonl")) == strip(read_jsonl(split / "metrics.jsonl"))
+    assert read_jsonl(straight / "metrics.jsonl")[-1]["kl"] > 0  # the sharded reference copy was used
+
+    model = family_class("qwen2_5_vl").model_class.from_pretrained(straight / "final")  # an ordinary checkpoint
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in a.items() if k in model.state_dict())
+
+    # a sharded checkpoint in a run without FSDP: refused in one line, nothing overwritten
+    code = main(["train", "--model", "tiny:qwen2_5_vl", "--max-steps", "5", "--beta", "0.04", *FAST,
+                 "--output-dir", str(split), "--resume-from", str(split / "checkpoint-4")])
+    assert code == 2
+    assert (split / "checkpoint-4" / "sharded").is_dir()
+
+
+def test_lora_and_sft_under_sharding(tmp_path):
+    """LoRA under FSDP (the reference is the policy with its adapter off) writes the adapter and a merged model;
+    the SFT stage shards the same way."""
+    lora = tmp_path / "lora"
+    launch(FSDP_LAUNCH, 29536, *cli("train", "--model", "tiny:qwen2_5_vl", "--max-steps", "2", "--lora.r", "4",
+                                   "--beta", "0.04", "--learning-rate", "1e-2", *FAST, "--output-dir", str(lora)))
+    assert read_jsonl(lora / "metrics.jsonl")[-1]["kl"] > 0
+    assert (lora / "final" / "adapter_model.safetensors").is_file()
+    merged = family_class("qwen2_5_vl").model_class.from_pretrained(lora / "final" / "merged")
+    assert not any("lora" in n for n, _ in merged.named_parameters())
+
+    sft = tmp_path / "sft"
+    launch(DDP_LAUNCH, 29537, *cli("sft", "--model", "tiny:qwen2_5_vl", "--max-steps", "2", "--fsdp", "full_shard",
+                                  *FAST, "--output-dir", str(sft)))
+    rows = read_jsonl(sft / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2] and all(r["loss"] > 0 for r in rows)
+    assert (sft / "checkpoint-2" / "sharded").is_dir()
+    family_class("qwen2_5_vl").model_class.from_pretrained(sft / "final")
+
+
+@pytest.mark.parametrize("value", ["full_shard", "full_shard auto_wrap", "shard_grad_op"])
+def test_fsdp_setting_spellings(value):
+    from vlm_grpo.grpo.run_settings import load_config
+
+    cfg = load_config(overrides=["--fsdp", value])
+    assert cfg.fsdp in ("full_shard", "shard_grad_op")
+
+
+def test_fsdp_needs_processes_and_refuses_4bit(tmp_path):
+    from vlm_grpo.grpo.run_settings import load_config
+    from vlm_grpo.grpo.settings import SettingError
+
+    with pytest.raises(SettingError, match="fsdp"):
+        load_config(overrides=["--fsdp", "full_shard", "--lora.r", "4", "--lora.load_in_4bit", "true"])
+    code = main(["train", "--model", "tiny:qwen2_5_vl", "--fsdp", "full_shard", *FAST, "--output-dir", str(tmp_path)])
+    assert code == 2
+    assert not (tmp_path / "checkpoint-3").exists()
