@@ -40,7 +40,7 @@ def cli(*args: str) -> list[str]:
 
 def test_gradients_match_across_process_layouts(tmp_path):
     """One process with 4 prompts, 2 DDP processes and 2 FSDP processes with 2 each, on the same completions: the
-    update's gradients agree to fp32 round-off (<= 1e-5 of each tensor's largest entry), the weights after the
+    update's gradients agree to fp32 round-off (<= 1e-5 of each tensor's largest entry + 1e-9), the weights after the
     AdamW step to 1% of the learning rate. The vision tower trains, so the image features are computed with
     gradient outside the model's own forward (the shared-feature path) on every layout."""
     one, ddp, sharded = tmp_path / "one.pt", tmp_path / "ddp.pt", tmp_path / "fsdp.pt"
@@ -57,7 +57,8 @@ def test_gradients_match_across_process_layouts(tmp_path):
         assert other["grads"].keys() == base["grads"].keys(), path.name
         for name, grad in base["grads"].items():
             scale = grad.abs().max().item() or 1.0
-            assert (other["grads"][name] - grad).abs().max().item() <= 1e-5 * scale, (path.name, name)
+            # + 1e-9: a key bias's gradient is zero in exact arithmetic (softmax ignores it) and ~1e-11 here
+            assert (other["grads"][name] - grad).abs().max().item() <= 1e-5 * scale + 1e-9, (path.name, name)
         for name, weight in base["weights"].items():
             assert (other["weights"][name] - weight).abs().max().item() <= 1e-2 * 1e-3, (path.name, name)
 
