@@ -16,8 +16,10 @@ def test_bench_runs_both_frameworks_and_counts_images(tmp_path):
     ours, trl = report["results"]["vlm-grpo"], report["results"]["trl"]
     assert ours["step_time_s"] > 0 and trl["step_time_s"] > 0
     assert report["settings"]["model"] == "tiny:qwen2_5_vl" and "trl" in report["versions"]
-    # vlm-grpo encodes each prompt's image once per forward; TRL encodes it once per completion (G = 2)
-    assert ours["vision_images_per_step"] * 2 == trl["vision_images_per_step"]
+    # vlm-grpo: each prompt's image once in the reference and once (with gradient, before the rollout) for the
+    # policy; TRL: once per completion (G = 2) in the rollout, the reference and the policy
+    assert (ours["vision_calls_per_step"], ours["vision_images_per_step"]) == (2, 2 * 2)
+    assert (trl["vision_calls_per_step"], trl["vision_images_per_step"]) == (3, 3 * 2 * 2)
     assert set(report["ratios"]) == {
         "step_throughput (trl step time / vlm-grpo step time)", "rollout_tokens_per_s (vlm-grpo / trl)",
         "peak_memory (vlm-grpo / trl)",

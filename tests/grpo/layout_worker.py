@@ -57,6 +57,7 @@ def main(out: str, *settings: str) -> None:
     everyone = [trainer.dataset[i] for i in batch_indices(len(trainer.dataset), GLOBAL_BATCH, 0, cfg.seed)]
 
     def same_rollout_everywhere(adapter, samples, gen, num_generations, device, **kwargs):
+        kwargs.pop("prompts", None), kwargs.pop("features", None)  # this process's: the whole step's are made here
         torch.manual_seed(1234)
         whole = real_rollout(adapter, everyone, gen, num_generations, device, **kwargs)
         assert [s.prompt for s in samples] == [s.prompt for s in everyone[rank * per : (rank + 1) * per]]

@@ -180,7 +180,9 @@ def _run(tmp_path, name, *overrides):
 @pytest.mark.parametrize(
     "overrides, calls, images_per_call",
     [
-        ((), 2, "B"),  # rollout + policy forward, each encodes the B unique prompts' images once
+        ((), 1, "B"),  # one encoder call with gradient, before the rollout, serves it and the update
+        (("--encode-once", "false"), 2, "B"),  # rollout + policy forward, each encodes the B prompts' images once
+        (("--beta", "0.04"), 2, "B"),  # + the reference copy's own encoder
         (("--freeze", "vision,projector"), 1, "B"),  # frozen: the rollout's features are reused
         (("--freeze", "vision,projector", "--reuse-frozen-features", "false"), 2, "B"),
         (("--shared-prefix", "false", "--share-image-features", "false"), 2, "BG"),  # the plain path
@@ -195,3 +197,20 @@ def test_step_metrics_count_vision_calls_and_tokens(tmp_path, overrides, calls, 
         assert metrics["perf/vision_images"] == calls * (b if images_per_call == "B" else b * g)
         assert metrics["perf/decode_tokens"] == b * g * 4
         assert metrics["perf/prefill_tokens"] > 0
+
+
+def test_encoding_once_before_the_rollout_gives_the_same_run(tmp_path):
+    """The policy's features taken with gradient before the rollout (encode_once) sample the same completions and
+    make the same updates as the rollout and the policy forward each running the encoder."""
+    runs = {}
+    for flag in ("true", "false"):
+        cfg = load_config(overrides=["--output-dir", str(tmp_path / flag), *FAST, "--beta", "0.04", "--max-steps", "3",
+                                     "--learning-rate", "1e-3", "--encode-once", flag, "--log-completions", "true"])
+        trainer = GRPOTrainer(cfg)
+        history = trainer.train()
+        runs[flag] = (history, {n: p.detach() for n, p in trainer.adapter.model.named_parameters()})
+    (once, weights_once), (twice, weights_twice) = runs["true"], runs["false"]
+    assert [m["perf/vision_calls"] for m in once] == [2, 2, 2] and [m["perf/vision_calls"] for m in twice] == [3, 3, 3]
+    assert [m["reward"] for m in once] == [m["reward"] for m in twice]  # the same completions
+    for name, value in weights_once.items():
+        assert torch.allclose(value, weights_twice[name], rtol=0, atol=1e-6), name

@@ -89,6 +89,8 @@ class PerfConfig:
     shared_prefix: bool = setting(True, help="rollout: encode and prefill each prompt once, sample G completions from it")
     share_image_features: bool = setting(True, help="log-prob forwards: encode each image once for its G sequences")
     reuse_frozen_features: bool = setting(True, help="vision tower + projector frozen: reuse the rollout's features")
+    encode_once: bool = setting(True, help="encoder trains, one update per rollout: the policy's image features are "
+                                "computed once, with gradient, before the rollout, which samples from a detached copy")
     share_prompt: bool = setting(True, help="log-prob forwards: run each prompt once and let its G completions reuse "
                                  "its KV cache (off under gradient checkpointing, whose blocks drop the cache)")
     logprob_chunk_mb: int = setting(256, help="fp32 logits of one chunk of positions, in MiB (the LM head scores "

@@ -58,11 +58,19 @@ def collect_fields(samples: list[Sample], times: int) -> dict[str, list[Any]]:
     return {k: expand([s.fields.get(k) for s in samples], times) for k in sorted(keys)}
 
 
-def rollout(
-    adapter, samples: list[Sample], gen, num_generations: int, device, use_cache: bool | None = None, shared_prefix: bool = True
-) -> Rollout:
+def encode(adapter, samples: list[Sample], device) -> PromptBatch:
+    """The samples' prompts, tokenized with their images, on `device` in the model's dtype."""
     prompts = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples])
-    prompts = prompts.to(device, dtype=next(adapter.model.parameters()).dtype)
+    return prompts.to(device, dtype=next(adapter.model.parameters()).dtype)
+
+
+def rollout(
+    adapter, samples: list[Sample], gen, num_generations: int, device, use_cache: bool | None = None, shared_prefix: bool = True,
+    prompts: PromptBatch | None = None, features: ImageFeatures | None = None,
+) -> Rollout:
+    """`prompts`: the samples already encoded (`encode`); `features`: their image features, already computed
+    (the shared-prefix path then runs no encoder)."""
+    prompts = encode(adapter, samples, device) if prompts is None else prompts
     sampling = dict(
         max_new_tokens=gen.max_new_tokens,
         min_new_tokens=getattr(gen, "min_new_tokens", 0),
@@ -72,9 +80,8 @@ def rollout(
         top_k=gen.top_k,
         use_cache=use_cache,
     )
-    features = None
     if shared_prefix:
-        result = generate_shared(adapter, prompts, num_generations, **sampling)
+        result = generate_shared(adapter, prompts, num_generations, features=features, **sampling)
         out, features, prefill = result.output, result.features, result.prefill_tokens
     else:
         grouped = prompts.repeat(num_generations)

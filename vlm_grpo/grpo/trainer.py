@@ -28,7 +28,7 @@ from vlm_grpo.grpo.loss import grpo_loss
 from vlm_grpo.grpo.optim import update_step
 from vlm_grpo.grpo.reward_inputs import RewardInputs, trainer_state
 from vlm_grpo.grpo.rewards import nan_mean, nan_std, run_rewards, score
-from vlm_grpo.grpo.rollout import Rollout, rollout
+from vlm_grpo.grpo.rollout import Rollout, encode, rollout
 
 log = logging.getLogger(__name__)
 SIDE_BY_SIDE_SHOWN = 6  # held-out pairs printed at the end of a run with eval.before_after
@@ -51,6 +51,7 @@ class GRPOTrainer(BaseTrainer):
     def __init__(self, cfg: TrainConfig, adapter=None, recipe=None, after_run=()):
         cfg.loss.max_completion_length = cfg.generation.max_new_tokens
         self.reference = None
+        self._policy_features = None  # this step's policy image features, with gradient (_encode_once)
         self.timings: dict[str, float] = {}  # seconds of the last step's phases (kept out of the metrics)
         super().__init__(cfg, adapter=adapter, recipe=recipe, after_run=after_run)
 
@@ -140,6 +141,16 @@ class GRPOTrainer(BaseTrainer):
         perf = self.cfg.perf
         return perf.share_image_features and perf.reuse_frozen_features and self.encoder_frozen
 
+    def _encode_once(self) -> bool:
+        """Whether the policy's features, with gradient, can be computed before the rollout and serve both it and
+        the update: the encoder trains (else the rollout's no-grad features serve), the policy runs one forward
+        at the rollout's weights (one update, one micro-batch) and nothing drops the graph in between
+        (gradient checkpointing, resharding)."""
+        cfg, perf = self.cfg, self.cfg.perf
+        return (perf.encode_once and perf.shared_prefix and perf.share_image_features and not self.encoder_frozen
+                and cfg.num_iterations == 1 and cfg.gradient_accumulation_steps == 1
+                and not perf.gradient_checkpointing and not fsdp.is_sharded(self.model))
+
     def _step_features(self, ro: Rollout):
         """The step's image features when they may be reused (frozen encoder): the rollout's, or encoded once."""
         if not self._reuse_features():
@@ -153,6 +164,8 @@ class GRPOTrainer(BaseTrainer):
         perf = self.cfg.perf
         context = self.accelerator.autocast if model is self.model else None
         features = self._step_features(ro)
+        if model is self.model and torch.is_grad_enabled() and self._policy_features is not None:
+            features = self._policy_features  # computed with gradient before the rollout (_encode_once)
 
         def scores(inner):  # returns tensors: a sharded root registers its backward hooks on them
             with checkpointing.active(inner, perf.gradient_checkpointing):
@@ -193,8 +206,12 @@ class GRPOTrainer(BaseTrainer):
         self.vision_counter.reset()
         rollout_started = time.perf_counter()
         with acc.autocast():  # sample in the precision the policy forward runs in (a no-op without mixed precision)
+            prompts = encode(self.adapter, samples, acc.device)
+            self._policy_features = image_features(self.adapter, prompts, model=self.model) if self._encode_once() else None
+            sampled_from = None if self._policy_features is None else self._policy_features.detach()
             ro = self.with_full_weights(lambda: rollout(
-                self.adapter, samples, cfg.generation, cfg.data.num_generations, acc.device, shared_prefix=cfg.perf.shared_prefix
+                self.adapter, samples, cfg.generation, cfg.data.num_generations, acc.device,
+                shared_prefix=cfg.perf.shared_prefix, prompts=prompts, features=sampled_from,
             ))
         self.timings = {"rollout": time.perf_counter() - rollout_started}
         reward_errors: dict[str, int] = {}
@@ -242,6 +259,7 @@ class GRPOTrainer(BaseTrainer):
                 log.warning("step %d: non-finite gradient norm, update skipped", step)
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
+        self._policy_features = None  # its graph is spent
         metrics = {
             **sums,
             # a reward's None (not applicable) is NaN: means and stds are over the values present, as in TRL
