@@ -1,0 +1,78 @@
+"""Where one vlm-grpo GRPO step spends its time, on the benchmark's settings (B=4, G=8, T=64, beta 0.04).
+
+    OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 python benchmarks/step_phases.py --model preset:hybrid_vit_heavy --threads 2
+
+Wall-clock timers around the trainer's calls: the policy's image features taken before the rollout, the
+rollout, the reference forward, the policy's image features and shared-prompt forward inside the update, the
+backward and the optimizer update. One warm-up step, then `--steps` steps, one line each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import vlm_grpo.grpo.logprobs as logprobs_module
+import vlm_grpo.grpo.trainer as trainer_module
+from vlm_grpo.bench.runners import _load, build_source
+from vlm_grpo.bench.settings import BenchSettings
+from vlm_grpo.grpo.run_settings import load_config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="preset:hybrid_vit_heavy")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    settings = BenchSettings(model=args.model)
+    work = Path(tempfile.mkdtemp())
+    source = build_source(settings, work)
+    cfg = load_config(overrides=[
+        "--model", source, "--recipe", "shapes", "--data.recipe_options", json.dumps({"image_size": settings.image_size}),
+        "--train-size", "64", "--batch-size", str(settings.batch_size), "--num-generations", str(settings.num_generations),
+        "--max-new-tokens", str(settings.max_new_tokens), "--min-new-tokens", str(settings.max_new_tokens),
+        "--beta", str(settings.beta), "--loss-type", settings.loss_type, "--learning-rate", str(settings.learning_rate),
+        "--max-steps", str(args.steps + 1), "--output-dir", str(work / "run"), "--log-completions", "false",
+        "--progress", "false", "--data.rewards", "letters=vlm_grpo.bench.runners:letter_share",
+    ])
+    seconds: dict[str, float] = {}
+
+    def timed(name, fn):
+        def wrapper(*a, **kw):
+            started = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - started
+        return wrapper
+
+    with contextlib.redirect_stdout(None):
+        trainer = trainer_module.GRPOTrainer(cfg, adapter=_load(source, torch.device("cpu")))
+    trainer_module.image_features = timed("features before rollout", trainer_module.image_features)
+    trainer_module.rollout = timed("rollout", trainer_module.rollout)
+    trainer_module.update_step = timed("optimizer", trainer_module.update_step)
+    trainer._reference_logprobs = timed("reference forward", trainer._reference_logprobs)
+    logprobs_module.image_features = timed("features in forwards", logprobs_module.image_features)
+    logprobs_module.shared_prompt_scores = timed("LM forwards", logprobs_module.shared_prompt_scores)
+    trainer.accelerator.backward = timed("backward", trainer.accelerator.backward)
+    print(f"{args.model}, {args.threads} thread(s); seconds per phase (reference forward includes its features and LM "
+          "forward; 'features in forwards' and 'LM forwards' count the reference's and the policy's)")
+    trainer.train_step(0)
+    for step in range(1, args.steps + 1):
+        seconds.clear()
+        started = time.perf_counter()
+        trainer.train_step(step)
+        total = time.perf_counter() - started
+        print("  ".join(f"{k} {v:.2f}" for k, v in seconds.items()) + f"  | step {total:.2f}")
+
+
+if __name__ == "__main__":
+    main()
