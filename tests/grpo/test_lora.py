@@ -114,16 +114,27 @@ def test_explicit_targets_freeze_interplay_and_misuse():
             pass
     with pytest.raises(ValueError, match=r"\['no_such'\] match no Linear"):
         lora_targets(adapter, LoraSettings(r=4, target_modules=["q_proj", "no_such"]))
-    apply_lora(adapter, LoraSettings(r=4, target_modules=["merger.mlp.2", "language_model.layers.0.self_attn.q_proj"]))
+    targets = LoraSettings(r=4, target_modules=["merger.mlp.2", "language_model.layers.0.self_attn.q_proj"])
+    with pytest.raises(ValueError, match="choose one"):  # LoRA matrices and trained whole: contradictory
+        apply_lora(fresh("qwen2_5_vl"), targets, train_fully=[r"merger\.mlp\.2\."])
+    apply_lora(adapter, targets, train_fully=[r"^lm_head\."])
     lora_groups = {adapter.module_group_of(n) for n, _ in adapter.model.named_parameters() if is_lora_param(n)}
     assert lora_groups == {"projector", "language"}
     with pytest.raises(ValueError, match="already carries LoRA"):
         apply_lora(adapter, LoraSettings(r=4))
-    # freeze policies still apply after wrapping: freeze language LoRA, train the lm_head itself
+    # freeze policies still apply after wrapping: freeze language LoRA, train the lm_head whole (as a copy)
     cfg = OptimConfig(freeze=["language"], trainable_patterns=[r"^lm_head\."])
     optimizer = build_optimizer(adapter, cfg)
     assert [g["name"] for g in optimizer.param_groups] == ["projector", "head"]
     assert [g["name"] for g in param_groups(adapter, cfg)] == ["projector", "head"]
+    heads = {n: p.requires_grad for n, p in adapter.model.named_parameters() if "lm_head" in n}
+    assert any(v for n, v in heads.items() if "modules_to_save" in n)
+    assert not any(v for n, v in heads.items() if "original_module" in n)  # the reference's lm_head stays
+    # a base module trained in place under LoRA would move the reference and miss the adapter checkpoint
+    plain = fresh("qwen2_5_vl")
+    apply_lora(plain, LoraSettings(r=4))
+    with pytest.raises(ValueError, match="trainable copy"):
+        build_optimizer(plain, OptimConfig(trainable_patterns=[r"^lm_head\."]))
 
 
 def test_qlora_without_cuda_says_what_is_needed():

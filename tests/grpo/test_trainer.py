@@ -112,6 +112,29 @@ def test_lora_run_with_reference_from_disabled_adapter(tmp_path):
     assert not any("lora" in n for n, _ in merged.named_parameters())
 
 
+def test_lora_with_a_projector_trained_whole_keeps_the_reference_and_saves_it(tmp_path):
+    """LoRA on the language model + the projector trained whole (trainable_patterns): the projector trains as a
+    copy, the reference (adapter off) keeps the original, and final/ (adapter and merged) holds the trained one."""
+    cfg = run_config(tmp_path, "--model", "tiny:qwen2_5_vl", "--max-steps", "2", "--lora.r", "4", "--beta", "0.04",
+                     "--learning-rate", "1e-2", "--optim.trainable_patterns", "[merger]")
+    trainer = GRPOTrainer(cfg)
+    params = dict(trainer.adapter.model.named_parameters())
+    before = {n: p.detach().clone() for n, p in params.items()}
+    trainer.train()
+    copies = [n for n in params if "merger" in n and ".modules_to_save." in n]
+    originals = [n for n in params if "merger" in n and ".original_module." in n]
+    assert copies and len(copies) == len(originals)
+    assert all(torch.equal(params[n], before[n]) for n in originals)  # the reference's projector
+    assert any(not torch.equal(params[n], before[n]) for n in copies)
+    saved = load_file(tmp_path / "final" / "adapter_model.safetensors")
+    assert any("merger" in k and "lora" not in k for k in saved)
+    merged = family_class("qwen2_5_vl").model_class.from_pretrained(tmp_path / "final" / "merged")
+    merged_params = dict(merged.named_parameters())
+    for name in copies:
+        plain = name.replace("base_model.model.", "").replace(".modules_to_save.default", "")
+        assert torch.equal(merged_params[plain], params[name].detach()), plain
+
+
 def test_two_processes_keep_groups_whole(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     cmd = [

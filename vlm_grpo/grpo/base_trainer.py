@@ -162,7 +162,7 @@ class BaseTrainer:
     def _setup_training(self) -> None:
         cfg, adapter = self.cfg, self.adapter
         if cfg.lora.r > 0:
-            apply_lora(adapter, cfg.lora)
+            apply_lora(adapter, cfg.lora, train_fully=cfg.optim.trainable_patterns)
         else:
             apply_freeze(adapter, cfg.optim)
         self._after_freeze()
@@ -270,7 +270,7 @@ class BaseTrainer:
         cfg = self.cfg
         adapter = load_policy(cfg, torch.device("cpu"), decide_cache=False)
         if cfg.lora.r > 0:
-            apply_lora(adapter, cfg.lora)
+            apply_lora(adapter, cfg.lora, train_fully=cfg.optim.trainable_patterns)
         adapter.model.load_state_dict(state_dict, strict=True)
         return adapter
 

@@ -7,6 +7,8 @@
   log-prob forward keep working, and `module_group_of` maps each LoRA matrix to its layer's group.
 - `reference_disabled(adapter)`: GRPO's KL reference is the base model, which under LoRA is the same
   network with the adapter switched off: no second copy of the weights in memory.
+- Modules named by `trainable_patterns` train whole beside the LoRA matrices as peft's `modules_to_save`
+  copies, so the reference keeps the originals and the adapter checkpoint carries them.
 - `merged_copy(adapter)`: a plain transformers model with the LoRA deltas folded in, for saving.
 - QLoRA (`load_in_4bit=True`) needs a CUDA GPU and bitsandbytes, and a base loaded in 4 bit
   (`VLMAdapter.load(..., load_in_4bit=True)`); it is prepared with peft's `prepare_model_for_kbit_training`.
@@ -15,11 +17,12 @@
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 
@@ -78,8 +81,23 @@ def lora_targets(adapter, settings: LoraSettings) -> list[str]:
     return targets
 
 
-def apply_lora(adapter, settings: LoraSettings):
-    """Wrap `adapter.model` with LoRA (in place; returns `adapter`). r == 0 leaves it untouched."""
+def fully_trained_modules(adapter, patterns: Sequence[str]) -> list[str]:
+    """The modules holding parameters that `patterns` (optim.trainable_patterns) name, in model order."""
+    regexes = [re.compile(p) for p in patterns]
+    modules: list[str] = []
+    for name, _ in adapter.model.named_parameters():
+        module = name.rsplit(".", 1)[0] if "." in name else ""
+        if any(r.search(name) for r in regexes) and module not in modules:
+            modules.append(module)
+    return modules
+
+
+def apply_lora(adapter, settings: LoraSettings, train_fully: Sequence[str] = ()):
+    """Wrap `adapter.model` with LoRA (in place; returns `adapter`). r == 0 leaves it untouched.
+
+    `train_fully`: trainable_patterns; the modules they name train whole beside the LoRA matrices, as
+    trainable copies (peft's modules_to_save): the reference (adapter switched off) keeps the originals and
+    the adapter checkpoint holds the copies."""
     if not settings.enabled:
         return adapter
     if is_lora_wrapped(adapter):
@@ -87,6 +105,15 @@ def apply_lora(adapter, settings: LoraSettings):
     from peft import LoraConfig, get_peft_model
 
     model = adapter.model
+    targets = lora_targets(adapter, settings)
+    full = fully_trained_modules(adapter, train_fully)
+    if "" in full:
+        raise ValueError("trainable_patterns name a parameter of the model's root module; under LoRA only whole "
+                         "submodules can train beside the adapter")
+    both = sorted(set(targets) & set(full))
+    if both:
+        raise ValueError(f"{both} get LoRA matrices and are trained whole by trainable_patterns: choose one "
+                         "(lora.target_modules or optim.trainable_patterns)")
     if settings.load_in_4bit:
         four_bit_config()  # raises without a CUDA GPU (QLoRA needs CUDA + bitsandbytes)
         if not _loaded_in_4bit(model):
@@ -102,7 +129,8 @@ def apply_lora(adapter, settings: LoraSettings):
         r=settings.r,
         lora_alpha=settings.alpha,
         lora_dropout=settings.dropout,
-        target_modules=lora_targets(adapter, settings),
+        target_modules=targets,
+        modules_to_save=full or None,
         bias="none",
     )
     with warnings.catch_warnings():

@@ -27,6 +27,7 @@ from vlm_grpo.grpo.fsdp import full_tensor
 from vlm_grpo.grpo.settings import SettingError, check_fields, setting
 
 _LORA_PARAM = re.compile(r"\.lora_[A-Za-z_]+\.")
+_PEFT_COPY = re.compile(r"\.(?:modules_to_save\.[^.]+|original_module)\.")  # peft's modules_to_save wrapper
 # decoder-block containers across families: `layers.N.` (most decoder LMs), `layer.N.`, `h.N.` (GPT-2), `blocks.N.`
 _LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks)\.(\d+)\.")
 
@@ -189,12 +190,19 @@ def apply_freeze(adapter, cfg: OptimConfig) -> None:
     hits = [0] * len(patterns)
     for name, param in model.named_parameters():
         short = strip_wrapper_prefix(name)
+        plain = _PEFT_COPY.sub(".", short)  # a modules_to_save copy or original, named as the module it stands for
         trainable = is_lora_param(short) if wrapped else True
         trainable = trainable and adapter.module_group_of(name) not in frozen
         trainable = trainable and (allow is None or allow(short))
         for i, pattern in enumerate(patterns):
-            if pattern.search(short):
+            if pattern.search(plain):
                 hits[i] += 1
+                if wrapped and ".modules_to_save." not in short:
+                    if ".original_module." in short:
+                        continue  # the reference's copy: never trains
+                    raise ValueError(f"{short}: under LoRA a module trained whole must be a trainable copy "
+                                     "(apply_lora(..., train_fully=trainable_patterns)), or the reference would "
+                                     "move with it and the adapter checkpoint would not hold it")
                 trainable = True
         if param.is_floating_point():  # quantized storage (4-bit) can never train
             param.requires_grad_(trainable)
