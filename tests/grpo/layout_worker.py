@@ -37,7 +37,6 @@ def rows_of_prompts(ro, first: int, count: int):
         completion_ids=ro.completion_ids[rows],
         completion_mask=ro.completion_mask[rows],
         completions=ro.completions[rows],
-        fields={k: v[rows] for k, v in ro.fields.items()},
         prompt_texts=ro.prompt_texts[first : first + count],
         features=None if ro.features is None else ro.features.select(prompts),
     )

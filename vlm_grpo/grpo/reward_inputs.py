@@ -22,8 +22,13 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from vlm_grpo.grpo.rollout import collect_fields
 from vlm_grpo.recipes.base import Sample, expand
+
+
+def collect_fields(samples: list[Sample], times: int) -> dict[str, list[Any]]:
+    """Every sample field (the dataset's other columns), one value per completion."""
+    keys = {k for s in samples for k in s.fields}
+    return {k: expand([s.fields.get(k) for s in samples], times) for k in sorted(keys)}
 
 
 def trainer_state(global_step: int = 0, max_steps: int = 0):

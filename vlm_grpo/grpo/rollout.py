@@ -8,14 +8,13 @@ the same tokens as the plain path, which repeats every prompt G times before gen
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch
 from vlm_grpo.adapters.features import ImageFeatures
 from vlm_grpo.adapters.sharing import generate_shared
-from vlm_grpo.recipes.base import Sample, expand
+from vlm_grpo.recipes.base import Sample
 
 
 @dataclass
@@ -24,7 +23,6 @@ class Rollout:
     completion_ids: torch.Tensor  # [B*G, T]
     completion_mask: torch.Tensor  # [B*G, T], 1 up to and including the first EOS
     completions: list[str]
-    fields: dict[str, list[Any]]  # sample fields, expanded to B*G
     prompt_texts: list[str]  # B
     num_generations: int = 1
     features: ImageFeatures | None = None  # the prompts' image features (detached), when the rollout computed them
@@ -51,11 +49,6 @@ def check_no_placeholders(adapter, completion_ids: torch.Tensor, mask: torch.Ten
             f"sample {row // num_generations}, completion {row % num_generations}: generated the image placeholder "
             f"id {adapter.image_token_id}; it must be suppressed (adapter.suppressed_token_ids)"
         )
-
-
-def collect_fields(samples: list[Sample], times: int) -> dict[str, list[Any]]:
-    keys = {k for s in samples for k in s.fields}
-    return {k: expand([s.fields.get(k) for s in samples], times) for k in sorted(keys)}
 
 
 def encode(adapter, samples: list[Sample], device) -> PromptBatch:
@@ -96,7 +89,6 @@ def rollout(
         completion_ids=completion_ids,
         completion_mask=mask,
         completions=texts,
-        fields=collect_fields(samples, num_generations),
         prompt_texts=[adapter.tokenizer.decode(ids, skip_special_tokens=True) for ids in prompts.input_ids],
         num_generations=num_generations,
         features=features,

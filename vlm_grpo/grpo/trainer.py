@@ -51,7 +51,6 @@ class GRPOTrainer(BaseTrainer):
     def __init__(self, cfg: TrainConfig, adapter=None, recipe=None, after_run=()):
         cfg.loss.max_completion_length = cfg.generation.max_new_tokens
         self.reference = None
-        self._policy_features = None  # this step's policy image features, with gradient (_encode_once)
         self.timings: dict[str, float] = {}  # seconds of the last step's phases (kept out of the metrics)
         super().__init__(cfg, adapter=adapter, recipe=recipe, after_run=after_run)
 
@@ -160,12 +159,12 @@ class GRPOTrainer(BaseTrainer):
                 ro.features = self.forward(lambda m: image_features(self.adapter, ro.prompts, model=m)).detach()
         return ro.features
 
-    def _logprobs(self, ro: Rollout, rows: list[int], model, with_entropy: bool = False):
+    def _logprobs(self, ro: Rollout, rows: list[int], model, with_entropy: bool = False, features=None):
+        """`features`: the prompts' image features to use (the policy's, taken with gradient before the rollout);
+        None: the step's reusable ones, or else encoded in the forward."""
         perf = self.cfg.perf
         context = self.accelerator.autocast if model is self.model else None
-        features = self._step_features(ro)
-        if model is self.model and torch.is_grad_enabled() and self._policy_features is not None:
-            features = self._policy_features  # computed with gradient before the rollout (_encode_once)
+        features = self._step_features(ro) if features is None else features
 
         def scores(inner):  # returns tensors: a sharded root registers its backward hooks on them
             with checkpointing.active(inner, perf.gradient_checkpointing):
@@ -207,8 +206,8 @@ class GRPOTrainer(BaseTrainer):
         rollout_started = time.perf_counter()
         with acc.autocast():  # sample in the precision the policy forward runs in (a no-op without mixed precision)
             prompts = encode(self.adapter, samples, acc.device)
-            self._policy_features = image_features(self.adapter, prompts, model=self.model) if self._encode_once() else None
-            sampled_from = None if self._policy_features is None else self._policy_features.detach()
+            policy_features = image_features(self.adapter, prompts, model=self.model) if self._encode_once() else None
+            sampled_from = None if policy_features is None else policy_features.detach()
             ro = self.with_full_weights(lambda: rollout(
                 self.adapter, samples, cfg.generation, cfg.data.num_generations, acc.device,
                 shared_prefix=cfg.perf.shared_prefix, prompts=prompts, features=sampled_from,
@@ -236,7 +235,7 @@ class GRPOTrainer(BaseTrainer):
             self.optimizer.zero_grad(set_to_none=True)
             for k, chunk in enumerate(chunks):
                 with self.accumulating(last=k == len(chunks) - 1):
-                    logps, entropy = self._logprobs(ro, chunk, self.model, with_entropy=True)
+                    logps, entropy = self._logprobs(ro, chunk, self.model, with_entropy=True, features=policy_features)
                     loss, loss_metrics = grpo_loss(
                         logps,
                         None if old is None else old[chunk],
@@ -259,7 +258,6 @@ class GRPOTrainer(BaseTrainer):
                 log.warning("step %d: non-finite gradient norm, update skipped", step)
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
-        self._policy_features = None  # its graph is spent
         metrics = {
             **sums,
             # a reward's None (not applicable) is NaN: means and stds are over the values present, as in TRL
