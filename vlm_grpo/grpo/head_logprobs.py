@@ -30,10 +30,10 @@ class TokenScores:
     hits: torch.Tensor  # [B, T] bool: the token is the most likely one (greedy agrees), no gradient
 
 
-def _chunk_scores(head, hidden, targets, temperature: float, softcap: float | None, with_entropy: bool):
-    logits = head(hidden).float()
-    if softcap:
-        logits = torch.tanh(logits / softcap) * softcap
+def logit_scores(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False):
+    """(log p(target), entropy, argmax hit) per row of `logits` [N, V] under softmax(logits / T), in fp32; only
+    the log-probs carry a gradient."""
+    logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     norm = torch.logsumexp(logits, dim=-1)
@@ -42,6 +42,13 @@ def _chunk_scores(head, hidden, targets, temperature: float, softcap: float | No
         entropy = norm - (torch.softmax(logits, dim=-1) * logits).sum(-1) if with_entropy else torch.zeros_like(norm)
         hits = logits.argmax(dim=-1) == targets
     return logps, entropy, hits
+
+
+def _chunk_scores(head, hidden, targets, temperature: float, softcap: float | None, with_entropy: bool):
+    logits = head(hidden).float()
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logit_scores(logits, targets, temperature, with_entropy)
 
 
 def chunked_scores(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,

@@ -14,10 +14,8 @@ import torch
 
 from vlm_grpo.adapters.sharing import embed_with_features, image_features, text_side
 from vlm_grpo.adapters.teacher_forcing import completion_logits
-from vlm_grpo.grpo.head_logprobs import TokenScores, score_completions
+from vlm_grpo.grpo.head_logprobs import CHUNK_BYTES, TokenScores, score_completions
 from vlm_grpo.grpo.shared_prompt import shared_prompt_scores
-
-CHUNK_BYTES = 256 * 2**20  # fp32 working set of one chunk
 
 
 def _blocks(rows: int, steps: int, vocab: int, chunk_bytes: int):

@@ -276,12 +276,11 @@ def update_step(accelerator, optimizer: torch.optim.Optimizer, cfg: OptimConfig)
     params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     if not params:
         return torch.tensor(0.0), False
-    max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
     if any(isinstance(p, DTensor) for p in params):  # FSDP shards: torch's clipping reduces the norm over them
         accelerator.unscale_gradients()
-        grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        grad_norm = full_tensor(clip_gradients(optimizer, cfg))
     else:
-        grad_norm = accelerator.clip_grad_norm_(params, max_norm)
+        grad_norm = accelerator.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
     if getattr(optimizer, "scaler", None) is not None:
         optimizer.step()
         return grad_norm, bool(accelerator.optimizer_step_was_skipped)

@@ -18,7 +18,7 @@ import torch
 
 from vlm_grpo.adapters.features import ImageFeatures, hf_core
 from vlm_grpo.adapters.sharing import embed_with_features, text_side
-from vlm_grpo.grpo.head_logprobs import TokenScores, scoring_head
+from vlm_grpo.grpo.head_logprobs import TokenScores, logit_scores, scoring_head
 
 
 def _full_positions(adapter, full: dict[str, torch.Tensor], core) -> torch.Tensor:
@@ -30,18 +30,6 @@ def _full_positions(adapter, full: dict[str, torch.Tensor], core) -> torch.Tenso
         ids = full["input_ids"]
         positions = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
     return positions
-
-
-def _first_token_scores(logits: torch.Tensor, rows: list[int], first: torch.Tensor, temperature: float,
-                        with_entropy: bool) -> tuple[torch.Tensor, ...]:
-    """Scores of each row's completion token 0 from its prompt's last-position logits [P, V]."""
-    logits = logits.float()[rows] / temperature
-    logps_all = torch.log_softmax(logits, dim=-1)
-    logps = logps_all.gather(-1, first.unsqueeze(-1)).squeeze(-1)
-    with torch.no_grad():
-        entropy = -(logps_all.exp() * logps_all).sum(-1) if with_entropy else torch.zeros_like(logps)
-        hits = logits.argmax(-1) == first
-    return logps, entropy, hits
 
 
 def shared_prompt_scores(adapter, prompts, prompt_index: list[int], features: ImageFeatures,
@@ -66,7 +54,7 @@ def shared_prompt_scores(adapter, prompts, prompt_index: list[int], features: Im
     # The prefix runs through the unwrapped model (as the image encoder does), so a DDP wrapper sees one forward
     # per backward: the completion pass below.
     out = core(**prefix, use_cache=True, logits_to_keep=1)
-    first = _first_token_scores(out.logits[:, -1], rows, completion_ids[:, 0], temperature, with_entropy)
+    first = logit_scores(out.logits[:, -1][rows], completion_ids[:, 0], temperature, with_entropy)
     if steps == 1:
         return TokenScores(*(t.unsqueeze(1) for t in first))
 
