@@ -163,8 +163,7 @@ class BaseTrainer:
         cfg, adapter = self.cfg, self.adapter
         if cfg.lora.r > 0:
             apply_lora(adapter, cfg.lora, train_fully=cfg.optim.trainable_patterns)
-        else:
-            apply_freeze(adapter, cfg.optim)
+        apply_freeze(adapter, cfg.optim)  # on the wrapped model too: what trains is final before _after_freeze
         self._after_freeze()
         adapter.model.train(self.dropout)
         if cfg.perf.gradient_checkpointing:
