@@ -216,14 +216,37 @@ class BaseTrainer:
         self.accelerator.wait_for_everyone()
         return path
 
+    def _checkpoint_to_resume(self) -> Path | None:
+        """`resume_from`, verified, or the newest checkpoint that verifies (None: the run has none)."""
+        if not self.cfg.resume_from:
+            return ckpt.latest_good_checkpoint(self.run_dir)
+        latest = Path(self.cfg.resume_from)
+        problems = verify(latest) if latest.is_dir() else ["no such checkpoint directory"]
+        if problems:
+            raise RuntimeError(f"resume_from {latest}: {'; '.join(problems)}")
+        return latest
+
+    def _on_main(self, decide: Callable[[], Any]) -> Any:
+        """`decide()` run by the main process alone (e.g. hashing every file of a checkpoint), its result, or the
+        error it raised, shared with every process."""
+        if self.accelerator.num_processes == 1:
+            return decide()
+        from accelerate.utils import broadcast_object_list
+
+        box: list[Any] = [None]
+        if self.is_main:
+            try:
+                box = [(True, decide())]
+            except Exception as err:  # noqa: BLE001 - raised below, on every process
+                box = [(False, err)]
+        broadcast_object_list(box)
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
     def resume(self) -> int:
-        if self.cfg.resume_from:
-            latest = Path(self.cfg.resume_from)
-            problems = verify(latest) if latest.is_dir() else ["no such checkpoint directory"]
-            if problems:
-                raise RuntimeError(f"resume_from {latest}: {'; '.join(problems)}")
-        else:
-            latest = ckpt.latest_good_checkpoint(self.run_dir, report=print if self.is_main else lambda _: None)
+        latest = self._on_main(self._checkpoint_to_resume)
         if latest is None:
             if self.is_main:
                 print(f"--resume: no complete checkpoint in {self.run_dir}; starting from step 0")
