@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from vlm_grpo.adapters.architecture import Architecture
-from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch
+from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch, image_parts
 from vlm_grpo.adapters.features import ImageFeatures
 from vlm_grpo.adapters.image_layout import ImageCell, LayoutFacts, token_runs
 from vlm_grpo.adapters.module_groups import ModuleLayout, group_parameters
@@ -146,7 +146,7 @@ class VLMAdapter(ABC):
         if len(conversations) != len(images):
             raise ValueError(f"{len(conversations)} conversations but {len(images)} image lists")
         for i, (conv, sample) in enumerate(zip(conversations, images)):
-            parts = sum(isinstance(m["content"], list) and sum(p.get("type") == "image" for p in m["content"]) for m in conv)
+            parts = image_parts(conv)
             if parts != len(sample):
                 raise ImageTokenMismatch(f"sample {i}: the prompt has {parts} image parts but {len(sample)} images")
         texts = [

@@ -9,7 +9,7 @@ sample for its G completions, or picking a subset, is then one generic gather.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -92,3 +92,14 @@ def _prefix_sums(rows: list[int]) -> list[int]:
         out.append(total)
         total += r
     return out
+
+
+def image_parts(prompt: Sequence[dict[str, Any]]) -> int:
+    """How many image parts the chat messages hold (the images a sample must come with)."""
+    return sum(
+        1
+        for message in prompt
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if isinstance(part, dict) and part.get("type") == "image"
+    )

@@ -19,7 +19,7 @@ from vlm_grpo.grpo.user_code import load_object
 from vlm_grpo.recipes import Recipe, get_recipe
 from vlm_grpo.recipes.rows import DATA_SUFFIXES
 
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name: a hub repo id (datasets, models)
 COLUMN_SETTINGS = ("prompt_key", "image_key", "answer_key")
 
 

@@ -3,12 +3,11 @@ with which settings, and how it did on held-out data before and after."""
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+from vlm_grpo.grpo.data_source import HUB_ID
 
 
 def _base_model(spec: str) -> str | None:

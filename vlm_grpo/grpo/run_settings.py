@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import types
 import typing
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import yaml
 
 from vlm_grpo.grpo.config import SECTIONS, TrainConfig
-from vlm_grpo.grpo.data_source import build_options, resolve_recipe
+from vlm_grpo.grpo.data_source import HUB_ID, build_options, resolve_recipe
 from vlm_grpo.grpo.settings import SettingError, help_of
 from vlm_grpo.recipes import Recipe
 
@@ -240,7 +239,6 @@ def load_recipe_config(path: str | Path | None = None, overrides: list[str] | No
     return cfg, recipe
 
 
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 def check_sources(cfg: TrainConfig) -> None:

@@ -7,19 +7,10 @@ from typing import Any
 
 from PIL import Image
 
+from vlm_grpo.adapters.batch import image_parts
 from vlm_grpo.recipes.base import Sample, SampleSource
 
 log = logging.getLogger(__name__)
-
-
-def _image_parts(prompt: list[dict[str, Any]]) -> int:
-    return sum(
-        1
-        for message in prompt
-        if isinstance(message.get("content"), list)
-        for part in message["content"]
-        if isinstance(part, dict) and part.get("type") == "image"
-    )
 
 
 def _text(prompt: list[dict[str, Any]]) -> str:
@@ -44,7 +35,7 @@ def validate_sample(sample: Any, index: int) -> Sample:
         raise ValueError(f"{where}: field 'prompt' has no text (empty prompt)")
     if not isinstance(sample.images, list) or not all(isinstance(img, Image.Image) for img in sample.images):
         raise ValueError(f"{where}: field 'images' must be a list of PIL images")
-    parts = _image_parts(sample.prompt)
+    parts = image_parts(sample.prompt)
     if parts != len(sample.images):
         raise ValueError(f"{where}: field 'images' holds {len(sample.images)} images but the prompt has {parts} image parts")
     if not isinstance(sample.fields, dict):

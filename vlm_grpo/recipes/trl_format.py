@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vlm_grpo.adapters.batch import image_parts
 from vlm_grpo.recipes.base import REWARD_ARGUMENTS, Recipe, Sample, user_turn
 from vlm_grpo.recipes.rows import ImageRef, RecordDataset, RowChecker, load_records
 
@@ -81,10 +82,6 @@ def as_parts(messages: list[dict], n_images: int) -> list[dict[str, Any]]:
             parts = [{"type": "image"} if p["type"] == "image" else {"type": "text", "text": p["text"]} for p in content]
         out.append({"role": message["role"], "content": parts})
     return out
-
-
-def image_parts(messages: list[dict]) -> int:
-    return sum(p["type"] == "image" for m in messages for p in m["content"])
 
 
 def check_images(checker: RowChecker, index: int, row: dict, key: str | None) -> tuple[str | None, list[ImageRef], bool]:
