@@ -97,6 +97,8 @@ class BaseTrainer:
                             overwrite=cfg.logging.overwrite_output_dir)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))  # the resolved settings: a valid --config
         self.recipe = recipe or resolve_recipe(cfg.data.recipe)
+        # the run's rewards (data.rewards replace the recipe's), loaded once: scoring, held-out evaluation, card
+        self.rewards = run_rewards(self.recipe, cfg.data.rewards, cfg.data.reward_weights)
         self._prepare_task()
         self.dataset = CheckedSource(self._build_dataset(), cfg.data.on_bad_sample)
         self.adapter = adapter or load_policy(cfg, self.accelerator.device)
@@ -317,17 +319,13 @@ class BaseTrainer:
             logging_cfg = self.cfg.logging
             title = logging_cfg.hub_model_id or self.run_dir.resolve().name
             write_model_card(final, self.run_dir, self.cfg, stage=self.stage, family=self.adapter.family,
-                             rewards=self.card_rewards(), heldout=self.heldout, title=title)
+                             rewards=self.rewards, heldout=self.heldout, title=title)
             write_manifest(final)
             if logging_cfg.push_to_hub:
                 url = push_final(final, logging_cfg.hub_model_id or self.run_dir.resolve().name, private=logging_cfg.hub_private)
                 print(f"pushed {final} to {url}")
         if self._trackers_started:
             self.accelerator.end_training()
-
-    def card_rewards(self) -> list:
-        """The rewards the model card lists (the run's)."""
-        return run_rewards(self.recipe, self.cfg.data.rewards)
 
     # ---------------------------------------------------------------- the loop
     def train(self, finish: bool = True) -> list[dict[str, Any]]:

@@ -79,11 +79,12 @@ def evaluate(
     rewards=None,
     length_edges: Sequence[int] | None = None,
     global_step: int = 0,
+    max_steps: int = 0,
 ) -> dict[str, Any]:
     """Greedy completions for `size` samples of `split`; every reward component's mean (over the completions it
     applies to), accuracy (share of samples whose `recipe.accuracy_reward` component is > 0), mean completion
     length, accuracy by length bucket, and one record per sample. `rewards` replaces the recipe's (list of
-    `Reward`); rewards read `global_step` off their `trainer_state`."""
+    `Reward`); rewards read `global_step` and `max_steps` off their `trainer_state`, as in training."""
     if size < 1 or batch_size < 1:
         raise ValueError(f"eval size and batch size must be >= 1, got {size} and {batch_size}")
     rewards = list(recipe.rewards) if rewards is None else list(rewards)
@@ -107,7 +108,7 @@ def evaluate(
             mask = mask_after_eos(ids, adapter.eos_token_ids)
             texts = adapter.tokenizer.batch_decode(ids * mask + adapter.pad_token_id * (1 - mask), skip_special_tokens=True)
             stopped = (torch.isin(ids, torch.tensor(adapter.eos_token_ids, device=ids.device)) & mask.bool()).any(1)
-            inputs = RewardInputs.from_samples(samples, 1, texts, ids, mask, trainer_state(global_step))
+            inputs = RewardInputs.from_samples(samples, 1, texts, ids, mask, trainer_state(global_step, max_steps))
             total, components = score(rewards, inputs)
             for row, index in enumerate(indices):
                 parts = {name: v[row].item() for name, v in components.items()}
@@ -170,6 +171,7 @@ def evaluate_run(adapter, recipe, cfg, rewards=None, step: int = 0) -> dict[str,
         rewards=run_rewards(recipe, cfg.data.rewards, cfg.data.reward_weights) if rewards is None else rewards,
         length_edges=cfg.eval.length_edges or None,
         global_step=step,
+        max_steps=cfg.max_steps,
     )
 
 

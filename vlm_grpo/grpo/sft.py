@@ -175,7 +175,8 @@ class SFTTrainer(BaseTrainer):
         metrics = self._mean_over_processes(metrics)
         every = cfg.sft.eval_every
         if every > 0 and ((step + 1) % every == 0 or step + 1 == cfg.max_steps):
-            report = self.with_full_weights(lambda: evaluate_run(self.adapter, self.recipe, cfg, step=step + 1))
+            report = self.with_full_weights(lambda: evaluate_run(self.adapter, self.recipe, cfg, rewards=self.rewards,
+                                                                 step=step + 1))
             metrics.update(heldout_metrics(report))
             self.heldout = {f"step {step + 1}": report}  # the newest evaluation, for the model card
         metrics["step"] = step + 1

@@ -27,7 +27,7 @@ from vlm_grpo.grpo.lora import is_lora_wrapped, reference_disabled
 from vlm_grpo.grpo.loss import grpo_loss
 from vlm_grpo.grpo.optim import update_step
 from vlm_grpo.grpo.reward_inputs import RewardInputs, trainer_state
-from vlm_grpo.grpo.rewards import nan_mean, nan_std, run_rewards, score
+from vlm_grpo.grpo.rewards import nan_mean, nan_std, score
 from vlm_grpo.grpo.rollout import Rollout, encode, rollout
 
 log = logging.getLogger(__name__)
@@ -106,13 +106,6 @@ class GRPOTrainer(BaseTrainer):
             )
 
     # ---------------------------------------------------------------- hooks
-    def _prepare_task(self) -> None:
-        cfg = self.cfg
-        self.rewards = run_rewards(self.recipe, cfg.data.rewards, cfg.data.reward_weights)
-
-    def card_rewards(self) -> list:
-        return self.rewards
-
     def _after_freeze(self) -> None:
         if self.cfg.loss.beta > 0 and not is_lora_wrapped(self.adapter):
             # A frozen in-memory copy: never reloaded from disk by name.
