@@ -99,8 +99,9 @@ def gguf_model_type(path: Path) -> str:
 
 def load_gguf(path: Path) -> tuple[Any, Any]:
     """(model, tokenizer) of a GGUF file: an ordinary, savable float model of the class transformers picks."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vlm_grpo.adapters.seeding import default_dtype
 
     folder, name = str(path.parent), path.name
     with _reading(path):
@@ -110,13 +111,8 @@ def load_gguf(path: Path) -> tuple[Any, Any]:
     # The weights are float now: a saved config must not ask for GGUF; general.name is no loadable id.
     for key in ("quantization_config", "_is_quantized", "_model_name_or_path"):
         config.__dict__.pop(key, None)
-    dtype = read.dtype
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
+    with default_dtype(read.dtype):
         model = type(read)(config)
-    finally:
-        torch.set_default_dtype(previous)
     model.load_state_dict(read.state_dict(), strict=True)
     model.generation_config = read.generation_config
     del read

@@ -12,7 +12,6 @@ Tiny twins use these directly; `vlm_grpo.compose` adds loading the donors and sa
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +21,7 @@ from tokenizers import AddedToken
 
 from vlm_grpo.adapters.chat_templates import DEFAULT_SYSTEM, NotChatML, chatml_default_system, chatml_template
 from vlm_grpo.adapters.families.qwen2_5_vl import QWEN_CHAT_TEMPLATE, qwen_token_ids
-from vlm_grpo.adapters.seeding import seeded
+from vlm_grpo.adapters.seeding import default_dtype, seeded
 
 QWEN_VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 QWEN_VISION_TYPES = ("qwen2_5_vl",)
@@ -89,7 +88,7 @@ def assemble_qwen(vl_model, vl_processor, lm, lm_tokenizer, seed: int = 0) -> Co
     )
     dtype = lm.dtype
     _record_dtype(config, dtype)
-    with seeded(seed), _default_dtype(dtype):
+    with seeded(seed), default_dtype(dtype):
         model = Qwen2_5_VLForConditionalGeneration(config)
 
     visual_sd = {k: v for k, v in vl_model.model.visual.state_dict().items()}
@@ -182,7 +181,7 @@ def assemble_llava(vision, image_processor, lm, lm_tokenizer, seed: int = 0) -> 
     )
     dtype = lm.dtype
     _record_dtype(config, dtype)
-    with seeded(seed), _default_dtype(dtype):
+    with seeded(seed), default_dtype(dtype):
         model = LlavaForConditionalGeneration(config)
     vision_sd = {k: v for k, v in vision.state_dict().items() if not k.startswith("head.")}
     model.model.vision_tower.load_state_dict(_cast(vision_sd, dtype), strict=True)
@@ -302,15 +301,6 @@ def _record_dtype(config, dtype: torch.dtype) -> None:
             cfg.dtype = dtype
 
 
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
-    # Constructing directly in the donor's dtype avoids a float32 copy of a real-size model.
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def check_text_logits(model, lm, tokenizer, text: str = "There are 3 red circles. The answer is 3.") -> float:

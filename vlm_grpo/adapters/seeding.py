@@ -14,6 +14,18 @@ def seeded(seed: int):
         yield
 
 
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """Modules built in the block are created in `dtype` (a real-size model built in its own dtype never exists in
+    float32 too)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def seeded_model(model_cls: type, config, seed: int, dtype: torch.dtype) -> torch.nn.Module:
     """`model_cls(config)` in `dtype` and eval mode, its random weights drawn from `seed` alone."""
     with seeded(seed):

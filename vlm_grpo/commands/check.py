@@ -17,29 +17,33 @@ def add_parser(sub) -> None:
 
 def run(args, extra: list[str]) -> int:
     from vlm_grpo.compat.cache_policy import resolve_use_cache
-    from vlm_grpo.compat.cache_probe import probe_cache
+    from vlm_grpo.compat.cache_probe import probe_cache, probe_steps
     from vlm_grpo.grpo.base_trainer import load_policy
     from vlm_grpo.grpo.data_source import build_split
     from vlm_grpo.grpo.preflight import Finding, check_batch_vs_single, cheap_checks
     from vlm_grpo.grpo.run_settings import check_sources, load_recipe_config
+    from vlm_grpo.recipes.checked import CheckedSource
 
     cfg, recipe = load_recipe_config(args.config, extra)
     check_sources(cfg)
     if args.samples < 1:
         raise ValueError(f"--samples must be >= 1, got {args.samples}")
     adapter = load_policy(cfg, decide_cache=False)
-    data = build_split(recipe, cfg.data, "train", max(args.samples, cfg.data.train_size), cfg.seed)
+    # the samples a run would train on: read through the same row checks (--on-bad-sample skip leaves bad rows out)
+    data = CheckedSource(build_split(recipe, cfg.data, "train", max(args.samples, cfg.data.train_size), cfg.seed),
+                         cfg.data.on_bad_sample)
     samples = [data[i] for i in range(min(args.samples, len(data)))]
-    steps = min(16, cfg.generation.max_new_tokens)
+    steps = probe_steps(cfg.generation.max_new_tokens)
 
-    report = probe_cache(adapter, steps=max(2, steps))
+    report = probe_cache(adapter, steps=steps)
     use_cache = resolve_use_cache(adapter, cfg.model.cache_policy, report=report)
     print(report.table())
     findings = [Finding("cache probe", report.path_ok(use_cache),
                         f"policy {cfg.model.cache_policy}: generation uses {'the KV cache' if use_cache else 'no cache'}")]
-    findings += cheap_checks(adapter, samples, cfg.generation.max_new_tokens)
-    if findings[1].ok:
-        findings.append(check_batch_vs_single(adapter, samples, max(2, min(8, steps)), tolerance=max(1e-4, report.tolerance)))
+    cheap = cheap_checks(adapter, samples, cfg.generation.max_new_tokens)
+    findings += cheap
+    if cheap[0].ok:  # tokens = features: comparing batch with one-by-one means nothing before that holds
+        findings.append(check_batch_vs_single(adapter, samples, min(8, steps), tolerance=max(1e-4, report.tolerance)))
     print("\n".join(f.line() for f in findings))
     failed = sum(not f.ok for f in findings)
     print(f"{len(findings) - failed} of {len(findings)} checks passed")

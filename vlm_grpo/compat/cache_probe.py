@@ -22,10 +22,16 @@ import transformers
 
 from vlm_grpo.adapters.teacher_forcing import completion_logits
 from vlm_grpo.compat.probe_image import probe_images
+from vlm_grpo.recipes.base import user_turn
 
 PROBE_PROMPT = "Describe the shapes in the picture and count them."
 PADDING_PROMPT = "Look at this other picture closely. Which colours and shapes are in it, and how many of each?"
 STEPS = 16
+
+
+def probe_steps(max_new_tokens: int) -> int:
+    """Decode steps a run's probe compares: STEPS, or fewer when completions are shorter (never under 2)."""
+    return max(2, min(STEPS, max_new_tokens))
 NOISE_MULTIPLE = 10
 
 
@@ -104,11 +110,7 @@ def probe_cache(adapter, steps: int = STEPS, tolerance: float | None = None, pro
         raise ValueError("the cache probe needs at least 2 decode steps: step 0 comes from the prefill")
     device = next(adapter.model.parameters()).device
     image, control_image = probe_images()
-
-    def conversation(text):
-        return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
-
-    batch = adapter.encode_prompts([conversation(prompt)], [[image]]).to(device)
+    batch = adapter.encode_prompts([user_turn(prompt)], [[image]]).to(device)
     views = {}
     for use_cache in (True, False):
         out = adapter.generate(batch, max_new_tokens=steps, min_new_tokens=steps, use_cache=use_cache, output_logits=True)
@@ -119,9 +121,9 @@ def probe_cache(adapter, steps: int = STEPS, tolerance: float | None = None, pro
 
     completion, _, forward = views[False]
     ones = torch.ones_like(completion)
-    padded_batch = adapter.encode_prompts([conversation(PADDING_PROMPT), conversation(prompt)], [[control_image], [image]])
+    padded_batch = adapter.encode_prompts([user_turn(PADDING_PROMPT), user_turn(prompt)], [[control_image], [image]])
     with torch.no_grad():
-        other = completion_logits(adapter, adapter.encode_prompts([conversation(prompt)], [[control_image]]).to(device),
+        other = completion_logits(adapter, adapter.encode_prompts([user_turn(prompt)], [[control_image]]).to(device),
                                   completion, ones).float()
         padded = completion_logits(adapter, padded_batch.to(device), completion.repeat(2, 1), ones.repeat(2, 1)).float()[1:]
     finite = all(bool(torch.isfinite(t).all()) for view in views.values() for t in view[1:]) and \

@@ -45,6 +45,7 @@ from vlm_grpo.grpo.run_dir import prepare_run_dir
 from vlm_grpo.grpo.run_log import RunLog
 from vlm_grpo.grpo.run_settings import check_sources, to_yaml
 from vlm_grpo.grpo.trackers import TRACKER_PROJECT, check_trackers
+from vlm_grpo.compat.cache_probe import probe_steps
 from vlm_grpo.loader import apply_cache_policy, load_model
 from vlm_grpo.recipes.checked import CheckedSource
 
@@ -61,7 +62,7 @@ def load_policy(cfg: TrainConfig, device: torch.device | None = None, decide_cac
         trust_remote_code=cfg.model.trust_remote_code,
         allow_pickle_weights=cfg.model.allow_pickle_weights,
         cache_policy=cfg.model.cache_policy,
-        probe_steps=min(16, cfg.generation.max_new_tokens),
+        probe_steps=probe_steps(cfg.generation.max_new_tokens),
         decide_cache=decide_cache,
     )
 
@@ -103,7 +104,7 @@ class BaseTrainer:
         self.dataset = CheckedSource(self._build_dataset(), cfg.data.on_bad_sample)
         self.adapter = adapter or load_policy(cfg, self.accelerator.device)
         if self.adapter.use_cache is None:  # an adapter built by the caller: decide as the loader would
-            apply_cache_policy(self.adapter, cfg.model.cache_policy, min(16, cfg.generation.max_new_tokens))
+            apply_cache_policy(self.adapter, cfg.model.cache_policy, probe_steps(cfg.generation.max_new_tokens))
         if self.is_main:  # the cheap pre-flight checks on the first samples, before any training
             first = [self.dataset[i] for i in range(min(PREFLIGHT_SAMPLES, len(self.dataset)))]
             raise_on_failure(cheap_checks(self.adapter, first, self.completion_budget()))
