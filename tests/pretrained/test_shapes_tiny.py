@@ -57,6 +57,12 @@ def test_command_line_wins_and_other_models_get_no_shipped_run_settings():
     assert not started.eval.before_after  # a run from another checkpoint is not the shipped one's
 
 
+def test_cross_setting_checks_see_the_shipped_defaults():
+    # the shipped run's batch of 16 prompts divides into 4 micro-batches; the bare default (2) would not
+    cfg, _ = load_recipe_config(None, ["--gradient-accumulation-steps", "4"])
+    assert (cfg.data.batch_size, cfg.gradient_accumulation_steps) == (16, 4)
+
+
 def test_shipped_checkpoint_counts_shapes_on_200_held_out_images():
     """The README's claim (>= 50% on held-out shapes, chance 20%), with room for noise: > 40% on 200 fixed images."""
     cfg, _ = load_recipe_config(None, [])

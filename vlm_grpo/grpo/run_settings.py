@@ -173,14 +173,17 @@ def _collect_words(values: dict[str, Any], words: list[str]) -> None:
             i += 1
 
 
+def _section(values: dict[str, Any], name: str):
+    """One section's dataclass from the collected values (its own checks only)."""
+    kwargs = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith(f"{name}.")}
+    try:
+        return SECTIONS[name](**kwargs)
+    except SettingError as err:
+        raise err.within(name) from None
+
+
 def build_config(values: dict[str, Any]) -> TrainConfig:
-    sections = {}
-    for name, cls in SECTIONS.items():
-        kwargs = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith(f"{name}.")}
-        try:
-            sections[name] = cls(**kwargs)
-        except SettingError as err:
-            raise err.within(name) from None
+    sections = {name: _section(values, name) for name in SECTIONS}
     return TrainConfig(**sections, **{k: v for k, v in values.items() if "." not in k})
 
 
@@ -194,16 +197,21 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> TrainConfig:
-    """Defaults <- `base` mapping <- YAML file <- command-line words, checked once merged."""
+def _collect(file_data: dict[str, Any] | None, overrides: list[str] | None, base: dict | None = None) -> dict[str, Any]:
+    """`base` mapping <- YAML mapping <- command-line words, as canonical keys and typed values."""
     values: dict[str, Any] = {}
     if base:
         _collect_mapping(values, base)
-    if path:
-        _collect_mapping(values, read_yaml(path))
+    if file_data:
+        _collect_mapping(values, file_data)
     if overrides:
         _collect_words(values, overrides)
-    return build_config(values)
+    return values
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> TrainConfig:
+    """Defaults <- `base` mapping <- YAML file <- command-line words, checked once merged."""
+    return build_config(_collect(read_yaml(path) if path else None, overrides, base))
 
 
 def merge_settings(*layers: dict[str, Any]) -> dict[str, Any]:
@@ -226,19 +234,21 @@ def load_recipe_config(path: str | Path | None = None, overrides: list[str] | No
     before any model loads."""
     from vlm_grpo import pretrained
 
-    cfg = load_config(path, overrides)
-    recipe = resolve_recipe(cfg.data.recipe)
+    file_data = read_yaml(path) if path else None
+    # Which recipe and model: from the user's values alone; the whole settings are checked only once the
+    # defaults are underneath (a cross-setting check must see the batch size the defaults give).
+    user = _collect(file_data, overrides)
+    data, model = _section(user, "data"), _section(user, "model")
+    recipe = resolve_recipe(data.recipe)
     layers = [recipe.defaults]
-    if cfg.model.init_from is None:
-        model_defaults = pretrained.run_defaults(cfg.model.name)
-        if model_defaults.get("data", {}).get("recipe", cfg.data.recipe) == cfg.data.recipe:
+    if model.init_from is None:
+        model_defaults = pretrained.run_defaults(model.name)
+        if model_defaults.get("data", {}).get("recipe", data.recipe) == data.recipe:
             layers.append(model_defaults)
     base = merge_settings(*layers)
-    cfg = load_config(path, overrides, base=base) if base else cfg
+    cfg = build_config(_collect(file_data, overrides, base) if base else user)
     build_options(recipe, cfg.data)
     return cfg, recipe
-
-
 
 
 def check_sources(cfg: TrainConfig) -> None:
