@@ -74,3 +74,20 @@ def test_no_good_checkpoint_stops_with_one_message(straight, tmp_path):
         truncate(ckpt_dir / "model.safetensors")
     code = main(["train", *RUN, "--output-dir", str(run), "--resume"])
     assert code == 2
+
+
+def test_a_manifest_update_hashes_only_what_changed_and_equals_a_full_one(tmp_path, monkeypatch):
+    from vlm_grpo.grpo import manifest
+
+    (tmp_path / "weights.bin").write_bytes(b"w" * 4096)
+    (tmp_path / "README.md").write_text("a card")
+    manifest.write_manifest(tmp_path)
+    (tmp_path / "README.md").write_text("the final card")  # rewritten
+    (tmp_path / "curves.png").write_bytes(b"png")  # new
+    hashed = []
+    digest = manifest.file_digest
+    monkeypatch.setattr(manifest, "file_digest", lambda p: hashed.append(p.name) or digest(p))
+    updated = manifest.write_manifest(tmp_path, changed=["README.md"]).read_text()
+    assert sorted(hashed) == ["README.md", "curves.png"]  # the weights are not read again
+    assert updated == manifest.write_manifest(tmp_path).read_text()
+    assert manifest.verify(tmp_path) == []

@@ -319,11 +319,11 @@ class BaseTrainer:
         if self.is_main and final.is_dir():
             logging_cfg = self.cfg.logging
             title = logging_cfg.hub_model_id or self.run_dir.resolve().name
-            write_model_card(final, self.run_dir, self.cfg, stage=self.stage, family=self.adapter.family,
-                             rewards=self.rewards, heldout=self.heldout, title=title)
-            write_manifest(final)
+            card = write_model_card(final, self.run_dir, self.cfg, stage=self.stage, family=self.adapter.family,
+                                    rewards=self.rewards, heldout=self.heldout, title=title)
+            write_manifest(final, changed=card)  # the weights were hashed by save_final
             if logging_cfg.push_to_hub:
-                url = push_final(final, logging_cfg.hub_model_id or self.run_dir.resolve().name, private=logging_cfg.hub_private)
+                url = push_final(final, title, private=logging_cfg.hub_private)
                 print(f"pushed {final} to {url}")
         if self._trackers_started:
             self.accelerator.end_training()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Sequence
 
 MANIFEST = "manifest.json"
 
@@ -18,14 +19,23 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_manifest(directory: Path) -> Path:
-    """Record every file under `directory` (relative names, sizes, sha256); the manifest itself comes last."""
-    files = {
-        str(p.relative_to(directory)): {"size": p.stat().st_size, "sha256": file_digest(p)}
-        for p in sorted(directory.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
-    }
+def write_manifest(directory: Path, changed: Sequence[str] | None = None) -> Path:
+    """Record every file under `directory` (relative names, sizes, sha256); the manifest itself comes last.
+
+    `changed`: an update after a few files were written into a directory that has a manifest (a model card
+    beside gigabytes of weights): only those files, and files the manifest lacks or sizes it does not match,
+    are hashed again."""
     path = directory / MANIFEST
+    known = json.loads(path.read_text())["files"] if changed is not None and path.is_file() else {}
+    files = {}
+    for p in sorted(directory.rglob("*")):
+        if not p.is_file() or p.name == MANIFEST:
+            continue
+        name, size = str(p.relative_to(directory)), p.stat().st_size
+        entry = known.get(name)
+        if entry is None or name in changed or entry["size"] != size:
+            entry = {"size": size, "sha256": file_digest(p)}
+        files[name] = entry
     path.write_text(json.dumps({"files": files}, indent=1))
     return path
 

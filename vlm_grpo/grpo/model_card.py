@@ -53,14 +53,17 @@ def model_card(cfg, *, stage: str, family: str, rewards, heldout: dict[str, dict
     return "\n".join(lines)
 
 
-def write_model_card(final: Path, run_dir: Path, cfg, **kwargs) -> Path:
-    """final/README.md, plus the run's settings and its overview chart copied beside it (final/ travels alone)."""
+def write_model_card(final: Path, run_dir: Path, cfg, **kwargs) -> list[str]:
+    """final/README.md, plus the run's settings and its overview chart copied beside it (final/ travels alone);
+    returns the names of the files written."""
+    written = []
     if (run_dir / "config.yaml").is_file():
         shutil.copyfile(run_dir / "config.yaml", final / "vlm_grpo_config.yaml")
+        written.append("vlm_grpo_config.yaml")
     curves = None
     if (run_dir / "plots" / "overview.png").is_file():
         shutil.copyfile(run_dir / "plots" / "overview.png", final / "training_curves.png")
         curves = "training_curves.png"
-    path = final / "README.md"
-    path.write_text(model_card(cfg, curves=curves, **kwargs) + "\n")
-    return path
+        written.append(curves)
+    (final / "README.md").write_text(model_card(cfg, curves=curves, **kwargs) + "\n")
+    return written + ["README.md"]
