@@ -100,7 +100,6 @@ class BaseTrainer:
         self.recipe = recipe or resolve_recipe(cfg.data.recipe)
         # the run's rewards (data.rewards replace the recipe's), loaded once: scoring, held-out evaluation, card
         self.rewards = run_rewards(self.recipe, cfg.data.rewards, cfg.data.reward_weights)
-        self._prepare_task()
         self.dataset = CheckedSource(self._build_dataset(), cfg.data.on_bad_sample)
         self.adapter = adapter or load_policy(cfg, self.accelerator.device)
         if self.adapter.use_cache is None:  # an adapter built by the caller: decide as the loader would
@@ -123,9 +122,6 @@ class BaseTrainer:
         return self.accelerator.is_main_process
 
     # ---------------------------------------------------------------- hooks
-    def _prepare_task(self) -> None:
-        """Stage-specific checks that need only the config and recipe (fail before loading a model)."""
-
     def _after_freeze(self) -> None:
         """Runs once the trainable set is final, before the optimizer is built (GRPO: reference copy)."""
 

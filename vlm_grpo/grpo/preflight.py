@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vlm_grpo.adapters.batch import ImageTokenMismatch
+from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch
 from vlm_grpo.adapters.teacher_forcing import completion_logits
 from vlm_grpo.grpo.logprobs import token_logprobs
 
@@ -33,18 +33,18 @@ def _device_batch(adapter, samples):
     return batch.to(param.device, dtype=param.dtype)
 
 
-def check_alignment(adapter, samples) -> Finding:
+def check_alignment(adapter, samples) -> tuple[Finding, PromptBatch | None]:
+    """The finding, and the samples' batch when they encode (the next checks read it)."""
     try:
         batch = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples])
     except (ImageTokenMismatch, ValueError) as err:
-        return Finding("image tokens = image features", False, str(err))
+        return Finding("image tokens = image features", False, str(err)), None
     counts = adapter.feature_counts(batch)
     return Finding("image tokens = image features", True, f"{len(samples)} samples, {min(counts)}-{max(counts)} image "
-                   f"tokens each (= the features their images give)")
+                   f"tokens each (= the features their images give)"), batch
 
 
-def check_budget(adapter, samples, max_new_tokens: int) -> Finding:
-    batch = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples])
+def check_budget(adapter, batch: PromptBatch, max_new_tokens: int) -> Finding:
     lengths = batch.attention_mask.sum(dim=1).tolist()
     images = (batch.input_ids == adapter.image_token_id).sum(dim=1).tolist()
     longest = int(max(lengths)) + max_new_tokens
@@ -102,10 +102,10 @@ def check_batch_vs_single(adapter, samples, max_new_tokens: int, tolerance: floa
 
 
 def cheap_checks(adapter, samples, max_new_tokens: int) -> list[Finding]:
-    aligned = check_alignment(adapter, samples)
+    aligned, batch = check_alignment(adapter, samples)
     findings = [aligned, check_suppressed(adapter)]
-    if aligned.ok:  # the budget needs the samples to encode
-        findings.insert(1, check_budget(adapter, samples, max_new_tokens))
+    if batch is not None:  # the budget needs the samples to encode
+        findings.insert(1, check_budget(adapter, batch, max_new_tokens))
     return findings
 
 

@@ -126,15 +126,6 @@ class SFTTrainer(BaseTrainer):
     stage = "sft"
     dropout = True
 
-    def _prepare_task(self) -> None:
-        if self.cfg.sft.max_reference_tokens < 1:
-            raise ValueError(f"sft.max_reference_tokens must be >= 1, got {self.cfg.sft.max_reference_tokens}")
-        steps, batch = self.cfg.gradient_accumulation_steps, self.cfg.data.batch_size
-        if steps < 1 or batch % steps:
-            raise ValueError(f"gradient_accumulation_steps={steps} must divide data.batch_size={batch}")
-        if self.cfg.sft.eval_every < 0:
-            raise ValueError(f"sft.eval_every must be >= 0, got {self.cfg.sft.eval_every}")
-
     def completion_budget(self) -> int:
         return self.cfg.sft.max_reference_tokens
 
