@@ -16,8 +16,8 @@ from vlm_grpo.grpo.loss import LossConfig
 from vlm_grpo.grpo.lora import LoraSettings
 from vlm_grpo.grpo.optim import OptimConfig
 from vlm_grpo.grpo.settings import SettingError, check_fields, setting
+from vlm_grpo.grpo.trackers import PACKAGES as TRACKER_PACKAGES
 
-TRACKERS = ("tensorboard", "wandb", "mlflow")
 
 
 @dataclass
@@ -108,7 +108,7 @@ class LoggingConfig:
     save_every: int = setting(100, help="checkpoint every N steps (0: only at the end)", at_least=0)
     keep_checkpoints: int = setting(2, help="newest checkpoints kept (0: all)", at_least=0)
     log_completions: bool = setting(True, help="write every completion with its rewards to completions.jsonl")
-    report_to: list[str] = setting(factory=list, help="trackers (accelerate): tensorboard, wandb, mlflow", choices=TRACKERS)
+    report_to: list[str] = setting(factory=list, help="trackers (accelerate): tensorboard, wandb, mlflow", choices=tuple(TRACKER_PACKAGES))
     progress: bool = setting(True, help="show a progress bar")
     save_merged: bool = setting(True, help="with LoRA, also write final/merged (the full model, deltas folded in)")
     plot: bool = setting(False, help="train/sft commands: write the run's charts to <output_dir>/plots at the end")

@@ -7,19 +7,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from vlm_grpo.grpo.data_source import HUB_ID
-
-
-def _base_model(spec: str) -> str | None:
-    """The hub id inside a model spec (`FAMILY:org/name` or `org/name`), for the card's metadata."""
-    candidate = spec.split(":", 1)[1] if ":" in spec and not Path(spec).exists() else spec
-    return candidate if HUB_ID.fullmatch(candidate) and not Path(candidate).exists() else None
+from vlm_grpo.grpo.run_settings import hub_id_of
 
 
 def model_card(cfg, *, stage: str, family: str, rewards, heldout: dict[str, dict[str, Any]], title: str,
                curves: str | None = None) -> str:
     spec = cfg.model.init_from or cfg.model.name
-    base = _base_model(spec)
+    base = hub_id_of(spec)
     lines = ["---", "library_name: transformers", "pipeline_tag: image-text-to-text", "tags: [vlm-grpo, grpo, vision-language]"]
     if base:
         lines.append(f"base_model: {base}")

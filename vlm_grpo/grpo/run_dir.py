@@ -12,11 +12,12 @@ import shutil
 from pathlib import Path
 
 from vlm_grpo.grpo.settings import SettingError
+from vlm_grpo.grpo.trackers import TRACKER_PROJECT
 
 SCRATCH_DIRS = ("runs/latest", "runs/sft-latest")
 RUN_FILES = ("metrics.jsonl", "completions.jsonl", "config.yaml", "before-after.txt", ".write-test")
 RUN_GLOBS = ("checkpoint-*", ".tmp-checkpoint-*", ".old-checkpoint-*", "final", ".tmp-final", "eval-*.json", "plots",
-             "vlm-grpo")  # vlm-grpo: the tracker logs' default project folder
+             TRACKER_PROJECT)  # the tracker logs' default project folder
 
 
 def run_artifacts(run_dir: Path) -> list[Path]:

@@ -10,6 +10,7 @@ refused with the reason where they do not (`NOT_THE_SAME`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import types
 import typing
@@ -68,11 +69,10 @@ def canonical_key(key: str) -> tuple[str, dict | None]:
         section, name = key.split(".", 1)
         if section not in SECTIONS or name not in _fields(section):
             raise SettingError(key, "unknown setting" + _suggestion(key))
-        if key in DERIVED:
-            raise SettingError(key, f"cannot be set: {DERIVED[key]}")
-        return key, None
-    matches = [name for name in _fields(None) if name == key]
-    matches += [f"{s}.{key}" for s in SECTIONS if key in _fields(s)]
+        matches = [key]
+    else:
+        matches = [name for name in _fields(None) if name == key]
+        matches += [f"{s}.{key}" for s in SECTIONS if key in _fields(s)]
     if not matches:
         raise SettingError(key, "unknown setting" + _suggestion(key))
     if len(matches) > 1:
@@ -262,8 +262,21 @@ def check_sources(cfg: TrainConfig) -> None:
             parsed = parse_model_spec(spec)
         except ValueError as err:
             raise SettingError(key, str(err)) from None
-        if parsed.kind == "checkpoint" and not os.path.exists(parsed.name) and not HUB_ID.fullmatch(parsed.name):
+        if parsed.kind == "checkpoint" and not os.path.exists(parsed.name) and _hub_id(parsed) is None:
             raise SettingError(key, f"no such directory or hub id: {parsed.name}")
+
+
+def _hub_id(parsed) -> str | None:
+    name = parsed.name
+    return name if parsed.kind == "checkpoint" and not os.path.exists(name) and HUB_ID.fullmatch(name) else None
+
+
+def hub_id_of(spec: str) -> str | None:
+    """The hub repo id a model spec names (`org/name`, `FAMILY:org/name`); None for a local path, a tiny twin, a
+    preset or a shipped checkpoint."""
+    from vlm_grpo.adapters.model_spec import parse_model_spec
+
+    return _hub_id(parse_model_spec(spec))
 
 
 def to_yaml(cfg: TrainConfig) -> str:
@@ -281,6 +294,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
+@functools.cache
 def settings_help() -> str:
     """Every setting with its type, default and help, by section (for `--help`)."""
     lines = ["settings (--section.field VALUE, or --field VALUE when the name is unique; YAML keys alike):"]
@@ -292,7 +306,7 @@ def settings_help() -> str:
             key = f"{section}.{name}" if section else name
             if key in DERIVED:
                 continue
-            hint = typing.get_type_hints(type(obj))[name]
+            hint = _hint(key)
             kind = getattr(hint, "__name__", str(hint)).replace("typing.", "")
             lines.append(f"    --{key} ({kind}, default {getattr(obj, name)!r})  {help_of(f)}")
     lines.append("\n  --reward SPEC adds one entry to data.rewards each time it is given")
