@@ -130,7 +130,8 @@ def probe_cache(adapter, steps: int = STEPS, tolerance: float | None = None, pro
         bool(torch.isfinite(other).all() and torch.isfinite(padded).all())
     noise = _max_diff(padded, forward) if finite else float("nan")
     if tolerance is None:
-        tolerance = max(NOISE_MULTIPLE * noise, precision_floor(adapter.model)) if finite else precision_floor(adapter.model)
+        floor = precision_floor(adapter.model)
+        tolerance = max(NOISE_MULTIPLE * noise, floor) if finite else floor
     suppressed = adapter.suppressed_token_ids() + adapter.eos_token_ids  # min_new_tokens bars EOS too
     diffs = {k: _max_diff(gen, fwd) for k, (_, gen, fwd) in views.items()}
     tokens = {k: _tokens_ok(c, fwd, suppressed, tolerance) for k, (c, _, fwd) in views.items()}

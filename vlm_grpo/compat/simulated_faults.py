@@ -72,7 +72,7 @@ def _image_positions(state: dict, layer) -> torch.Tensor:
 
 
 def _corrupt(kind: str, state: dict, layers: list, kwargs: dict) -> dict:
-    if kind in ("drop_image", "late_drop") and (kind == "drop_image" or state["step"] >= LATE_STEP):
+    if kind == "drop_image" or (kind == "late_drop" and state["step"] >= LATE_STEP):
         for layer in layers:
             keep = ~_image_positions(state, layer)
             layer.keys.mul_(keep[:, None, :, None].to(layer.keys.dtype))

@@ -116,6 +116,11 @@ class Gemma3Adapter(VLMAdapter):
     def tokens_per_image(self) -> int:
         return self.model.config.mm_tokens_per_image
 
+    @property
+    def pooled_side(self) -> int:
+        """Image tokens per side of the pooled square grid."""
+        return int(round(self.tokens_per_image**0.5))
+
     def _run_processor(self, texts, images):
         # The chat template already opens with <bos>: a tokenizer that adds one too (the real Gemma tokenizer
         # does) would double it.
@@ -139,12 +144,12 @@ class Gemma3Adapter(VLMAdapter):
     def layout_facts(self, batch, sample, image):
         cfg = self.model.config
         patches = batch.mm["pixel_values"].shape[-1] // cfg.vision_config.patch_size  # per side, before pooling
-        side = int(round(cfg.mm_tokens_per_image**0.5))
+        side = self.pooled_side
         if patches % side:
             raise ValueError(f"gemma3: a {patches}-patch side does not pool evenly to {side} tokens")
         return LayoutFacts(tiles=1, grid=(side, side))
 
     def image_token_positions(self, batch, sample, image, image_size=None):
         """The pooled square grid row-major over the whole image (resized to a square, never cropped)."""
-        side = int(round(self.tokens_per_image**0.5))
+        side = self.pooled_side
         return grid_cells(self.image_token_indices(batch, sample, image), side, side)

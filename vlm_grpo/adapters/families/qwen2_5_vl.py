@@ -40,12 +40,15 @@ def qwen_tokenizer(special_tokens=QWEN_SPECIAL_TOKENS, chat_template=QWEN_CHAT_T
 
 
 def qwen_processor(tokenizer, min_pixels: int, max_pixels: int, processor_cls=Qwen2_5_VLProcessor,
-                   image_processor_cls=Qwen2VLImageProcessor, video_processor_cls=Qwen2VLVideoProcessor):
+                   image_processor_cls=Qwen2VLImageProcessor, video_processor_cls=Qwen2VLVideoProcessor,
+                   image_options: dict | None = None, video_options: dict | None = None):
+    """The family's processor over `tokenizer`; `*_options`: further image/video processor arguments (patch size,
+    normalisation) for families that differ from Qwen2.5-VL's."""
     size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
     return processor_cls(
-        image_processor=image_processor_cls(size=size),
+        image_processor=image_processor_cls(size=size, **(image_options or {})),
         tokenizer=tokenizer,
-        video_processor=video_processor_cls(size=size),
+        video_processor=video_processor_cls(size=size, **(video_options or {})),
         chat_template=tokenizer.chat_template,
     )
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 from transformers import (
-    Qwen2VLImageProcessor,
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
     Qwen3VLProcessor,
@@ -22,7 +21,7 @@ from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDe
 
 from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.chat_templates import chatml_template
-from vlm_grpo.adapters.families.qwen2_5_vl import Qwen2_5_VLAdapter, qwen_config, qwen_tokenizer
+from vlm_grpo.adapters.families.qwen2_5_vl import Qwen2_5_VLAdapter, qwen_config, qwen_processor, qwen_tokenizer
 from vlm_grpo.adapters.features import flatten_pooled
 from vlm_grpo.adapters.module_groups import ModuleLayout
 from vlm_grpo.adapters.seeding import seeded_model
@@ -56,20 +55,24 @@ QWEN3_VOCAB = 151936
 VISION_2B_4B = dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, patch_size=16,
                     spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
                     deepstack_visual_indexes=[5, 11, 17], hidden_act="gelu_pytorch_tanh")
+
+
+def text_2b_4b(**sizes) -> dict:
+    """The language model settings both public checkpoints share, with a checkpoint's sizes (a fresh rope dict each)."""
+    return dict(num_key_value_heads=8, head_dim=128, max_position_embeddings=262144, rms_norm_eps=1e-6,
+                tie_word_embeddings=True, rope_parameters=qwen3_rope([24, 20, 20], 5e6), **sizes)
+
+
 REAL_IMAGE = dict(min_pixels=256 * 256, max_pixels=4096 * 4096)  # the checkpoints' preprocessor_config.json
 PRESETS = {
     "qwen3_vl_2b": Architecture(
         vision=dict(VISION_2B_4B, out_hidden_size=2048),
-        text=dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-                  num_key_value_heads=8, head_dim=128, max_position_embeddings=262144, rms_norm_eps=1e-6,
-                  tie_word_embeddings=True, rope_parameters=qwen3_rope([24, 20, 20], 5e6)),
+        text=text_2b_4b(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16),
         image=REAL_IMAGE, vocab_size=QWEN3_VOCAB, note="Qwen/Qwen3-VL-2B-Instruct",
     ),
     "qwen3_vl_4b": Architecture(
         vision=dict(VISION_2B_4B, out_hidden_size=2560),
-        text=dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-                  num_key_value_heads=8, head_dim=128, max_position_embeddings=262144, rms_norm_eps=1e-6,
-                  tie_word_embeddings=True, rope_parameters=qwen3_rope([24, 20, 20], 5e6)),
+        text=text_2b_4b(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32),
         image=REAL_IMAGE, vocab_size=QWEN3_VOCAB, note="Qwen/Qwen3-VL-4B-Instruct",
     ),
 }
@@ -87,13 +90,11 @@ class Qwen3VLAdapter(Qwen2_5_VLAdapter):
     @classmethod
     def build(cls, arch, seed=0, dtype=torch.float32):
         tokenizer = qwen_tokenizer(chat_template=QWEN3_CHAT_TEMPLATE)
-        size = {"shortest_edge": arch.image["min_pixels"], "longest_edge": arch.image["max_pixels"]}
         patch = arch.vision["patch_size"]
-        processor = Qwen3VLProcessor(
-            image_processor=Qwen2VLImageProcessor(size=size, patch_size=patch, image_mean=[0.5] * 3, image_std=[0.5] * 3),
-            tokenizer=tokenizer,
-            video_processor=Qwen3VLVideoProcessor(size=size, patch_size=patch),
-            chat_template=tokenizer.chat_template,
+        processor = qwen_processor(
+            tokenizer, arch.image["min_pixels"], arch.image["max_pixels"], Qwen3VLProcessor,
+            video_processor_cls=Qwen3VLVideoProcessor, video_options=dict(patch_size=patch),
+            image_options=dict(patch_size=patch, image_mean=[0.5] * 3, image_std=[0.5] * 3),
         )
         model = seeded_model(cls.model_class, qwen_config(cls.config_class, tokenizer, arch), seed, dtype)
         return cls(model, processor, source=f"tiny:{cls.family}")
