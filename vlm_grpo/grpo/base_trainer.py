@@ -14,6 +14,7 @@ bar shows).
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import signal
 import threading
@@ -33,6 +34,7 @@ from vlm_grpo.grpo import sharded_checkpoint as shards
 from vlm_grpo.grpo.config import TrainConfig
 from vlm_grpo.grpo.data_order import batch_indices
 from vlm_grpo.grpo.data_source import build_split, resolve_recipe
+from vlm_grpo.grpo.evaluate import evaluate_run, heldout_split
 from vlm_grpo.grpo.guards import KLWatchdog, NonFiniteGuard, check_disk_space
 from vlm_grpo.grpo.hub import push_final
 from vlm_grpo.grpo.lora import apply_lora, is_lora_wrapped, save_merged
@@ -124,6 +126,16 @@ class BaseTrainer:
     # ---------------------------------------------------------------- hooks
     def _after_freeze(self) -> None:
         """Runs once the trainable set is final, before the optimizer is built (GRPO: reference copy)."""
+
+    @functools.cached_property
+    def heldout_data(self):
+        """The held-out samples, built once for every evaluation of the run."""
+        return heldout_split(self.recipe, self.cfg)
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        """The run's greedy held-out evaluation at `step` (on the policy's full weights when sharded)."""
+        return self.with_full_weights(lambda: evaluate_run(self.adapter, self.recipe, self.cfg, rewards=self.rewards,
+                                                           step=step, dataset=self.heldout_data))
 
     def completion_budget(self) -> int:
         """Tokens a completion may take (for the sequence-budget check)."""

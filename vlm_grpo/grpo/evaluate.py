@@ -80,18 +80,21 @@ def evaluate(
     length_edges: Sequence[int] | None = None,
     global_step: int = 0,
     max_steps: int = 0,
+    dataset=None,
 ) -> dict[str, Any]:
     """Greedy completions for `size` samples of `split`; every reward component's mean (over the completions it
     applies to), accuracy (share of samples whose `recipe.accuracy_reward` component is > 0), mean completion
     length, accuracy by length bucket, and one record per sample. `rewards` replaces the recipe's (list of
-    `Reward`); rewards read `global_step` and `max_steps` off their `trainer_state`, as in training."""
+    `Reward`); rewards read `global_step` and `max_steps` off their `trainer_state`, as in training. `dataset`:
+    the split already built (by `recipe.build` with these split, size, seed and options)."""
     if size < 1 or batch_size < 1:
         raise ValueError(f"eval size and batch size must be >= 1, got {size} and {batch_size}")
     rewards = list(recipe.rewards) if rewards is None else list(rewards)
     accuracy_key = recipe.accuracy_reward
     if accuracy_key is not None and accuracy_key not in {r.name for r in rewards}:
         accuracy_key = None
-    dataset = recipe.build(split=split, size=size, seed=seed, **(recipe_options or {}))
+    if dataset is None:
+        dataset = recipe.build(split=split, size=size, seed=seed, **(recipe_options or {}))
     model = adapter.model
     was_training = model.training
     model.eval()
@@ -155,23 +158,29 @@ def side_by_side(before: dict[str, Any], after: dict[str, Any], limit: int | Non
     return "\n".join(lines).rstrip()
 
 
-def evaluate_run(adapter, recipe, cfg, rewards=None, step: int = 0) -> dict[str, Any]:
+def heldout_split(recipe, cfg):
+    """The samples a run's held-out evaluation answers (eval section: split, size, data seed; the data settings)."""
+    seed = cfg.seed if cfg.eval.data_seed is None else cfg.eval.data_seed
+    return recipe.build(split=cfg.eval.split, size=cfg.eval.size, seed=seed, **build_options(recipe, cfg.data))
+
+
+def evaluate_run(adapter, recipe, cfg, rewards=None, step: int = 0, dataset=None) -> dict[str, Any]:
     """`evaluate` with a run config's settings: the eval section (split, size, batch size, data seed),
     generation.max_new_tokens, the data settings, and the run's rewards (`rewards`, already loaded, or else
-    `run_rewards` of data.rewards and data.reward_weights); `step` is the run's step."""
+    `run_rewards` of data.rewards and data.reward_weights); `step` is the run's step; `dataset`: the
+    `heldout_split` already built (a run evaluating more than once builds, or streams, it once)."""
     return evaluate(
         adapter,
         recipe,
         split=cfg.eval.split,
         size=cfg.eval.size,
-        seed=cfg.seed if cfg.eval.data_seed is None else cfg.eval.data_seed,
         batch_size=cfg.eval.eval_batch_size,
         max_new_tokens=cfg.generation.max_new_tokens,
-        recipe_options=build_options(recipe, cfg.data),
         rewards=run_rewards(recipe, cfg.data.rewards, cfg.data.reward_weights) if rewards is None else rewards,
         length_edges=cfg.eval.length_edges or None,
         global_step=step,
         max_steps=cfg.max_steps,
+        dataset=heldout_split(recipe, cfg) if dataset is None else dataset,
     )
 
 

@@ -29,7 +29,7 @@ from vlm_grpo.adapters.batch import PromptBatch
 from vlm_grpo.grpo.base_trainer import BaseTrainer
 from vlm_grpo.grpo.config import TrainConfig
 from vlm_grpo.grpo.data_order import step_seed
-from vlm_grpo.grpo.evaluate import evaluate_run, heldout_metrics
+from vlm_grpo.grpo.evaluate import heldout_metrics
 from vlm_grpo.grpo.head_logprobs import score_completions
 from vlm_grpo.grpo.optim import update_step
 from vlm_grpo.recipes.base import Sample
@@ -166,8 +166,7 @@ class SFTTrainer(BaseTrainer):
         metrics = self._mean_over_processes(metrics)
         every = cfg.sft.eval_every
         if every > 0 and ((step + 1) % every == 0 or step + 1 == cfg.max_steps):
-            report = self.with_full_weights(lambda: evaluate_run(self.adapter, self.recipe, cfg, rewards=self.rewards,
-                                                                 step=step + 1))
+            report = self.evaluate(step + 1)
             metrics.update(heldout_metrics(report))
             self.heldout = {f"step {step + 1}": report}  # the newest evaluation, for the model card
         metrics["step"] = step + 1

@@ -21,7 +21,7 @@ from vlm_grpo.grpo.base_trainer import BaseTrainer
 from vlm_grpo.grpo.config import TrainConfig
 from vlm_grpo.grpo.counters import VisionCounter
 from vlm_grpo.grpo.data_order import step_seed
-from vlm_grpo.grpo.evaluate import evaluate_run, format_report, heldout_metrics, side_by_side, write_report
+from vlm_grpo.grpo.evaluate import format_report, heldout_metrics, side_by_side, write_report
 from vlm_grpo.grpo.logprobs import group_scores
 from vlm_grpo.grpo.lora import is_lora_wrapped, reference_disabled
 from vlm_grpo.grpo.loss import grpo_loss
@@ -57,8 +57,7 @@ class GRPOTrainer(BaseTrainer):
     # ---------------------------------------------------------------- held-out evaluation around the run
     def _heldout(self, when: str, step: int) -> dict[str, Any]:
         """Greedy evaluation (eval section) written to eval-<when>.json and logged as a metrics row."""
-        report = self.with_full_weights(lambda: evaluate_run(self.adapter, self.recipe, self.cfg, rewards=self.rewards,
-                                                             step=step))
+        report = self.evaluate(step)
         if self.is_main:
             report["model"] = self.cfg.model.init_from or self.cfg.model.name
             report["step"] = step
