@@ -76,10 +76,15 @@ def iter_file(path: Path) -> Iterator[Any]:
         import pyarrow.parquet as pq
 
         for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
+            try:
+                yield from batch.to_pylist()  # the whole batch at once; row by row only to find the bad ones
+                continue
+            except Exception:  # noqa: BLE001 - pyarrow raises many kinds for undecodable values
+                pass
             for k in range(batch.num_rows):
                 try:
                     yield batch.slice(k, 1).to_pylist()[0]
-                except Exception as err:  # noqa: BLE001 - pyarrow raises many kinds for undecodable values
+                except Exception as err:  # noqa: BLE001
                     yield BadRow(f"cannot be decoded: {type(err).__name__}: {err}")
         return
     raise ValueError(f"{path}: unsupported data file (use {', '.join(DATA_SUFFIXES)})")
