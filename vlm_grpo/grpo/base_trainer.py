@@ -17,7 +17,6 @@ import contextlib
 import functools
 import shutil
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -46,7 +45,8 @@ from vlm_grpo.grpo.rewards import run_rewards
 from vlm_grpo.grpo.run_dir import prepare_run_dir
 from vlm_grpo.grpo.run_log import RunLog
 from vlm_grpo.grpo.run_settings import check_sources, to_yaml
-from vlm_grpo.grpo.trackers import TRACKER_PROJECT, check_trackers
+from vlm_grpo.grpo.stop_signals import stop_on_signals
+from vlm_grpo.grpo.trackers import TRACKER_PROJECT, check_trackers, flat_settings
 from vlm_grpo.compat.cache_probe import probe_steps
 from vlm_grpo.loader import apply_cache_policy, load_model
 from vlm_grpo.recipes.checked import CheckedSource
@@ -311,7 +311,7 @@ class BaseTrainer:
     def start_trackers(self) -> None:
         """accelerate's trackers (logging.report_to), started once per run."""
         if self.cfg.logging.report_to and not self._trackers_started:
-            flat = {k: str(v) for k, v in flatten(self.cfg.to_dict()).items()}
+            flat = {k: str(v) for k, v in flat_settings(self.cfg.to_dict()).items()}
             name = self.cfg.logging.run_name
             kwargs = {"wandb": {"name": name}, "mlflow": {"run_name": name}} if name else {}
             self.accelerator.init_trackers(TRACKER_PROJECT, config=flat, init_kwargs=kwargs)
@@ -346,7 +346,7 @@ class BaseTrainer:
         nonfinite, kl_watch = NonFiniteGuard(cfg.guard.max_nonfinite_steps), KLWatchdog(cfg.guard)
         history = []
         progress = _progress(start, cfg.max_steps, self.stage, enabled=self.is_main and cfg.logging.progress)
-        with _stop_on_signals() as stop:
+        with stop_on_signals() as stop:
             for step in range(start, cfg.max_steps):
                 started = time.perf_counter()
                 metrics = self.train_step(step)
@@ -387,42 +387,7 @@ class BaseTrainer:
                 hook(self.run_dir)
 
 
-class _StopRequest:
-    signum: int | None = None
-
-
-@contextlib.contextmanager
-def _stop_on_signals():
-    """SIGINT/SIGTERM ask the loop to save a checkpoint after the current step and return."""
-    request = _StopRequest()
-    if threading.current_thread() is not threading.main_thread():
-        yield request
-        return
-
-    def handler(signum, _frame):
-        if request.signum is not None:  # a second signal: stop now
-            raise KeyboardInterrupt
-        request.signum = signum
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield request
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
 def _progress(start: int, total: int, desc: str, enabled: bool):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, initial=start, disable=not enabled, desc=desc, unit="step", dynamic_ncols=True)
-
-
-def flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out

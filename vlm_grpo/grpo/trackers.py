@@ -15,3 +15,14 @@ def check_trackers(report_to: list[str]) -> None:
     if missing:
         raise SettingError("logging.report_to", f"{', '.join(missing)} not installed: pip install "
                            + " ".join(f"'vlm-grpo[{m}]'" for m in missing) + " (or drop it from report_to)")
+
+
+def flat_settings(d: dict, prefix: str = "") -> dict:
+    """Nested settings as `section.field` keys (trackers take flat configs)."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flat_settings(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
