@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-import vlm_grpo.grpo.logprobs as logprobs_module
+import vlm_grpo.grpo.logprobs.completions as logprobs_module
 import vlm_grpo.grpo.trainer as trainer_module
 from vlm_grpo.bench.runners import _load, build_source
 from vlm_grpo.bench.settings import BenchSettings
-from vlm_grpo.grpo.run_settings import load_config
+from vlm_grpo.grpo.settings.sources import load_config
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.recipes.helpers import save_image, write_jsonl
-from vlm_grpo.grpo.run_settings import load_config
+from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.grpo.trainer import GRPOTrainer
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))

@@ -20,7 +20,7 @@ from vlm_grpo.adapters.assembly import (
     vision_part,
 )
 from vlm_grpo.adapters.model_spec import ModelSpec, parse_model_spec
-from vlm_grpo.adapters.checkpoints import read_model_type
+from vlm_grpo.adapters.model_dirs import read_model_type
 from vlm_grpo.adapters.registry import all_presets, family_class
 from vlm_grpo.gguf import find_gguf, gguf_model_type, load_gguf
 from vlm_grpo.loader import load_model

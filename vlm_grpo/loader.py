@@ -11,7 +11,7 @@ import torch
 
 from vlm_grpo.adapters.base import VLMAdapter
 from vlm_grpo.adapters.model_spec import parse_model_spec
-from vlm_grpo.adapters.checkpoints import read_model_type
+from vlm_grpo.adapters.model_dirs import read_model_type
 from vlm_grpo.adapters.registry import all_presets, class_for_model_type, family_class
 from vlm_grpo.compat.cache_policy import resolve_use_cache
 from vlm_grpo.compat.cache_probe import STEPS

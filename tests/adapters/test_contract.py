@@ -7,7 +7,7 @@ import torch
 
 from tests.adapters.samples import mixed_batch
 from vlm_grpo.adapters import ImageTokenMismatch
-from vlm_grpo.grpo.logprobs import completion_logprobs, token_logprobs
+from vlm_grpo.grpo.logprobs.completions import completion_logprobs, token_logprobs
 
 STEPS = 6
 

@@ -12,7 +12,7 @@ from vlm_grpo.compat.cache_probe import CacheProbeReport, probe_cache
 from vlm_grpo.compat.known_quirks import known_cache_quirk
 from vlm_grpo.compat.simulated_faults import FAULTS, simulated_fault
 from vlm_grpo.loader import apply_cache_policy
-from vlm_grpo.grpo.logprobs import completion_logprobs, token_logprobs
+from vlm_grpo.grpo.logprobs.completions import completion_logprobs, token_logprobs
 from tests.adapters.samples import picture, user_turn
 from tests.conftest import tiny_adapter
 

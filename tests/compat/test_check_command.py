@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.conftest import tiny_adapter
 from vlm_grpo.cli import main
-from vlm_grpo.grpo.preflight import cheap_checks
+from vlm_grpo.grpo.training.preflight import cheap_checks
 from vlm_grpo.recipes import get_recipe
 
 FAST = ["--data.recipe_options", "{image_size: 56}", "--max-new-tokens", "6"]

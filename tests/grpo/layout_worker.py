@@ -17,11 +17,11 @@ from dataclasses import replace
 
 import torch
 
-from vlm_grpo.grpo import sharded_checkpoint as shards
+from vlm_grpo.grpo.distributed import sharded_checkpoints as shards
 from vlm_grpo.grpo import trainer as trainer_module
-from vlm_grpo.grpo.run_settings import load_config
-from vlm_grpo.grpo.data_order import batch_indices
-from vlm_grpo.grpo.fsdp import full_tensor, is_sharded
+from vlm_grpo.grpo.settings.sources import load_config
+from vlm_grpo.grpo.data.order import batch_indices
+from vlm_grpo.grpo.distributed.fsdp import full_tensor, is_sharded
 
 GLOBAL_BATCH = 4
 

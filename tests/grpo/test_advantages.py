@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from vlm_grpo.grpo.advantages import group_advantages
+from vlm_grpo.grpo.algorithm.advantages.group import group_advantages
 
 EPS = 1e-4  # TRL's: adv = (r - mean) / (std + 1e-4)
 

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from vlm_grpo.adapters.registry import family_class
 from vlm_grpo.cli import main
-from vlm_grpo.grpo.run_log import read_jsonl
+from vlm_grpo.grpo.run.logs import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("layout_worker.py")
@@ -125,15 +125,15 @@ def test_lora_and_sft_under_sharding(tmp_path):
 
 @pytest.mark.parametrize("value", ["full_shard", "full_shard auto_wrap", "shard_grad_op"])
 def test_fsdp_setting_spellings(value):
-    from vlm_grpo.grpo.run_settings import load_config
+    from vlm_grpo.grpo.settings.sources import load_config
 
     cfg = load_config(overrides=["--fsdp", value])
     assert cfg.fsdp in ("full_shard", "shard_grad_op")
 
 
 def test_fsdp_needs_processes_and_refuses_4bit(tmp_path):
-    from vlm_grpo.grpo.run_settings import load_config
-    from vlm_grpo.grpo.settings import SettingError
+    from vlm_grpo.grpo.settings.sources import load_config
+    from vlm_grpo.grpo.settings.fields import SettingError
 
     with pytest.raises(SettingError, match="fsdp"):
         load_config(overrides=["--fsdp", "full_shard", "--lora.r", "4", "--lora.load_in_4bit", "true"])

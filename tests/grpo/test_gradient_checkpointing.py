@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from vlm_grpo.grpo.run_settings import load_config
+from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.grpo.trainer import GRPOTrainer
 
 RUN = ["--data.recipe_options", "{image_size: 56}", "--max-new-tokens", "5", "--logging.progress", "false",

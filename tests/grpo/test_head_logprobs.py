@@ -9,7 +9,7 @@ import torch
 from tests.adapters.samples import mixed_batch
 from vlm_grpo.adapters.registry import family_class
 from vlm_grpo.adapters.teacher_forcing import completion_logits
-from vlm_grpo.grpo.head_logprobs import chunked_scores, score_completions
+from vlm_grpo.grpo.logprobs.lm_head import chunked_scores, score_completions
 
 T = 5
 

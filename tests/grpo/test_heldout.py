@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from vlm_grpo.cli import main
-from vlm_grpo.grpo.run_log import read_jsonl
+from vlm_grpo.grpo.run.logs import read_jsonl
 from vlm_grpo.recipes import get_recipe
 
 FAST = ["--data.recipe_options", "{image_size: 56}", "--max-new-tokens", "6", "--logging.progress", "false",

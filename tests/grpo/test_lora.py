@@ -8,17 +8,18 @@ import torch
 
 from tests.adapters.samples import picture, user_turn
 from vlm_grpo.adapters.registry import families, family_class
-from vlm_grpo.grpo.logprobs import completion_logprobs
-from vlm_grpo.grpo.lora import (
+from vlm_grpo.grpo.logprobs.completions import completion_logprobs
+from vlm_grpo.grpo.training.lora import (
     DEFAULT_TARGETS,
-    LoraSettings,
     apply_lora,
     is_lora_wrapped,
     lora_targets,
     merged_copy,
     reference_disabled,
 )
-from vlm_grpo.grpo.optim import OptimConfig, build_optimizer, is_lora_param, param_groups
+from vlm_grpo.grpo.settings.sections import LoraSettings, OptimConfig
+from vlm_grpo.grpo.training.freeze import is_lora_param
+from vlm_grpo.grpo.training.optimizer import build_optimizer, param_groups
 
 ALL_FAMILIES = sorted(families())
 

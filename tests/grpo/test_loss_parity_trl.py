@@ -25,8 +25,8 @@ trl = pytest.importorskip("trl")
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from trl.trainer.utils import nanstd  # noqa: E402
 
-from vlm_grpo.grpo.advantages import group_advantages  # noqa: E402
-from vlm_grpo.grpo.loss import LossConfig, grpo_loss  # noqa: E402
+from vlm_grpo.grpo.algorithm.advantages.group import group_advantages  # noqa: E402
+from vlm_grpo.grpo.algorithm.losses.base import LossConfig, grpo_loss  # noqa: E402
 
 TOL = 1e-5
 B, T, V = 6, 7, 11

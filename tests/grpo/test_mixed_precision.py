@@ -9,7 +9,8 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from vlm_grpo.grpo.optim import OptimConfig, update_step
+from vlm_grpo.grpo.settings.sections import OptimConfig
+from vlm_grpo.grpo.training.optimizer import update_step
 
 
 @pytest.fixture(autouse=True)

@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import load_file
 
 from vlm_grpo.cli import main
-from vlm_grpo.grpo.run_log import read_jsonl
-from vlm_grpo.grpo.run_settings import load_config
+from vlm_grpo.grpo.run.logs import read_jsonl
+from vlm_grpo.grpo.settings.sources import load_config
 
 RUN = ["--model", "tiny:qwen2_5_vl", "--data.recipe_options", "{image_size: 56}", "--max-new-tokens", "4",
        "--logging.progress", "false", "--log-completions", "false", "--max-steps", "2", "--learning-rate", "1e-3"]

@@ -13,8 +13,8 @@ from tests.conftest import tiny_adapter
 from vlm_grpo.adapters.registry import family_class
 from vlm_grpo.loader import load_model
 from vlm_grpo.cli import main
-from vlm_grpo.grpo.run_settings import load_config
-from vlm_grpo.grpo.run_log import read_jsonl
+from vlm_grpo.grpo.settings.sources import load_config
+from vlm_grpo.grpo.run.logs import read_jsonl
 from vlm_grpo.grpo.sft import IGNORE_INDEX, build_sft_batch, reference_token_ids, sft_loss
 from vlm_grpo.grpo.trainer import GRPOTrainer
 from vlm_grpo.recipes import get_recipe

@@ -7,7 +7,7 @@ import torch
 
 from tests.adapters.samples import mixed_batch, user_turn
 from vlm_grpo.adapters.registry import family_class
-from vlm_grpo.grpo.logprobs import group_scores
+from vlm_grpo.grpo.logprobs.completions import group_scores
 
 G, T = 2, 5
 

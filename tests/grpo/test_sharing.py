@@ -10,10 +10,10 @@ from tests.adapters.samples import mixed_batch, user_turn
 from vlm_grpo.adapters.module_groups import vision_module
 from vlm_grpo.adapters.registry import family_class
 from vlm_grpo.adapters.sharing import generate_shared, image_features
-from vlm_grpo.grpo.run_settings import load_config
-from vlm_grpo.grpo.counters import VisionCounter
-from vlm_grpo.grpo.logprobs import group_scores, token_logprobs_and_entropy
-from vlm_grpo.grpo.loss import LossConfig, grpo_loss
+from vlm_grpo.grpo.settings.sources import load_config
+from vlm_grpo.grpo.training.vision_counter import VisionCounter
+from vlm_grpo.grpo.logprobs.completions import group_scores, token_logprobs_and_entropy
+from vlm_grpo.grpo.algorithm.losses.base import LossConfig, grpo_loss
 from vlm_grpo.grpo.trainer import GRPOTrainer
 
 G, T = 2, 5
@@ -121,8 +121,8 @@ def test_no_cache_policy_falls_back_to_the_plain_path():
 
 
 def test_sampled_rollout_is_unchanged_for_a_fixed_seed():
-    from vlm_grpo.grpo.config import GenerationConfig
-    from vlm_grpo.grpo.rollout import rollout
+    from vlm_grpo.grpo.settings.sections import GenerationConfig
+    from vlm_grpo.grpo.rollout.sampling import rollout
     from vlm_grpo.recipes import get_recipe
 
     adapter = family_class("qwen2_5_vl").tiny(seed=0)

@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from vlm_grpo.adapters.registry import family_class
 from vlm_grpo.cli import main
-from vlm_grpo.grpo.run_settings import load_config
-from vlm_grpo.grpo.run_log import read_jsonl
+from vlm_grpo.grpo.settings.sources import load_config
+from vlm_grpo.grpo.run.logs import read_jsonl
 from vlm_grpo.grpo.trainer import GRPOTrainer
 
 FAST = ["--data.recipe_options", "{image_size: 56}", "--max-new-tokens", "8", "--logging.progress", "false"]
@@ -176,8 +176,10 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path, loss_type):
     def first_moments(trainer):
         return [trainer.optimizer.state[p]["exp_avg"] for g in trainer.optimizer.param_groups for p in g["params"]]
 
+    # Summing in two halves rounds differently in fp32: entries near zero are compared against the tensor's
+    # scale, which still catches a loss scaled by the wrong factor (an error of 50% or more).
     for x, y in zip(first_moments(one), first_moments(two), strict=True):
-        assert torch.allclose(x, y, rtol=1e-4, atol=1e-10)
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4 * float(y.abs().max()))
     assert any(m.abs().max() > 0 for m in first_moments(one))
 
 
@@ -194,7 +196,7 @@ def test_yaml_config_and_overrides(tmp_path):
 def test_logprobs_are_taken_at_the_sampling_temperature(tmp_path):
     """Ratio, KL and entropy use the distribution the completions came from: softmax(logits / T), as in TRL."""
     from vlm_grpo.adapters.teacher_forcing import completion_logits
-    from vlm_grpo.grpo.rollout import rollout
+    from vlm_grpo.grpo.rollout.sampling import rollout
     from vlm_grpo.recipes.shapes import build
 
     cfg = run_config(tmp_path, "--model", "tiny:qwen2_5_vl", "--temperature", "0.5")

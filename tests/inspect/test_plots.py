@@ -14,7 +14,7 @@ from vlm_grpo.inspect.plots import RunData, accuracy_by_length, accuracy_per_ste
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    from vlm_grpo.grpo.run_settings import load_config
+    from vlm_grpo.grpo.settings.sources import load_config
     from vlm_grpo.grpo.trainer import GRPOTrainer
 
     out = tmp_path_factory.mktemp("run")

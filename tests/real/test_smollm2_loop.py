@@ -10,7 +10,7 @@ import torch
 
 from tests.real.marks import REAL
 from vlm_grpo.cli import main
-from vlm_grpo.grpo.run_log import read_jsonl
+from vlm_grpo.grpo.run.logs import read_jsonl
 from vlm_grpo.loader import load_model
 
 pytestmark = REAL

@@ -46,7 +46,7 @@ def write_parquet(path: Path, rows: list[dict]) -> Path:
 
 def smoke_train(recipe: str, out: Path, options: str) -> list[dict]:
     """Two GRPO steps of `recipe` on the tiny Qwen2.5-VL twin."""
-    from vlm_grpo.grpo.run_settings import load_config
+    from vlm_grpo.grpo.settings.sources import load_config
     from vlm_grpo.grpo.trainer import GRPOTrainer
 
     cfg = load_config(overrides=[

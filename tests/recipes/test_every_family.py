@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.recipes.helpers import save_image, write_jsonl
-from vlm_grpo.grpo.run_settings import load_config
+from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.grpo.trainer import GRPOTrainer
 from vlm_grpo.recipes import get_recipe
 
@@ -58,7 +58,7 @@ def accuracy(completions, solution, **kwargs):
 def test_your_data_and_trl_rewards_from_the_command_line(family, tmp_path, monkeypatch):
     """`vlm-grpo train --dataset ./my.jsonl --reward trl.rewards:... --reward my_rewards.py:...` on every family."""
     from vlm_grpo.cli import main
-    from vlm_grpo.grpo.run_log import read_jsonl
+    from vlm_grpo.grpo.run.logs import read_jsonl
 
     monkeypatch.chdir(tmp_path)
     save_image(tmp_path / "red.png", 0, size=56)

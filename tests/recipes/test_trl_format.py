@@ -136,8 +136,8 @@ def test_a_hub_split_is_streamed_and_its_images_stay_encoded(monkeypatch):
 
 def test_a_run_scores_with_trl_reward_functions(tmp_path):
     """Two GRPO steps on TRL-format rows; TRL's rewards read message completions, None is NaN and left out."""
-    from vlm_grpo.grpo.run_log import read_jsonl
-    from vlm_grpo.grpo.run_settings import load_recipe_config
+    from vlm_grpo.grpo.run.logs import read_jsonl
+    from vlm_grpo.grpo.settings.sources import load_recipe_config
     from vlm_grpo.grpo.trainer import GRPOTrainer
 
     save_image(tmp_path / "0.png", 0)

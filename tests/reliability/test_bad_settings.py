@@ -7,8 +7,8 @@ import pytest
 
 from vlm_grpo import loader
 from vlm_grpo.cli import main
-from vlm_grpo.grpo import base_trainer
-from vlm_grpo.grpo.run_settings import load_config
+from vlm_grpo.grpo.training import base as base_trainer
+from vlm_grpo.grpo.settings.sources import load_config
 
 BAD = {
     "--loss_type grpoo": "'loss.loss_type': 'grpoo' is not one of grpo, dr_grpo, dapo",

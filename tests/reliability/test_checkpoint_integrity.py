@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from vlm_grpo.cli import main
-from vlm_grpo.grpo.run_settings import load_config
+from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.grpo.trainer import GRPOTrainer
 
 RUN = ["--model", "tiny:qwen2_5_vl", "--learning-rate", "1e-3", "--data.recipe_options", "{image_size: 56}",
@@ -77,7 +77,7 @@ def test_no_good_checkpoint_stops_with_one_message(straight, tmp_path):
 
 
 def test_a_manifest_update_hashes_only_what_changed_and_equals_a_full_one(tmp_path, monkeypatch):
-    from vlm_grpo.grpo import manifest
+    from vlm_grpo.grpo.run import manifest
 
     (tmp_path / "weights.bin").write_bytes(b"w" * 4096)
     (tmp_path / "README.md").write_text("a card")

@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vlm_grpo.grpo import checkpoint as ckpt
-from vlm_grpo.grpo import guards
-from vlm_grpo.grpo.run_settings import load_config
+from vlm_grpo.grpo.run import checkpoints as ckpt
+from vlm_grpo.grpo.training import guards
+from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.grpo.trainer import GRPOTrainer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,8 +7,8 @@ import logging
 import pytest
 import torch
 
-from vlm_grpo.grpo.run_settings import load_config
-from vlm_grpo.grpo.guards import TrainingHalted
+from vlm_grpo.grpo.settings.sources import load_config
+from vlm_grpo.grpo.training.guards import TrainingHalted
 from vlm_grpo.grpo.trainer import GRPOTrainer
 
 FAST = ["--data.recipe_options", "{image_size: 56}", "--max-new-tokens", "8", "--logging.progress", "false",
@@ -103,7 +103,7 @@ def test_kl_spike_watchdog(tmp_path, caplog, action):
 def test_a_raising_reward_stops_the_run_naming_it_or_scores_zero(tmp_path):
     base = ["--max-steps", "3", "--data.rewards", "digits=tests.grpo.toy_rewards:fails_on_digits", *FAST,
             "--max-new-tokens", "16", "--num-generations", "8"]
-    from vlm_grpo.grpo.rewards import RewardError
+    from vlm_grpo.grpo.rewards.scoring import RewardError
 
     with pytest.raises(RewardError, match=r"reward 'digits' raised on completion \d+ .*ValueError: cannot parse"):
         GRPOTrainer(load_config(overrides=[*base, "--output-dir", str(tmp_path / "raise")])).train()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from vlm_grpo.adapters.checkpoints import checkpoint_path
+from vlm_grpo.adapters.model_dirs import checkpoint_path
 from vlm_grpo.adapters.registry import all_presets, families, family_class
 
 

@@ -18,8 +18,9 @@ import torch
 
 from vlm_grpo.bench.measure import FrameworkResult, PeakMemory, sync
 from vlm_grpo.bench.settings import BenchSettings
-from vlm_grpo.grpo.counters import VisionCounter
-from vlm_grpo.grpo.optim import OptimConfig, apply_freeze
+from vlm_grpo.grpo.training.vision_counter import VisionCounter
+from vlm_grpo.grpo.settings.sections import OptimConfig
+from vlm_grpo.grpo.training.freeze import apply_freeze
 from vlm_grpo.loader import load_model
 
 
@@ -49,7 +50,7 @@ def _load(source: str, device: torch.device, decide_cache: bool = True):
 
 
 def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, work: Path) -> FrameworkResult:
-    from vlm_grpo.grpo.run_settings import load_config
+    from vlm_grpo.grpo.settings.sources import load_config
     from vlm_grpo.grpo.trainer import GRPOTrainer
 
     adapter = _load(source, device)

@@ -18,9 +18,9 @@ def add_parser(sub) -> None:
 
 
 def run(args, extra: list[str]) -> int:
-    from vlm_grpo.grpo.base_trainer import load_policy
+    from vlm_grpo.grpo.training.base import load_policy
     from vlm_grpo.grpo.evaluate import evaluate_run, format_report, write_report
-    from vlm_grpo.grpo.run_settings import check_sources, load_recipe_config
+    from vlm_grpo.grpo.settings.sources import check_sources, load_recipe_config
 
     cfg, recipe = load_recipe_config(args.config, extra)
     check_sources(cfg)

@@ -8,7 +8,7 @@ import argparse
 
 def add_settings_command(sub, name: str, func, help: str, description: str):
     """A sub-command whose `func(args, extra)` receives the unparsed `--key value` overrides."""
-    from vlm_grpo.grpo.run_settings import settings_help
+    from vlm_grpo.grpo.settings.sources import settings_help
 
     p = sub.add_parser(name, help=help, description=description, epilog=settings_help(),
                        formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
 
 def run(args, extra: list[str]) -> int:
     from vlm_grpo.commands.plot import plot_hook
-    from vlm_grpo.grpo.run_settings import load_recipe_config
+    from vlm_grpo.grpo.settings.sources import load_recipe_config
     from vlm_grpo.grpo.trainer import GRPOTrainer
 
     # recipe defaults (and a shipped checkpoint's GRPO settings) sit under the file and the command line

@@ -15,10 +15,10 @@ from typing import Any, Sequence
 
 import torch
 
-from vlm_grpo.grpo.data_source import build_options
-from vlm_grpo.grpo.reward_inputs import RewardInputs, trainer_state
-from vlm_grpo.grpo.rewards import run_rewards, score
-from vlm_grpo.grpo.rollout import mask_after_eos
+from vlm_grpo.grpo.data.source import build_options
+from vlm_grpo.grpo.rewards.inputs import RewardInputs, trainer_state
+from vlm_grpo.grpo.rewards.scoring import run_rewards, score
+from vlm_grpo.grpo.rollout.sampling import mask_after_eos
 
 
 def quartile_edges(lengths: Sequence[int], buckets: int = 4) -> list[int]:

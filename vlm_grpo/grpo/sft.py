@@ -26,12 +26,11 @@ from typing import Any, Sequence
 import torch
 
 from vlm_grpo.adapters.batch import PromptBatch
-from vlm_grpo.grpo.base_trainer import BaseTrainer
-from vlm_grpo.grpo.config import TrainConfig
-from vlm_grpo.grpo.data_order import step_seed
+from vlm_grpo.grpo.training.base import BaseTrainer
+from vlm_grpo.grpo.data.order import step_seed
 from vlm_grpo.grpo.evaluate import heldout_metrics
-from vlm_grpo.grpo.head_logprobs import score_completions
-from vlm_grpo.grpo.optim import update_step
+from vlm_grpo.grpo.logprobs.lm_head import score_completions
+from vlm_grpo.grpo.training.optimizer import update_step
 from vlm_grpo.recipes.base import Sample
 
 log = logging.getLogger(__name__)

@@ -15,20 +15,21 @@ from typing import Any
 import torch
 
 from vlm_grpo.adapters.sharing import image_features
-from vlm_grpo.grpo import checkpointing, fsdp
-from vlm_grpo.grpo.advantages import group_advantages
-from vlm_grpo.grpo.base_trainer import BaseTrainer
-from vlm_grpo.grpo.config import TrainConfig
-from vlm_grpo.grpo.counters import VisionCounter
-from vlm_grpo.grpo.data_order import step_seed
+from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
+from vlm_grpo.grpo.distributed import fsdp
+from vlm_grpo.grpo.algorithm.advantages.group import group_advantages
+from vlm_grpo.grpo.training.base import BaseTrainer
+from vlm_grpo.grpo.settings.sections import TrainConfig
+from vlm_grpo.grpo.training.vision_counter import VisionCounter
+from vlm_grpo.grpo.data.order import step_seed
 from vlm_grpo.grpo.evaluate import format_report, heldout_metrics, side_by_side, write_report
-from vlm_grpo.grpo.logprobs import group_scores
-from vlm_grpo.grpo.lora import is_lora_wrapped, reference_disabled
-from vlm_grpo.grpo.loss import grpo_loss
-from vlm_grpo.grpo.optim import update_step
-from vlm_grpo.grpo.reward_inputs import RewardInputs, trainer_state
-from vlm_grpo.grpo.rewards import nan_mean, nan_std, score
-from vlm_grpo.grpo.rollout import Rollout, encode, rollout
+from vlm_grpo.grpo.logprobs.completions import group_scores
+from vlm_grpo.grpo.training.lora import is_lora_wrapped, reference_disabled
+from vlm_grpo.grpo.algorithm.losses.base import grpo_loss
+from vlm_grpo.grpo.training.optimizer import update_step
+from vlm_grpo.grpo.rewards.inputs import RewardInputs, trainer_state
+from vlm_grpo.grpo.rewards.scoring import nan_mean, nan_std, score
+from vlm_grpo.grpo.rollout.sampling import Rollout, encode, rollout
 
 log = logging.getLogger(__name__)
 SIDE_BY_SIDE_SHOWN = 6  # held-out pairs printed at the end of a run with eval.before_after
@@ -70,7 +71,7 @@ class GRPOTrainer(BaseTrainer):
 
     def train(self) -> list[dict[str, Any]]:
         """The GRPO loop; with eval.before_after, a held-out evaluation before the first and after the last step."""
-        from vlm_grpo.grpo.checkpoint import latest_checkpoint
+        from vlm_grpo.grpo.run.checkpoints import latest_checkpoint
 
         cfg = self.cfg
         if not cfg.eval.before_after:

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Iterable
 
-from vlm_grpo.grpo.run_log import COMPLETIONS, read_jsonl
+from vlm_grpo.grpo.run.logs import COMPLETIONS, read_jsonl
 
 
 def load_completions(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from vlm_grpo.adapters.families.qwen2_5_vl import (
 from vlm_grpo.adapters.features import with_mask_positions
 from vlm_grpo.adapters.image_layout import LayoutFacts, grid_cells
 from vlm_grpo.adapters.module_groups import LLAVA_STYLE
-from vlm_grpo.adapters.checkpoints import read_model_type
+from vlm_grpo.adapters.model_dirs import read_model_type
 from vlm_grpo.adapters.seeding import seeded
 
 # Deliberately not the tiny Qwen2.5-VL's text width (64), so the merger's output differs from the donor's.

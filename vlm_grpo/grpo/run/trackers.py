@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 
-from vlm_grpo.grpo.settings import SettingError
+from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.settings.sections import TRACKERS
 
 TRACKER_PROJECT = "vlm-grpo"  # tensorboard writes under RUN_DIR/vlm-grpo
-PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+PACKAGES = {name: name for name in TRACKERS}  # the package each tracker needs
 
 
 def check_trackers(report_to: list[str]) -> None:

@@ -18,7 +18,7 @@ import torch
 
 from vlm_grpo.adapters.features import ImageFeatures, hf_core
 from vlm_grpo.adapters.sharing import embed_with_features, text_side
-from vlm_grpo.grpo.head_logprobs import TokenScores, logit_scores, scoring_head
+from vlm_grpo.grpo.logprobs.lm_head import TokenScores, logit_scores, scoring_head
 
 
 def _full_positions(adapter, full: dict[str, torch.Tensor], core) -> torch.Tensor:

@@ -1,22 +1,23 @@
-"""Run settings: one dataclass per component, every field declared with its help and its limits.
+"""Run settings: every section of a run declared here, one dataclass each, every field with its help and limits.
 
-Files and the command line are turned into these by `grpo/run_settings.py`; a dataclass checks its values when
+Files and the command line are turned into these by `grpo/settings/sources.py`; a dataclass checks its values when
 it is built, so nothing reaches a run unchecked. `vlm-grpo train --help` lists every field from here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
-from vlm_grpo.grpo.fsdp import MODES as FSDP_MODES
-from vlm_grpo.grpo.guards import GuardConfig
-from vlm_grpo.grpo.loss import LossConfig
-from vlm_grpo.grpo.lora import LoraSettings
-from vlm_grpo.grpo.optim import OptimConfig
-from vlm_grpo.grpo.settings import SettingError, check_fields, setting
-from vlm_grpo.grpo.trackers import PACKAGES as TRACKER_PACKAGES
+from vlm_grpo.adapters.module_groups import MODULE_GROUPS
+from vlm_grpo.grpo.algorithm.losses.base import LossConfig
+from vlm_grpo.grpo.distributed.fsdp import MODES as FSDP_MODES
+from vlm_grpo.grpo.settings.fields import SettingError, check_fields, setting
+from vlm_grpo.grpo.training.freeze import FREEZE_PRESETS
+
+TRACKERS = ("tensorboard", "wandb", "mlflow")  # accelerate's trackers; each is the package it needs
 
 
 
@@ -103,12 +104,105 @@ class PerfConfig:
 
 
 @dataclass
+class OptimConfig:
+    learning_rate: float = setting(1e-5, help="learning rate of every module group without its own", at_least=0.0)
+    vision_lr: float | None = setting(None, help="vision tower learning rate (None: learning_rate)", at_least=0.0)
+    projector_lr: float | None = setting(None, help="projector learning rate (None: learning_rate)", at_least=0.0)
+    language_lr: float | None = setting(None, help="language model learning rate (None: learning_rate)", at_least=0.0)
+    head_lr: float | None = setting(None, help="LM head learning rate (None: learning_rate)", at_least=0.0)
+    weight_decay: float = setting(0.0, help="AdamW weight decay", at_least=0.0)
+    adam_betas: tuple[float, float] = setting((0.9, 0.999), help="AdamW betas")
+    adam_eps: float = setting(1e-8, help="AdamW epsilon", above=0.0)
+    max_grad_norm: float = setting(1.0, help="clip the gradient norm to this (<= 0: measure only)")
+    freeze: list[str] = setting(factory=list, help="module groups to freeze: vision, projector, language, head")
+    trainable_patterns: list[str] = setting(factory=list, help="regexes of parameter names trained again after freeze")
+    freeze_preset: str | None = setting(None, help="a named freeze policy: " + ", ".join(sorted(FREEZE_PRESETS)))
+    lr_scheduler: str = setting("constant_with_warmup", help="any schedule transformers.get_scheduler knows")
+    warmup_steps: int = setting(0, help="warm-up steps (wins over warmup_ratio when > 0)", at_least=0)
+    warmup_ratio: float = setting(0.0, help="warm-up as a share of the run's scheduler steps", at_least=0.0, at_most=1.0)
+
+    def __post_init__(self) -> None:
+        self.freeze = list(self.freeze)
+        self.trainable_patterns = list(self.trainable_patterns)
+        self.adam_betas = tuple(self.adam_betas)
+        check_fields(self)
+        unknown = [g for g in self.freeze if g not in MODULE_GROUPS]
+        if unknown:
+            raise SettingError(
+                "freeze", f"unknown module group(s) {unknown} in freeze; valid module groups: {', '.join(MODULE_GROUPS)}"
+            )
+        if self.freeze_preset is not None and self.freeze_preset not in FREEZE_PRESETS:
+            raise SettingError("freeze_preset", f"unknown freeze preset {self.freeze_preset!r}; known presets: "
+                               f"{', '.join(sorted(FREEZE_PRESETS))}")
+        for pattern in self.trainable_patterns:
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise SettingError("trainable_patterns", f"{pattern!r} is not a valid regex ({err})") from None
+        if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
+            raise SettingError("adam_betas", f"{self.adam_betas!r} must be two numbers in [0, 1)")
+        from transformers import SchedulerType
+
+        try:
+            SchedulerType(self.lr_scheduler)
+        except ValueError:
+            valid = ", ".join(s.value for s in SchedulerType)
+            raise SettingError("lr_scheduler", f"unknown lr_scheduler {self.lr_scheduler!r}; transformers accepts: {valid}") from None
+
+    def lr_for(self, group: str) -> float:
+        if group not in MODULE_GROUPS:
+            raise ValueError(f"unknown module group {group!r}; valid module groups: {', '.join(MODULE_GROUPS)}")
+        lr = getattr(self, f"{group}_lr")
+        return self.learning_rate if lr is None else lr
+
+    def frozen_groups(self) -> set[str]:
+        preset = FREEZE_PRESETS[self.freeze_preset] if self.freeze_preset else None
+        return set(self.freeze) | set(preset.freeze if preset else ())
+
+
+@dataclass
+class LoraSettings:
+    r: int = setting(0, help="LoRA rank (0: LoRA off; the freeze policy decides what trains)", at_least=0)
+    alpha: int = setting(16, help="LoRA scaling alpha", above=0)
+    dropout: float = setting(0.0, help="dropout on the LoRA path", at_least=0.0, below=1.0)
+    target_modules: list[str] | None = setting(
+        None, help="modules that get LoRA matrices: full names or name suffixes (e.g. merger.mlp.2); "
+        "None: the language model's q/k/v/o/gate/up/down projections")
+    load_in_4bit: bool = setting(False, help="QLoRA: the base loaded in 4 bit (bitsandbytes, CUDA only)")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.target_modules is not None:
+            self.target_modules = list(self.target_modules)
+        if self.load_in_4bit and self.r == 0:
+            raise SettingError("load_in_4bit", "QLoRA trains LoRA matrices on a frozen 4-bit base: set r > 0 (lora.r)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.r > 0
+
+
+@dataclass
+class GuardConfig:
+    max_nonfinite_steps: int = setting(3, help="stop after this many consecutive steps with a non-finite loss or "
+                                       "gradient (their updates are skipped; 0: never stop)", at_least=0)
+    kl_spike_factor: float = setting(100.0, help="a mean KL this many times its recent median is a spike", above=1.0)
+    kl_spike_min: float = setting(1e-3, help="KLs below this never count as spikes (tiny KLs jump by large factors)",
+                                  at_least=0.0)
+    kl_spike_warmup: int = setting(3, help="steps of KL history needed before judging", at_least=1)
+    kl_spike_action: str = setting("warn", help="on a KL spike: warn, or stop before saving", choices=("warn", "stop"))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass
 class LoggingConfig:
     output_dir: str = setting("runs/latest", help="the run directory")
     save_every: int = setting(100, help="checkpoint every N steps (0: only at the end)", at_least=0)
     keep_checkpoints: int = setting(2, help="newest checkpoints kept (0: all)", at_least=0)
     log_completions: bool = setting(True, help="write every completion with its rewards to completions.jsonl")
-    report_to: list[str] = setting(factory=list, help="trackers (accelerate): tensorboard, wandb, mlflow", choices=tuple(TRACKER_PACKAGES))
+    report_to: list[str] = setting(factory=list, help="trackers (accelerate): tensorboard, wandb, mlflow", choices=TRACKERS)
     progress: bool = setting(True, help="show a progress bar")
     save_merged: bool = setting(True, help="with LoRA, also write final/merged (the full model, deltas folded in)")
     plot: bool = setting(False, help="train/sft commands: write the run's charts to <output_dir>/plots at the end")

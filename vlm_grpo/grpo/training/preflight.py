@@ -14,7 +14,7 @@ import torch
 
 from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch
 from vlm_grpo.adapters.teacher_forcing import completion_logits
-from vlm_grpo.grpo.logprobs import token_logprobs
+from vlm_grpo.grpo.logprobs.completions import token_logprobs
 
 
 @dataclass

@@ -14,8 +14,8 @@ import torch
 
 from vlm_grpo.adapters.sharing import embed_with_features, image_features, text_side
 from vlm_grpo.adapters.teacher_forcing import completion_logits
-from vlm_grpo.grpo.head_logprobs import CHUNK_BYTES, TokenScores, score_completions
-from vlm_grpo.grpo.shared_prompt import shared_prompt_scores
+from vlm_grpo.grpo.logprobs.lm_head import CHUNK_BYTES, TokenScores, score_completions
+from vlm_grpo.grpo.logprobs.prompt_cache import shared_prompt_scores
 
 
 def _blocks(rows: int, steps: int, vocab: int, chunk_bytes: int):

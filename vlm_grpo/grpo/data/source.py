@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from vlm_grpo.grpo.settings import SettingError
+from vlm_grpo.grpo.settings.fields import SettingError
 from vlm_grpo.grpo.user_code import load_object
 from vlm_grpo.recipes import Recipe, get_recipe
 from vlm_grpo.recipes.rows import DATA_SUFFIXES

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vlm_grpo.grpo.settings import SettingError, check_fields, setting
+from vlm_grpo.grpo.settings.fields import SettingError, check_fields, setting
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")

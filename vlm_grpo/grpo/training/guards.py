@@ -6,31 +6,17 @@ import logging
 import math
 import shutil
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vlm_grpo.grpo.settings import check_fields, setting
+from vlm_grpo.grpo.settings.sections import GuardConfig
+
 
 log = logging.getLogger(__name__)
 
 
 class TrainingHalted(RuntimeError):
     """A guard stopped the run; the newest checkpoint on disk is the last good state."""
-
-
-@dataclass
-class GuardConfig:
-    max_nonfinite_steps: int = setting(3, help="stop after this many consecutive steps with a non-finite loss or "
-                                       "gradient (their updates are skipped; 0: never stop)", at_least=0)
-    kl_spike_factor: float = setting(100.0, help="a mean KL this many times its recent median is a spike", above=1.0)
-    kl_spike_min: float = setting(1e-3, help="KLs below this never count as spikes (tiny KLs jump by large factors)",
-                                  at_least=0.0)
-    kl_spike_warmup: int = setting(3, help="steps of KL history needed before judging", at_least=1)
-    kl_spike_action: str = setting("warn", help="on a KL spike: warn, or stop before saving", choices=("warn", "stop"))
-
-    def __post_init__(self) -> None:
-        check_fields(self)
 
 
 class NonFiniteGuard:

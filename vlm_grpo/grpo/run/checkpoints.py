@@ -2,7 +2,7 @@
 
 A checkpoint holds the weights (or LoRA adapter) as safetensors, the processor, optimizer,
 scheduler and RNG states, the step and the config, and last a manifest of every file's size and
-sha256 (grpo/manifest.py). Only directories named `checkpoint-N` that contain `trainer_state.json`
+sha256 (grpo/run/manifest.py). Only directories named `checkpoint-N` that contain `trainer_state.json`
 count; the rename is the commit point. Resuming verifies the newest one against its manifest and
 falls back to the newest one that verifies, saying which file of which checkpoint was bad.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from vlm_grpo.grpo.manifest import verify, write_manifest
+from vlm_grpo.grpo.run.manifest import verify, write_manifest
 
 STATE_FILE = "trainer_state.json"
 

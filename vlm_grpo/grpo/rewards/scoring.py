@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from vlm_grpo.grpo.reward_inputs import RewardInputs
+from vlm_grpo.grpo.rewards.inputs import RewardInputs
 from vlm_grpo.grpo.user_code import load_object
 from vlm_grpo.recipes.base import Reward
 

@@ -20,39 +20,16 @@ import copy
 import re
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import torch
 
 from vlm_grpo.adapters.quantization import four_bit_config
-from vlm_grpo.grpo.optim import _is_lora_wrapped
-from vlm_grpo.grpo.settings import SettingError, check_fields, setting
+from vlm_grpo.grpo.settings.sections import LoraSettings
+from vlm_grpo.grpo.training.freeze import _is_lora_wrapped
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-@dataclass
-class LoraSettings:
-    r: int = setting(0, help="LoRA rank (0: LoRA off; the freeze policy decides what trains)", at_least=0)
-    alpha: int = setting(16, help="LoRA scaling alpha", above=0)
-    dropout: float = setting(0.0, help="dropout on the LoRA path", at_least=0.0, below=1.0)
-    target_modules: list[str] | None = setting(
-        None, help="modules that get LoRA matrices: full names or name suffixes (e.g. merger.mlp.2); "
-        "None: the language model's q/k/v/o/gate/up/down projections")
-    load_in_4bit: bool = setting(False, help="QLoRA: the base loaded in 4 bit (bitsandbytes, CUDA only)")
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        if self.target_modules is not None:
-            self.target_modules = list(self.target_modules)
-        if self.load_in_4bit and self.r == 0:
-            raise SettingError("load_in_4bit", "QLoRA trains LoRA matrices on a frozen 4-bit base: set r > 0 (lora.r)")
-
-    @property
-    def enabled(self) -> bool:
-        return self.r > 0
 
 
 def is_lora_wrapped(adapter) -> bool:

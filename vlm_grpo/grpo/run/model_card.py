@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from vlm_grpo.grpo.run_settings import hub_id_of
+from vlm_grpo.grpo.settings.sources import hub_id_of
 
 
 def model_card(cfg, *, stage: str, family: str, rewards, heldout: dict[str, dict[str, Any]], title: str,

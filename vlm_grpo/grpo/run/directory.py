@@ -11,8 +11,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from vlm_grpo.grpo.settings import SettingError
-from vlm_grpo.grpo.trackers import TRACKER_PROJECT
+from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT
 
 SCRATCH_DIRS = ("runs/latest", "runs/sft-latest")
 RUN_FILES = ("metrics.jsonl", "completions.jsonl", "config.yaml", "before-after.txt", ".write-test")

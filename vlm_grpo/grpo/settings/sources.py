@@ -19,9 +19,9 @@ from typing import Any
 
 import yaml
 
-from vlm_grpo.grpo.config import SECTIONS, TrainConfig
-from vlm_grpo.grpo.data_source import HUB_ID, build_options, resolve_recipe
-from vlm_grpo.grpo.settings import SettingError, help_of
+from vlm_grpo.grpo.settings.sections import SECTIONS, TrainConfig
+from vlm_grpo.grpo.data.source import HUB_ID, build_options, resolve_recipe
+from vlm_grpo.grpo.settings.fields import SettingError, help_of
 from vlm_grpo.recipes import Recipe
 
 ALIASES = {"model": "model.name"}  # `--model X` sets model.name

@@ -2,7 +2,7 @@
 
 - the run directory (checked writable before any model is loaded), the accelerator and the seed;
 - the recipe's training split and the policy (`model.init_from` wins over `model.name`);
-- LoRA or the freeze policy, the per-module-group optimizer and its schedule (grpo/optim.py, grpo/lora.py);
+- LoRA or the freeze policy, the per-module-group optimizer and its schedule (grpo/training/optimizer.py, grpo/training/lora.py);
 - atomic checkpoints, `--resume`, the final model (plus a merged copy under LoRA), metrics.jsonl;
 - the step loop with progress bar, trackers and periodic saves.
 
@@ -25,28 +25,30 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from vlm_grpo.adapters.checkpoints import MERGED_DIR
+from vlm_grpo.adapters.model_dirs import MERGED_DIR
 from vlm_grpo.adapters.features import hf_core
-from vlm_grpo.grpo import checkpoint as ckpt
-from vlm_grpo.grpo import checkpointing, fsdp
-from vlm_grpo.grpo import sharded_checkpoint as shards
-from vlm_grpo.grpo.config import TrainConfig
-from vlm_grpo.grpo.data_order import batch_indices
-from vlm_grpo.grpo.data_source import build_split, resolve_recipe
+from vlm_grpo.grpo.run import checkpoints as ckpt
+from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
+from vlm_grpo.grpo.distributed import fsdp
+from vlm_grpo.grpo.distributed import sharded_checkpoints as shards
+from vlm_grpo.grpo.settings.sections import TrainConfig
+from vlm_grpo.grpo.data.order import batch_indices
+from vlm_grpo.grpo.data.source import build_split, resolve_recipe
 from vlm_grpo.grpo.evaluate import evaluate_run, heldout_split
-from vlm_grpo.grpo.guards import KLWatchdog, NonFiniteGuard, check_disk_space
-from vlm_grpo.grpo.hub import push_final
-from vlm_grpo.grpo.lora import apply_lora, is_lora_wrapped, save_merged
-from vlm_grpo.grpo.manifest import verify, write_manifest
-from vlm_grpo.grpo.model_card import write_model_card
-from vlm_grpo.grpo.optim import apply_freeze, build_optimizer, build_scheduler, trainable_table
-from vlm_grpo.grpo.preflight import cheap_checks, raise_on_failure
-from vlm_grpo.grpo.rewards import run_rewards
-from vlm_grpo.grpo.run_dir import prepare_run_dir
-from vlm_grpo.grpo.run_log import RunLog
-from vlm_grpo.grpo.run_settings import check_sources, to_yaml
-from vlm_grpo.grpo.stop_signals import stop_on_signals
-from vlm_grpo.grpo.trackers import TRACKER_PROJECT, check_trackers, flat_settings
+from vlm_grpo.grpo.training.guards import KLWatchdog, NonFiniteGuard, check_disk_space
+from vlm_grpo.grpo.run.hub import push_final
+from vlm_grpo.grpo.training.lora import apply_lora, is_lora_wrapped, save_merged
+from vlm_grpo.grpo.run.manifest import verify, write_manifest
+from vlm_grpo.grpo.run.model_card import write_model_card
+from vlm_grpo.grpo.training.freeze import apply_freeze
+from vlm_grpo.grpo.training.optimizer import build_optimizer, build_scheduler, trainable_table
+from vlm_grpo.grpo.training.preflight import cheap_checks, raise_on_failure
+from vlm_grpo.grpo.rewards.scoring import run_rewards
+from vlm_grpo.grpo.run.directory import prepare_run_dir
+from vlm_grpo.grpo.run.logs import RunLog
+from vlm_grpo.grpo.settings.sources import check_sources, to_yaml
+from vlm_grpo.grpo.run.stop_signals import stop_on_signals
+from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT, check_trackers, flat_settings
 from vlm_grpo.compat.cache_probe import probe_steps
 from vlm_grpo.loader import apply_cache_policy, load_model
 from vlm_grpo.recipes.checked import CheckedSource
