@@ -26,7 +26,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from trl.trainer.utils import nanstd  # noqa: E402
 
 from vlm_grpo.grpo.algorithm.advantages.group import group_advantages  # noqa: E402
-from vlm_grpo.grpo.algorithm.losses.base import LossConfig, grpo_loss  # noqa: E402
+from vlm_grpo.grpo.algorithm.losses import LossConfig, policy_loss as grpo_loss  # noqa: E402
 
 TOL = 1e-5
 B, T, V = 6, 7, 11
@@ -256,7 +256,7 @@ def test_on_policy_loss_values_by_hand():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"loss_type": "bnpo"}, "loss_type"),
+        ({"loss_type": "nope"}, "loss_type"),
         ({"importance_sampling_level": "seq"}, "importance_sampling_level"),
         ({"epsilon": 1.0}, "epsilon"),
         ({"epsilon": -0.1}, "epsilon"),

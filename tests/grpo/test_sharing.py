@@ -13,7 +13,7 @@ from vlm_grpo.adapters.sharing import generate_shared, image_features
 from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
 from vlm_grpo.grpo.logprobs.completions import group_scores, token_logprobs_and_entropy
-from vlm_grpo.grpo.algorithm.losses.base import LossConfig, grpo_loss
+from vlm_grpo.grpo.algorithm.losses import LossConfig, policy_loss as grpo_loss
 from vlm_grpo.grpo.trainer import GRPOTrainer
 
 G, T = 2, 5

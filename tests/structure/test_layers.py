@@ -44,7 +44,9 @@ INNER_FLOORS = {
     ],
 }
 # Imports by a computed name: where they go. Anything else computed is an error (the drawing must see it).
-DYNAMIC = {"vlm_grpo.adapters.registry": "vlm_grpo.adapters.families"}
+DYNAMIC = {"vlm_grpo.adapters.registry": "vlm_grpo.adapters.families",
+           "vlm_grpo.grpo.algorithm.losses": "vlm_grpo.grpo.algorithm.losses",
+           "vlm_grpo.grpo.algorithm.advantages": "vlm_grpo.grpo.algorithm.advantages"}
 USER_CODE = {"vlm_grpo.grpo.user_code"}  # loads the reward or recipe module a user names: not package code
 
 

@@ -1,34 +1,30 @@
-"""The model flags every model-loading command shares (check-cache, generate, attention, demo), and the
-one call that turns them into an adapter: `vlm_grpo.loader.load_model`."""
+"""The model flags every model-loading command shares (check-cache, generate, attention, demo), generated from the
+model settings (`ModelConfig`, plus lora.load_in_4bit and the seed), and the one call that turns them into an
+adapter: `vlm_grpo.loader.load_model`."""
 
 from __future__ import annotations
 
 import argparse
 
-from vlm_grpo.compat.cache_policy import POLICIES
+from vlm_grpo.commands.settings import add_dataclass_args
+
+MODEL_FIELDS = ("name", "device", "dtype", "attn_implementation", "cache_policy", "trust_remote_code",
+                "allow_pickle_weights")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model",
-        required=True,
-        help="tiny:FAMILY | preset:NAME | pretrained:NAME | FAMILY:PATH_OR_HUB_ID | PATH (family read from config.model_type)",
-    )
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available, else cpu)")
-    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 (checkpoints and presets)")
-    p.add_argument("--attn-implementation", default=None, help="eager | sdpa | flash_attention_2")
-    p.add_argument("--load-in-4bit", action="store_true", help="bitsandbytes 4-bit (needs a CUDA GPU)")
-    p.add_argument("--trust-remote-code", action="store_true", help="run code shipped with a checkpoint (off by default)")
-    p.add_argument("--allow-pickle-weights", action="store_true", help="also load pickled .bin weights (off by default)")
-    p.add_argument("--cache-policy", default="auto", choices=list(POLICIES))
-    p.add_argument("--seed", type=int, default=0, help="seed of tiny twins and presets")
+    from vlm_grpo.grpo.settings.sections import LoraSettings, ModelConfig, TrainConfig
+
+    add_dataclass_args(p, ModelConfig, names={"name": "model"}, only=MODEL_FIELDS, required=("name",))
+    add_dataclass_args(p, LoraSettings, only=("load_in_4bit",))
+    add_dataclass_args(p, TrainConfig, only=("seed",))
 
 
 def load_from_args(args: argparse.Namespace, decide_cache: bool = True):
     from vlm_grpo.loader import load_model
 
     return load_model(
-        args.model,
+        args.name,
         seed=args.seed,
         dtype=args.dtype,
         device=args.device,

@@ -1,7 +1,9 @@
-"""The shared GRPO loop. It asks the adapter for everything model-specific and knows no family.
+"""The GRPO stage. It asks the adapter for everything model-specific and knows no family, and names no loss or
+advantage estimator: those are registered parts (grpo/algorithm/).
 
-One step: pick B prompts -> encode once -> sample G completions each -> score (named rewards) ->
-group advantages -> log-probs (old, reference) -> `num_iterations` clipped-ratio updates.
+`train_step` reads top-down: pick B prompts -> encode them once -> sample G completions each -> score them (named
+rewards) -> advantages -> the Trajectory record -> old / reference log-probs -> `num_iterations` updates of the
+registered loss, each over whole-group micro-batches.
 """
 
 from __future__ import annotations
@@ -15,21 +17,23 @@ from typing import Any
 import torch
 
 from vlm_grpo.adapters.sharing import image_features
-from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
-from vlm_grpo.grpo.distributed import fsdp
-from vlm_grpo.grpo.algorithm.advantages.group import group_advantages
-from vlm_grpo.grpo.training.base import BaseTrainer
-from vlm_grpo.grpo.settings.sections import TrainConfig
-from vlm_grpo.grpo.training.vision_counter import VisionCounter
+from vlm_grpo.grpo.algorithm import reference_sync
+from vlm_grpo.grpo.algorithm.advantages import ADVANTAGES, reward_scores
+from vlm_grpo.grpo.algorithm.losses import Collective, EntropyControl, policy_loss
+from vlm_grpo.grpo.algorithm.trajectory import Trajectory
 from vlm_grpo.grpo.data.order import step_seed
+from vlm_grpo.grpo.distributed import fsdp
 from vlm_grpo.grpo.evaluate import format_report, heldout_metrics, side_by_side, write_report
 from vlm_grpo.grpo.logprobs.completions import group_scores
-from vlm_grpo.grpo.training.lora import is_lora_wrapped, reference_disabled
-from vlm_grpo.grpo.algorithm.losses.base import grpo_loss
-from vlm_grpo.grpo.training.optimizer import update_step
 from vlm_grpo.grpo.rewards.inputs import RewardInputs, trainer_state
 from vlm_grpo.grpo.rewards.scoring import nan_mean, nan_std, score
 from vlm_grpo.grpo.rollout.sampling import Rollout, encode, rollout
+from vlm_grpo.grpo.settings.sections import TrainConfig
+from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
+from vlm_grpo.grpo.training.base import BaseTrainer
+from vlm_grpo.grpo.training.lora import is_lora_wrapped, reference_disabled
+from vlm_grpo.grpo.training.optimizer import update_step
+from vlm_grpo.grpo.training.vision_counter import VisionCounter
 
 log = logging.getLogger(__name__)
 SIDE_BY_SIDE_SHOWN = 6  # held-out pairs printed at the end of a run with eval.before_after
@@ -40,8 +44,13 @@ def _loggable(value: Any) -> Any:
     return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (values * mask).sum() / mask.sum().clamp(min=1)
+def _rows(x: torch.Tensor | None, rows: list[int]) -> torch.Tensor | None:
+    return None if x is None else x[rows]
+
+
+def _row_means(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-token values [N, T] as one number per row: their mean over the row's training tokens."""
+    return (values * mask).sum(1) / mask.sum(1).clamp(min=1)
 
 
 class GRPOTrainer(BaseTrainer):
@@ -53,7 +62,11 @@ class GRPOTrainer(BaseTrainer):
         cfg.loss.max_completion_length = cfg.generation.max_new_tokens
         self.reference = None
         self.timings: dict[str, float] = {}  # seconds of the last step's phases (kept out of the metrics)
+        self.updates = 0  # optimizer updates so far (the reference sync counts them)
+        self.entropy_control = EntropyControl(cfg.loss)
         super().__init__(cfg, adapter=adapter, recipe=recipe, after_run=after_run)
+        self.collective = Collective(reduce_sum=lambda x: self.accelerator.reduce(x, reduction="sum"),
+                                     gather=self._gather_tensor)
 
     # ---------------------------------------------------------------- held-out evaluation around the run
     def _heldout(self, when: str, step: int) -> dict[str, Any]:
@@ -119,6 +132,9 @@ class GRPOTrainer(BaseTrainer):
         self.vision_counter = VisionCounter(self.adapter, models)
 
     def _shard_more(self) -> None:
+        if self.cfg.loss.sync_ref_model:
+            raise ValueError("loss.sync_ref_model with FSDP: the reference's shards are not saved in sharded "
+                             "checkpoints yet; train without fsdp, or without sync_ref_model")
         if self.reference is not None:
             self.reference = fsdp.shard(self.reference, self.sharding)
 
@@ -128,7 +144,116 @@ class GRPOTrainer(BaseTrainer):
     def progress_postfix(self, metrics: dict[str, Any]) -> dict[str, str]:
         return {"reward": f"{metrics['reward']:.3f}", "kl": f"{metrics.get('kl', 0.0):.2e}"}
 
-    # ---------------------------------------------------------------- one step
+    def extra_state(self) -> dict[str, Any]:
+        return {"optimizer_updates": self.updates, "entropy_control": self.entropy_control.state_dict()}
+
+    def load_extra_state(self, state: dict[str, Any], checkpoint) -> None:
+        self.updates = int(state.get("optimizer_updates", 0))
+        if "entropy_control" in state:
+            self.entropy_control.load_state_dict(state["entropy_control"])
+        if self.cfg.loss.sync_ref_model:
+            reference_sync.load(self.reference, checkpoint)
+
+    def save_extra(self, directory) -> None:
+        if self.cfg.loss.sync_ref_model:  # the reference has moved away from the starting model: keep it
+            reference_sync.save(self.reference, directory)
+
+    # ---------------------------------------------------------------- the GRPO step, top-down
+    def train_step(self, step: int) -> dict[str, Any]:
+        """rollout -> rewards -> advantages -> old / reference log-probs -> `num_iterations` updates."""
+        cfg = self.cfg
+        started = time.perf_counter()
+        torch.manual_seed(step_seed(cfg.seed, step, self.accelerator.process_index))
+        samples, indices = self._samples(step)
+        self.vision_counter.reset()
+        ro, policy_features = self.sample(samples)
+        self.timings = {"rollout": time.perf_counter() - started}
+        traj, reward_errors, reward_metrics = self.score(samples, indices, ro, step)
+        traj.policy_features = policy_features
+        traj.ref_logps = self._reference_logprobs(traj)
+        if cfg.num_iterations > 1:  # later updates are off-policy: keep the sampling policy's log-probs
+            with torch.no_grad():
+                traj.old_logps = self._logprobs(traj, list(range(len(traj))), self.model)
+        losses = self.update(traj)
+        metrics = self._mean_over_processes({
+            **losses, **self._reward_metrics(traj, reward_errors, reward_metrics), **self._cost_metrics(traj),
+        })
+        metrics.update(step=step + 1, step_time=time.perf_counter() - started)
+        self._log_completions(step + 1, traj)
+        return metrics
+
+    def sample(self, samples) -> tuple[Rollout, Any]:
+        """B prompts, encoded once, and G sampled completions each; with encode-once, the policy's own image features
+        (with gradient) taken first, which the rollout samples from (detached) and the single update reuses."""
+        cfg = self.cfg
+        with self.accelerator.autocast():  # sample in the precision the policy forward runs in
+            prompts = encode(self.adapter, samples, self.accelerator.device)
+            policy_features = image_features(self.adapter, prompts, model=self.model) if self._encode_once() else None
+            sampled_from = None if policy_features is None else policy_features.detach()
+            ro = self.with_full_weights(lambda: rollout(
+                self.adapter, samples, cfg.generation, cfg.data.num_generations, self.accelerator.device,
+                shared_prefix=cfg.perf.shared_prefix, prompts=prompts, features=sampled_from,
+            ))
+        return ro, policy_features
+
+    def score(self, samples, indices, ro: Rollout, step: int):
+        """The rollout scored: rewards per component, the loss mask, and advantages, as one Trajectory."""
+        cfg, g = self.cfg, self.cfg.data.num_generations
+        inputs = RewardInputs.from_samples(samples, g, ro.completions, ro.completion_ids, ro.completion_mask,
+                                           trainer_state(step, cfg.max_steps))
+        reward_errors: dict[str, int] = {}
+        total, components = score(self.rewards, inputs, on_error=cfg.data.on_reward_error, errors=reward_errors)
+        loss_mask = ro.completion_mask
+        if cfg.loss.mask_truncated_completions:  # a completion cut at the length limit trains on no token
+            loss_mask = loss_mask * (~ro.truncated).unsqueeze(1).to(loss_mask.dtype)
+        scores = reward_scores(components, [r.weight for r in self.rewards], g, cfg.multi_objective_aggregation)
+        advantages, metrics = ADVANTAGES[cfg.advantage]().estimate(scores, loss_mask, cfg)
+        traj = Trajectory(
+            prompts=ro.prompts, sample_indices=indices, prompt_texts=ro.prompt_texts, completions=ro.completions,
+            completion_ids=ro.completion_ids, completion_mask=ro.completion_mask, loss_mask=loss_mask,
+            rewards=total, reward_components=components, advantages=advantages.to(self.accelerator.device),
+            num_generations=g, features=ro.features, stats=ro.stats,
+            extra={k: v for k, v in inputs.extra_columns.items() if len(v) == len(ro.completions)},
+        )
+        metrics["logged"] = inputs.logged_metrics
+        return traj, reward_errors, metrics
+
+    def update(self, traj: Trajectory) -> dict[str, float]:
+        """`num_iterations` optimizer updates on the trajectory, each over whole-group micro-batches; the metrics
+        averaged over updates and micro-batches."""
+        cfg, acc = self.cfg, self.accelerator
+        chunks = traj.micro_batches(cfg.gradient_accumulation_steps)
+        # the step's training tokens per process (step_tokens losses; DDP averages gradients over processes)
+        tokens = acc.reduce(traj.loss_mask.sum().float(), reduction="sum") / acc.num_processes
+        sums: dict[str, float] = {}
+        skipped = 0
+        for _ in range(cfg.num_iterations):
+            self.optimizer.zero_grad(set_to_none=True)
+            for k, rows in enumerate(chunks):
+                with self.accumulating(last=k == len(chunks) - 1):
+                    logps, entropy = self._logprobs(traj, rows, self.model, with_entropy=True,
+                                                    features=traj.policy_features)
+                    loss, metrics = policy_loss(
+                        logps, _rows(traj.old_logps, rows), _rows(traj.ref_logps, rows), traj.advantages[rows],
+                        traj.loss_mask[rows], cfg.loss, entropy=entropy, normalizer=tokens,
+                        share=len(rows) / len(traj), entropy_control=self.entropy_control, collective=self.collective,
+                    )
+                    acc.backward(loss)
+                for key, value in metrics.items():
+                    sums[key] = sums.get(key, 0.0) + float(value) * len(rows) / len(traj) / cfg.num_iterations
+            grad_norm, was_skipped = update_step(acc, self.optimizer, cfg.optim)
+            if was_skipped:
+                skipped += 1
+                log.warning("step %d: non-finite gradient norm, update skipped", self.step)
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.entropy_control.end_update(self.collective.reduce_sum)
+            self.updates += 1
+            if cfg.loss.sync_ref_model and self.updates % cfg.loss.ref_model_sync_steps == 0:
+                reference_sync.mix(self.reference, self.adapter.model, cfg.loss.ref_model_mixup_alpha)
+        return {**sums, "grad_norm": float(grad_norm), "skipped_updates": skipped}
+
+    # ---------------------------------------------------------------- log-probs
     def _reuse_features(self) -> bool:
         perf = self.cfg.perf
         return perf.share_image_features and perf.reuse_frozen_features and self.encoder_frozen
@@ -143,28 +268,28 @@ class GRPOTrainer(BaseTrainer):
                 and cfg.num_iterations == 1 and cfg.gradient_accumulation_steps == 1
                 and not perf.gradient_checkpointing and not fsdp.is_sharded(self.model))
 
-    def _step_features(self, ro: Rollout):
+    def _step_features(self, traj: Trajectory):
         """The step's image features when they may be reused (frozen encoder): the rollout's, or encoded once."""
         if not self._reuse_features():
             return None
-        if ro.features is None:
+        if traj.features is None:
             with torch.no_grad():
-                ro.features = self.forward(lambda m: image_features(self.adapter, ro.prompts, model=m)).detach()
-        return ro.features
+                traj.features = self.forward(lambda m: image_features(self.adapter, traj.prompts, model=m)).detach()
+        return traj.features
 
-    def _logprobs(self, ro: Rollout, rows: list[int], model, with_entropy: bool = False, features=None):
+    def _logprobs(self, traj: Trajectory, rows: list[int], model, with_entropy: bool = False, features=None):
         """`features`: the prompts' image features to use (the policy's, taken with gradient before the rollout);
         None: the step's reusable ones, or else encoded in the forward."""
         perf = self.cfg.perf
         context = self.accelerator.autocast if model is self.model else None
-        features = self._step_features(ro) if features is None else features
+        features = self._step_features(traj) if features is None else features
 
         def scores(inner):  # returns tensors: a sharded root registers its backward hooks on them
             with checkpointing.active(inner, perf.gradient_checkpointing):
                 out = group_scores(
-                    self.adapter, ro.prompts, ro.prompt_index(rows), ro.completion_ids[rows], ro.completion_mask[rows],
-                    inner, share_features=perf.share_image_features, features=features, context=context,
-                    share_prompt=perf.share_prompt and not perf.gradient_checkpointing,
+                    self.adapter, traj.prompts, traj.prompt_index(rows), traj.completion_ids[rows],
+                    traj.completion_mask[rows], inner, share_features=perf.share_image_features, features=features,
+                    context=context, share_prompt=perf.share_prompt and not perf.gradient_checkpointing,
                     temperature=self.cfg.generation.temperature, with_entropy=with_entropy,
                     chunk_bytes=perf.logprob_chunk_mb * 2**20,
                 )
@@ -173,130 +298,61 @@ class GRPOTrainer(BaseTrainer):
         logps, entropy = self.forward(scores, model)
         return (logps, entropy) if with_entropy else logps
 
-    def _reference_logprobs(self, ro: Rollout, rows: list[int]) -> torch.Tensor | None:
+    def _reference_logprobs(self, traj: Trajectory) -> torch.Tensor | None:
         if self.cfg.loss.beta <= 0:
             return None
+        rows = list(range(len(traj)))
         with torch.no_grad():
             if self.reference is not None:
-                return self._logprobs(ro, rows, self.reference)
+                return self._logprobs(traj, rows, self.reference)
             with reference_disabled(self.adapter):  # the policy itself (through its wrapper), LoRA off
-                return self._logprobs(ro, rows, self.model)
+                return self._logprobs(traj, rows, self.model)
 
-    def _chunks(self, n_rows: int) -> list[list[int]]:
-        g, steps = self.cfg.data.num_generations, self.cfg.gradient_accumulation_steps
-        groups = n_rows // g
-        if groups % steps:
-            raise ValueError(f"gradient_accumulation_steps={steps} must divide the {groups} prompt groups of a step")
-        per = groups // steps
-        return [list(range(c * per * g, (c + 1) * per * g)) for c in range(steps)]
-
-    def train_step(self, step: int) -> dict[str, Any]:
-        cfg, acc = self.cfg, self.accelerator
-        started = time.perf_counter()
-        torch.manual_seed(step_seed(cfg.seed, step, acc.process_index))
-        samples, indices = self._samples(step)
-        self.vision_counter.reset()
-        rollout_started = time.perf_counter()
-        with acc.autocast():  # sample in the precision the policy forward runs in (a no-op without mixed precision)
-            prompts = encode(self.adapter, samples, acc.device)
-            policy_features = image_features(self.adapter, prompts, model=self.model) if self._encode_once() else None
-            sampled_from = None if policy_features is None else policy_features.detach()
-            ro = self.with_full_weights(lambda: rollout(
-                self.adapter, samples, cfg.generation, cfg.data.num_generations, acc.device,
-                shared_prefix=cfg.perf.shared_prefix, prompts=prompts, features=sampled_from,
-            ))
-        self.timings = {"rollout": time.perf_counter() - rollout_started}
-        reward_errors: dict[str, int] = {}
-        inputs = RewardInputs.from_samples(samples, cfg.data.num_generations, ro.completions, ro.completion_ids,
-                                           ro.completion_mask, trainer_state(step, cfg.max_steps))
-        total, components = score(self.rewards, inputs, on_error=cfg.data.on_reward_error, errors=reward_errors)
-        advantages, adv_metrics = group_advantages(total, cfg.data.num_generations, cfg.scale_rewards)
-        advantages = advantages.to(acc.device)
-        mask = ro.completion_mask
-        rows = list(range(len(total)))
-        chunks = self._chunks(len(rows))
-        ref = self._reference_logprobs(ro, rows)
-        old = None
-        if cfg.num_iterations > 1:
-            with torch.no_grad():
-                old = self._logprobs(ro, rows, self.model)
-        # dapo divides by the tokens of the whole step; DDP averages gradients, so scale by the process count.
-        tokens = acc.reduce(mask.sum().float(), reduction="sum") / acc.num_processes
-        sums: dict[str, float] = {}
-        skipped = 0
-        for _ in range(cfg.num_iterations):
-            self.optimizer.zero_grad(set_to_none=True)
-            for k, chunk in enumerate(chunks):
-                with self.accumulating(last=k == len(chunks) - 1):
-                    logps, entropy = self._logprobs(ro, chunk, self.model, with_entropy=True, features=policy_features)
-                    loss, loss_metrics = grpo_loss(
-                        logps,
-                        None if old is None else old[chunk],
-                        None if ref is None else ref[chunk],
-                        advantages[chunk],
-                        mask[chunk],
-                        cfg.loss,
-                        normalizer=tokens,
-                    )
-                    # grpo/dr_grpo normalise per chunk of rows; dapo already divides by the whole step's tokens.
-                    weight = 1.0 if cfg.loss.loss_type == "dapo" else len(chunk) / len(rows)
-                    acc.backward(loss * weight)
-                with torch.no_grad():
-                    loss_metrics = {**loss_metrics, "loss": loss.item(), "entropy": masked_mean(entropy, mask[chunk]).item()}
-                for key, value in loss_metrics.items():
-                    sums[key] = sums.get(key, 0.0) + float(value) * len(chunk) / len(rows) / cfg.num_iterations
-            grad_norm, was_skipped = update_step(acc, self.optimizer, cfg.optim)
-            if was_skipped:
-                skipped += 1
-                log.warning("step %d: non-finite gradient norm, update skipped", step)
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-        metrics = {
-            **sums,
+    # ---------------------------------------------------------------- metrics and logs
+    def _reward_metrics(self, traj: Trajectory, errors: dict[str, int], metrics: dict[str, Any]) -> dict[str, float]:
+        logged = metrics.pop("logged")
+        return {
             # a reward's None (not applicable) is NaN: means and stds are over the values present, as in TRL
-            "reward": nan_mean(total),
-            "reward_std": nan_std(total),
-            **{f"rewards/{name}": nan_mean(v) for name, v in components.items()},
-            **{f"reward_metrics/{name}": sum(v) / len(v) for name, v in inputs.logged_metrics.items() if v},
-            **{k: float(v) for k, v in adv_metrics.items() if k not in ("reward_mean", "reward_std")},
-            "completion_length": mask.sum(1).float().mean().item(),
-            "grad_norm": float(grad_norm),
-            "skipped_updates": skipped,
-            **{f"reward_errors/{r.name}": reward_errors.get(r.name, 0) for r in self.rewards if cfg.data.on_reward_error == "zero"},
+            "reward": nan_mean(traj.rewards),
+            "reward_std": nan_std(traj.rewards),
+            **{f"rewards/{name}": nan_mean(v) for name, v in traj.reward_components.items()},
+            **{f"reward_metrics/{name}": sum(v) / len(v) for name, v in logged.items() if v},
+            **{k: float(v) for k, v in metrics.items() if k not in ("reward_mean", "reward_std")},
+            "completion_length": traj.completion_mask.sum(1).float().mean().item(),
+            **{f"reward_errors/{r.name}": errors.get(r.name, 0) for r in self.rewards
+               if self.cfg.data.on_reward_error == "zero"},
+        }
+
+    def _cost_metrics(self, traj: Trajectory) -> dict[str, float]:
+        return {
             **{f"lr/{g['name']}": g["lr"] for g in self.optimizer.param_groups},
             "perf/vision_calls": self.vision_counter.calls,
             "perf/vision_images": self.vision_counter.images,
-            "perf/prefill_tokens": ro.stats["prefill_tokens"],
-            "perf/decode_tokens": ro.stats["decode_tokens"],
+            "perf/prefill_tokens": traj.stats["prefill_tokens"],
+            "perf/decode_tokens": traj.stats["decode_tokens"],
         }
-        metrics = self._mean_over_processes(metrics)
-        metrics.update(step=step + 1, step_time=time.perf_counter() - started)
-        self._log_completions(step + 1, ro, total, components, advantages, indices, inputs.extra_columns)
-        return metrics
 
-    def _log_completions(self, step, ro: Rollout, total, components, advantages, indices, extra=None) -> None:
+    def _log_completions(self, step: int, traj: Trajectory) -> None:
         if not self.cfg.logging.log_completions:
             return
-        g = self.cfg.data.num_generations
-        # columns rewards logged with log_extra, one value per completion (others cannot be lined up)
-        extra = {k: v for k, v in (extra or {}).items() if len(v) == len(ro.completions)}
+        g = traj.num_generations
+        advantages = traj.advantages if traj.advantages.dim() == 1 else _row_means(traj.advantages, traj.loss_mask)
         rows = []
-        for i, text in enumerate(ro.completions):
+        for i, text in enumerate(traj.completions):
             rows.append(
                 {
                     "step": step,
                     "process": self.accelerator.process_index,
-                    "sample_index": indices[i // g],
-                    "prompt": ro.prompt_texts[i // g],
+                    "sample_index": traj.sample_indices[i // g],
+                    "prompt": traj.prompt_texts[i // g],
                     "completion": text,
-                    "reward": total[i].item(),
-                    "rewards": {name: v[i].item() for name, v in components.items()},
+                    "reward": traj.rewards[i].item(),
+                    "rewards": {name: v[i].item() for name, v in traj.reward_components.items()},
                     "advantage": advantages[i].item(),
-                    **({"extra": {k: _loggable(v[i]) for k, v in extra.items()}} if extra else {}),
+                    **({"extra": {k: _loggable(v[i]) for k, v in traj.extra.items()}} if traj.extra else {}),
                 }
             )
-        gathered = self._gather_rows(rows)
-        self.log.completions(gathered)
+        self.log.completions(self._gather_rows(rows))
 
     def _gather_rows(self, rows: list[dict]) -> list[dict]:
         if self.accelerator.num_processes == 1:
@@ -305,5 +361,11 @@ class GRPOTrainer(BaseTrainer):
 
         return gather_object(rows)
 
-
-
+    def _gather_tensor(self, x: torch.Tensor) -> torch.Tensor:
+        """1-D tensors of any length from every process, concatenated."""
+        if self.accelerator.num_processes == 1:
+            return x
+        sizes = self.accelerator.gather(torch.tensor([x.numel()], device=x.device))
+        padded = self.accelerator.pad_across_processes(x, dim=0)
+        gathered = self.accelerator.gather(padded).view(len(sizes), -1)
+        return torch.cat([row[: int(n)] for row, n in zip(gathered, sizes)])

@@ -4,8 +4,8 @@ The training path (`group_scores`) never builds logits: the LM head scores the t
 hidden states (head_logprobs.py), with each prompt's images encoded once for its rows.
 
 `token_logprobs` scores tokens under logits someone already has (generate()'s, a probe's): it works through
-them in chunks (each cast to fp32, reduced to log p(token) and optionally the entropy, then dropped; backward
-recomputes the softmax chunk by chunk), so no fp32 copy of [rows, T, vocab] and no saved log-softmax exists.
+them in chunks (each cast to fp32 and reduced to log p(token) and optionally the entropy), so no fp32 copy of
+all of [rows, T, vocab] exists at once.
 """
 
 from __future__ import annotations
@@ -37,45 +37,6 @@ def _scaled_chunk(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return x if temperature == 1.0 else x / temperature  # T=1 (and fp32 logits): no copy at all
 
 
-class _TokenLogProbs(torch.autograd.Function):
-    """log softmax(logits / temperature)[token] (+ entropy, no gradient) in fp32 chunks; backward recomputes
-    per chunk. Dividing inside the chunk loop keeps a scaled copy of the logits from ever existing."""
-
-    @staticmethod
-    def forward(ctx, logits, token_ids, chunk_bytes, with_entropy, temperature):
-        rows, steps, vocab = logits.shape
-        logps = torch.empty(rows, steps, dtype=torch.float32, device=logits.device)
-        lse = torch.empty_like(logps)
-        entropy = torch.zeros_like(logps)
-        for rs, ts in _blocks(rows, steps, vocab, chunk_bytes):
-            x = _scaled_chunk(logits[rs, ts], temperature)
-            norm = torch.logsumexp(x, dim=-1)
-            lse[rs, ts] = norm
-            logps[rs, ts] = x.gather(-1, token_ids[rs, ts].unsqueeze(-1)).squeeze(-1) - norm
-            if with_entropy:
-                p = torch.exp(x - norm.unsqueeze(-1))
-                entropy[rs, ts] = norm - (p * x).sum(-1)
-        ctx.save_for_backward(logits, token_ids, lse)
-        ctx.chunk_bytes = chunk_bytes
-        ctx.temperature = temperature
-        ctx.mark_non_differentiable(entropy)
-        return logps, entropy
-
-    @staticmethod
-    def backward(ctx, grad_logps, _grad_entropy):
-        logits, token_ids, lse = ctx.saved_tensors
-        rows, steps, vocab = logits.shape
-        grad = torch.empty_like(logits)
-        for rs, ts in _blocks(rows, steps, vocab, ctx.chunk_bytes):
-            g = grad_logps[rs, ts].float().unsqueeze(-1)
-            block = -torch.exp(_scaled_chunk(logits[rs, ts], ctx.temperature) - lse[rs, ts].unsqueeze(-1)) * g
-            block.scatter_add_(-1, token_ids[rs, ts].unsqueeze(-1), g)
-            if ctx.temperature != 1.0:
-                block /= ctx.temperature  # d/dlogits of logits / T
-            grad[rs, ts] = block.to(grad.dtype)
-        return grad, None, None, None, None
-
-
 def token_logprobs_and_entropy(
     logits: torch.Tensor, token_ids: torch.Tensor, with_entropy: bool = True, chunk_bytes: int = CHUNK_BYTES,
     temperature: float = 1.0,
@@ -83,10 +44,21 @@ def token_logprobs_and_entropy(
     """(log p(token), entropy) per position, both fp32 [B, T]; only the log-probs carry a gradient.
 
     `temperature`: the distribution the tokens were sampled from is softmax(logits / temperature); GRPO's
-    ratio, KL and entropy are taken under that same distribution (as TRL does)."""
+    ratio, KL and entropy are taken under that same distribution (as TRL does). Dividing inside the chunk loop
+    keeps a scaled fp32 copy of all the logits from ever existing."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    return _TokenLogProbs.apply(logits, token_ids, chunk_bytes, with_entropy, float(temperature))
+    rows, steps, vocab = logits.shape
+    logps = logits.new_empty(rows, steps, dtype=torch.float32)
+    entropy = torch.zeros(rows, steps, dtype=torch.float32, device=logits.device)
+    for rs, ts in _blocks(rows, steps, vocab, chunk_bytes):
+        x = _scaled_chunk(logits[rs, ts], temperature)
+        norm = torch.logsumexp(x, dim=-1)
+        logps[rs, ts] = x.gather(-1, token_ids[rs, ts].unsqueeze(-1)).squeeze(-1) - norm
+        if with_entropy:
+            with torch.no_grad():
+                entropy[rs, ts] = norm - (torch.exp(x - norm.unsqueeze(-1)) * x).sum(-1)
+    return logps, entropy
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:

@@ -22,6 +22,7 @@ class Rollout:
     prompts: PromptBatch  # B prompts, encoded once
     completion_ids: torch.Tensor  # [B*G, T]
     completion_mask: torch.Tensor  # [B*G, T], 1 up to and including the first EOS
+    truncated: torch.Tensor  # [B*G] bool: no EOS (cut at max_new_tokens)
     completions: list[str]
     prompt_texts: list[str]  # B
     num_generations: int = 1
@@ -88,6 +89,7 @@ def rollout(
         prompts=prompts,
         completion_ids=completion_ids,
         completion_mask=mask,
+        truncated=~torch.isin(completion_ids, torch.tensor(adapter.eos_token_ids, device=completion_ids.device)).any(1),
         completions=texts,
         prompt_texts=[adapter.tokenizer.decode(ids, skip_special_tokens=True) for ids in prompts.input_ids],
         num_generations=num_generations,

@@ -46,12 +46,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(run_dir: Path, step: int, adapter, optimizer, scheduler, state: dict[str, Any], keep: int = 2) -> Path:
+def save_checkpoint(run_dir: Path, step: int, adapter, optimizer, scheduler, state: dict[str, Any], keep: int = 2,
+                    extra=None) -> Path:
+    """`extra(directory)`: writes the stage's own files into the checkpoint before it is committed."""
     tmp = run_dir / f".tmp-checkpoint-{step}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_model(adapter, tmp)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    if extra is not None:
+        extra(tmp)
     return commit_checkpoint(tmp, run_dir, step, scheduler, state, keep)
 
 

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from vlm_grpo.adapters.module_groups import MODULE_GROUPS
-from vlm_grpo.grpo.algorithm.losses.base import LossConfig
+from vlm_grpo.grpo.algorithm.advantages import ADVANTAGES, MULTI_OBJECTIVE
+from vlm_grpo.grpo.algorithm.advantages.group import SCALE_REWARDS
+from vlm_grpo.grpo.algorithm.losses import LossConfig
 from vlm_grpo.grpo.distributed.fsdp import MODES as FSDP_MODES
 from vlm_grpo.grpo.settings.fields import SettingError, check_fields, setting
 from vlm_grpo.grpo.training.freeze import FREEZE_PRESETS
@@ -259,9 +261,14 @@ class TrainConfig:
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
     perf: PerfConfig = dataclasses.field(default_factory=PerfConfig)
     max_steps: int = setting(3, help="optimizer steps of the run (GRPO: rollout batches)", at_least=1)
-    scale_rewards: str = setting("group", help="what a group's advantage is divided by: the group's reward std, the "
-                                 "batch's, or nothing", choices=("group", "batch", "none"),
+    advantage: str = setting("group", help="the advantage estimator (see README, 'Advantage estimators')",
+                             choices=tuple(sorted(ADVANTAGES)))
+    scale_rewards: str = setting("group", help="group advantages: what a group's centred reward is divided by: the "
+                                 "group's reward std, the batch's, or nothing", choices=SCALE_REWARDS,
                                  values={True: "group", False: "none", "true": "group", "false": "none"})
+    multi_objective_aggregation: str = setting("sum_then_normalize", help="several rewards: sum their weighted "
+                                               "scores, or normalise each within its group first (GDPO)",
+                                               choices=MULTI_OBJECTIVE)
     num_iterations: int = setting(1, help="optimizer updates per rollout batch", at_least=1)
     gradient_accumulation_steps: int = setting(1, help="micro-batches per update (whole prompt groups each)", at_least=1)
     mixed_precision: str = setting("no", help="autocast precision", choices=("no", "bf16", "fp16"))
@@ -278,6 +285,9 @@ class TrainConfig:
         if self.data.batch_size % self.gradient_accumulation_steps:
             raise SettingError("gradient_accumulation_steps", f"{self.gradient_accumulation_steps} does not divide "
                                f"data.batch_size ({self.data.batch_size}): each micro-batch holds whole prompts")
+        if self.loss.sync_ref_model and self.lora.r > 0:
+            raise SettingError("loss.sync_ref_model", "with LoRA the reference is the base model with the adapter "
+                               "switched off, not a copy that can be synced (lora.r > 0); TRL refuses this too")
         if self.fsdp != "no" and self.lora.load_in_4bit:
             raise SettingError("fsdp", "4-bit weights cannot be sharded here: use LoRA on a bf16 base, or fsdp no")
         # dr_grpo's normaliser is the completion length limit: derived, never set on its own

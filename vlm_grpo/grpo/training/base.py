@@ -30,6 +30,7 @@ from vlm_grpo.adapters.features import hf_core
 from vlm_grpo.grpo.run import checkpoints as ckpt
 from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
 from vlm_grpo.grpo.distributed import fsdp
+from vlm_grpo.grpo.distributed.on_main import on_main
 from vlm_grpo.grpo.distributed import sharded_checkpoints as shards
 from vlm_grpo.grpo.settings.sections import TrainConfig
 from vlm_grpo.grpo.data.order import batch_indices
@@ -155,6 +156,14 @@ class BaseTrainer:
     def _shard_more(self) -> None:
         """Under FSDP, shards whatever else the stage keeps (GRPO: its reference copy)."""
 
+    # A stage's own state in its checkpoints: JSON values for trainer_state.json, files, and both read back.
+    def extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def save_extra(self, directory: Path) -> None: ...
+
+    def load_extra_state(self, state: dict[str, Any], checkpoint: Path) -> None: ...
+
     # ---------------------------------------------------------------- running the model
     def forward(self, fn: Callable[[torch.nn.Module], Any], model: torch.nn.Module | None = None) -> Any:
         """`fn(model)` (default: the prepared policy); a sharded model runs it inside its root unit's forward."""
@@ -214,7 +223,7 @@ class BaseTrainer:
         self.accelerator.wait_for_everyone()
         path = None
         state = {"config": self.cfg.to_dict(), "num_processes": self.accelerator.num_processes, "stage": self.stage,
-                 "fsdp": self.sharding}
+                 "fsdp": self.sharding, **self.extra_state()}
         keep = self.cfg.logging.keep_checkpoints
         if fsdp.is_sharded(self.model):  # every process writes its shard, the main one commits
             tmp = shards.shared_temp_dir(self.run_dir, f".tmp-checkpoint-{step}", self.is_main)
@@ -223,9 +232,11 @@ class BaseTrainer:
             if self.is_main:
                 self.adapter.processor.save_pretrained(tmp)
                 hf_core(self.adapter.model).config.save_pretrained(tmp)
+                self.save_extra(tmp)
                 path = ckpt.commit_checkpoint(tmp, self.run_dir, step, self.scheduler, state, keep=keep)
         elif self.is_main:
-            path = ckpt.save_checkpoint(self.run_dir, step, self.adapter, self.optimizer, self.scheduler, state, keep=keep)
+            path = ckpt.save_checkpoint(self.run_dir, step, self.adapter, self.optimizer, self.scheduler, state, keep=keep,
+                                        extra=self.save_extra)
         self.accelerator.wait_for_everyone()
         return path
 
@@ -239,27 +250,8 @@ class BaseTrainer:
             raise RuntimeError(f"resume_from {latest}: {'; '.join(problems)}")
         return latest
 
-    def _on_main(self, decide: Callable[[], Any]) -> Any:
-        """`decide()` run by the main process alone (e.g. hashing every file of a checkpoint), its result, or the
-        error it raised, shared with every process."""
-        if self.accelerator.num_processes == 1:
-            return decide()
-        from accelerate.utils import broadcast_object_list
-
-        box: list[Any] = [None]
-        if self.is_main:
-            try:
-                box = [(True, decide())]
-            except Exception as err:  # noqa: BLE001 - raised below, on every process
-                box = [(False, err)]
-        broadcast_object_list(box)
-        ok, value = box[0]
-        if not ok:
-            raise value
-        return value
-
     def resume(self) -> int:
-        latest = self._on_main(self._checkpoint_to_resume)
+        latest = on_main(self.accelerator, self._checkpoint_to_resume)
         if latest is None:
             if self.is_main:
                 print(f"--resume: no complete checkpoint in {self.run_dir}; starting from step 0")
@@ -274,6 +266,7 @@ class BaseTrainer:
             else:
                 ckpt.load_weights(self.adapter.model, latest)
             state = ckpt.load_training_state(latest, None if sharded else self.optimizer, self.scheduler)
+            self.load_extra_state(state, latest)
         except Exception as err:  # noqa: BLE001 - a verified checkpoint that still will not load: say which
             raise RuntimeError(f"{latest} verified but cannot be loaded into this run: {type(err).__name__}: {err}") from None
         self.log.truncate_after(state["step"])

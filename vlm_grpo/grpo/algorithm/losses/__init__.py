@@ -1,0 +1,22 @@
+"""Policy losses, one module each, registered by name (`loss_type`). Adding a loss is one file in this folder:
+a `PolicyLoss` subclass with `@register` (see base.py); it is found here, its settings join the loss section,
+and `--loss-type NAME` selects it."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from vlm_grpo.grpo.algorithm.losses.base import LOSSES, NORMALISATIONS, PolicyLoss, register
+
+_NOT_LOSSES = {"base", "clipped", "config", "entropy_control", "objective"}  # the machinery every loss shares
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name not in _NOT_LOSSES:
+        importlib.import_module(f"{__name__}.{_module.name}")
+
+from vlm_grpo.grpo.algorithm.losses.config import LossConfig  # noqa: E402 - built from the registry above
+from vlm_grpo.grpo.algorithm.losses.entropy_control import EntropyControl  # noqa: E402
+from vlm_grpo.grpo.algorithm.losses.objective import Collective, policy_loss  # noqa: E402
+
+__all__ = ["LOSSES", "NORMALISATIONS", "Collective", "EntropyControl", "LossConfig", "PolicyLoss", "policy_loss",
+           "register"]

@@ -1,0 +1,25 @@
+"""sapo: a smooth, temperature-controlled gate on the ratio instead of hard clipping (Soft Adaptive PO)."""
+
+from __future__ import annotations
+
+import torch
+
+from vlm_grpo.grpo.algorithm.losses.base import LossTerms, PolicyLoss, register
+from vlm_grpo.grpo.settings.fields import setting
+
+
+@register
+class SAPO(PolicyLoss):
+    name = "sapo"
+    summary = "-sigmoid(tau (ratio - 1)) 4 / tau x advantage (tau by the advantage's sign); sequence means"
+    paper = "SAPO, arXiv:2511.20347"
+    normalisation = "sequence"
+    settings = {
+        "sapo_temperature_neg": setting(1.05, help="sapo: gate temperature for tokens with advantage <= 0", above=0.0),
+        "sapo_temperature_pos": setting(1.0, help="sapo: gate temperature for tokens with advantage > 0", above=0.0),
+    }
+
+    def per_token(self, terms: LossTerms, cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        tau = torch.where(terms.advantages > 0, cfg.sapo_temperature_pos, cfg.sapo_temperature_neg)
+        gate = torch.sigmoid(tau * (terms.ratio - 1)) * 4 / tau
+        return -gate * terms.advantages, {}
