@@ -11,7 +11,7 @@ from vlm_grpo.grpo.training import base as base_trainer
 from vlm_grpo.grpo.settings.sources import load_config
 
 BAD = {
-    "--loss_type grpoo": "'loss.loss_type': 'grpoo' is not one of grpo, dr_grpo, dapo",
+    "--loss_type grpoo": "'loss.loss_type': 'grpoo' is not one of bnpo, cispo, dapo, dr_grpo, gmpo, grpo, luspo, sapo, vespo",
     "--epsilon 5": "'loss.epsilon': 5.0 is out of range: it must be < 1.0",
     "--freeze visoin": "'optim.freeze': unknown module group(s) ['visoin']",
     "--lora.r -3": "'lora.r': -3 is out of range: it must be >= 0",
