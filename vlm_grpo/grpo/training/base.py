@@ -46,6 +46,7 @@ from vlm_grpo.grpo.training.preflight import cheap_checks, raise_on_failure
 from vlm_grpo.grpo.rewards.scoring import run_rewards
 from vlm_grpo.grpo.run.directory import prepare_run_dir
 from vlm_grpo.grpo.run.logs import RunLog
+from vlm_grpo.grpo.run import processes
 from vlm_grpo.grpo.settings.sources import check_sources, to_yaml
 from vlm_grpo.grpo.run.stop_signals import stop_on_signals
 from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT, check_trackers, flat_settings
@@ -101,6 +102,7 @@ class BaseTrainer:
             prepare_run_dir(self.run_dir, resume=cfg.resume or cfg.resume_from is not None,
                             overwrite=cfg.logging.overwrite_output_dir)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))  # the resolved settings: a valid --config
+        processes.check_shared_run_dir(self.run_dir, self.accelerator, cfg.logging.shared_dir_timeout)
         self.recipe = recipe or resolve_recipe(cfg.data.recipe)
         # the run's rewards (data.rewards replace the recipe's), loaded once: scoring, held-out evaluation, card
         self.rewards = run_rewards(self.recipe, cfg.data.rewards, cfg.data.reward_weights)
@@ -240,23 +242,8 @@ class BaseTrainer:
         return latest
 
     def _on_main(self, decide: Callable[[], Any]) -> Any:
-        """`decide()` run by the main process alone (e.g. hashing every file of a checkpoint), its result, or the
-        error it raised, shared with every process."""
-        if self.accelerator.num_processes == 1:
-            return decide()
-        from accelerate.utils import broadcast_object_list
-
-        box: list[Any] = [None]
-        if self.is_main:
-            try:
-                box = [(True, decide())]
-            except Exception as err:  # noqa: BLE001 - raised below, on every process
-                box = [(False, err)]
-        broadcast_object_list(box)
-        ok, value = box[0]
-        if not ok:
-            raise value
-        return value
+        """`decide()` run by the main process alone, its result (or error) shared with every process."""
+        return processes.on_main(self.accelerator, decide)
 
     def resume(self) -> int:
         latest = self._on_main(self._checkpoint_to_resume)
@@ -264,6 +251,7 @@ class BaseTrainer:
             if self.is_main:
                 print(f"--resume: no complete checkpoint in {self.run_dir}; starting from step 0")
             return 0
+        processes.check_same_process_count(latest, self.accelerator.num_processes)
         sharded = fsdp.is_sharded(self.model)
         if shards.is_sharded_checkpoint(latest) != sharded:
             written = "an FSDP run" if not sharded else "a run without FSDP"
