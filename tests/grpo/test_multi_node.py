@@ -4,7 +4,7 @@
 Default run: an FSDP run on two machines saves, dies, is resumed on one machine with the same process count and
 ends bit-identical to the uninterrupted run; a run directory that one machine does not share is refused at the
 start; a checkpoint resumed with another process count is refused in one line; prompts follow the global rank.
-`pytest -m multinode tests/grpo/test_multi_node.py` adds the full matrix (about 4 minutes on 2 cores): DDP and
+`pytest -m multinode tests/grpo/test_multi_node.py` adds the full matrix (about 5 minutes on 2 busy cores): DDP and
 FSDP on 2 machines x 1 process (run, checkpoint, resume) equal to 1 machine x 2 processes, and 2 machines x 2
 processes under torchrun equal to 1 machine x 4 processes under accelerate.
 """
