@@ -34,3 +34,13 @@ def family(request) -> str:
 @pytest.fixture
 def adapter(family):
     return tiny_adapter(family)
+
+
+def pytest_collection_modifyitems(config, items):
+    """`multinode` tests (the full matrix of simulated machines, minutes) run only when `-m` names them."""
+    if "multinode" in (config.getoption("markexpr") or ""):
+        return
+    deselected = [item for item in items if item.get_closest_marker("multinode") is not None]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if item.get_closest_marker("multinode") is None]

@@ -214,6 +214,9 @@ class LoggingConfig:
     hub_private: bool = setting(False, help="create the hub repo private")
     overwrite_output_dir: bool = setting(False, help="replace the run already in output_dir (its logs, checkpoints, "
                                          "final model); other files stay")
+    shared_dir_timeout: float = setting(30.0, help="several processes: seconds each one waits to see a file the main "
+                                        "process wrote in output_dir before the run is refused as not shared by every "
+                                        "machine (network filesystems can show new files late)", at_least=0)
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -30,7 +30,6 @@ from vlm_grpo.adapters.features import hf_core
 from vlm_grpo.grpo.run import checkpoints as ckpt
 from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
 from vlm_grpo.grpo.distributed import fsdp
-from vlm_grpo.grpo.distributed.on_main import on_main
 from vlm_grpo.grpo.distributed import sharded_checkpoints as shards
 from vlm_grpo.grpo.settings.sections import TrainConfig
 from vlm_grpo.grpo.data.order import batch_indices
@@ -47,6 +46,7 @@ from vlm_grpo.grpo.training.preflight import cheap_checks, raise_on_failure
 from vlm_grpo.grpo.rewards.scoring import run_rewards
 from vlm_grpo.grpo.run.directory import prepare_run_dir
 from vlm_grpo.grpo.run.logs import RunLog
+from vlm_grpo.grpo.run import processes
 from vlm_grpo.grpo.settings.sources import check_sources, to_yaml
 from vlm_grpo.grpo.run.stop_signals import stop_on_signals
 from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT, check_trackers, flat_settings
@@ -102,6 +102,7 @@ class BaseTrainer:
             prepare_run_dir(self.run_dir, resume=cfg.resume or cfg.resume_from is not None,
                             overwrite=cfg.logging.overwrite_output_dir)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))  # the resolved settings: a valid --config
+        processes.check_shared_run_dir(self.run_dir, self.accelerator, cfg.logging.shared_dir_timeout)
         self.recipe = recipe or resolve_recipe(cfg.data.recipe)
         # the run's rewards (data.rewards replace the recipe's), loaded once: scoring, held-out evaluation, card
         self.rewards = run_rewards(self.recipe, cfg.data.rewards, cfg.data.reward_weights)
@@ -251,11 +252,12 @@ class BaseTrainer:
         return latest
 
     def resume(self) -> int:
-        latest = on_main(self.accelerator, self._checkpoint_to_resume)
+        latest = processes.on_main(self.accelerator, self._checkpoint_to_resume)
         if latest is None:
             if self.is_main:
                 print(f"--resume: no complete checkpoint in {self.run_dir}; starting from step 0")
             return 0
+        processes.check_same_process_count(latest, self.accelerator.num_processes)
         sharded = fsdp.is_sharded(self.model)
         if shards.is_sharded_checkpoint(latest) != sharded:
             written = "an FSDP run" if not sharded else "a run without FSDP"
