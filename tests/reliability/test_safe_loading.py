@@ -127,6 +127,9 @@ def test_shards_are_read_back_as_plain_data(sharded):
     saved, read = optimizer.state_dict(), fresh_optimizer.state_dict()
     assert read["param_groups"] == saved["param_groups"]
     assert all(torch.equal(saved["state"][k][n], read["state"][k][n]) for k in saved["state"] for n in saved["state"][k])
+    trusted, trusted_optimizer = _model_and_optimizer()  # --trust-checkpoint: DCP's own reader, the same result
+    shards.read_shards(path, trusted, trusted_optimizer, trust=True)
+    assert trusted_optimizer.state_dict()["param_groups"] == saved["param_groups"]
 
 
 def test_a_planted_dcp_metadata_or_item_is_refused_and_runs_none_of_it(sharded, tmp_path):
