@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import re
 import shutil
 
 import numpy as np
@@ -163,12 +164,22 @@ def test_dcp_metadata_may_only_point_at_its_own_shard_files(sharded):
         shards.read_shards(path, *_model_and_optimizer())
 
 
-def test_restricted_unpickler_refuses_a_stream_of_any_other_class(tmp_path):
+# protocol-0 pickles: another class; a BUILD that would set an attribute on an allowed class itself (a global change)
+FOREIGN = pickle.dumps(io.BytesIO(b"x"))
+CLASS_BUILD = b"ctorch.distributed.checkpoint.metadata\nMetadata\n(N}Vinjected\nI1\nstb."
+
+
+@pytest.mark.parametrize("data, reason", [(FOREIGN, "it names _io.BytesIO"),
+                                          (CLASS_BUILD, "it sets the state of type <class 'torch.distributed")])
+def test_the_metadata_reader_builds_records_and_changes_nothing_else(tmp_path, data, reason):
+    from torch.distributed.checkpoint.metadata import Metadata
+
     from vlm_grpo.grpo.safe_loading import load_records
 
-    (tmp_path / "m").write_bytes(pickle.dumps(io.BytesIO(b"x")))
-    with pytest.raises(UnsafeCheckpointFile, match=r"it names _io.BytesIO"):
-        load_records(tmp_path / "m", shards.METADATA_NAMES, object)
+    (tmp_path / "m").write_bytes(data)
+    with pytest.raises(UnsafeCheckpointFile, match=re.escape(reason)):
+        load_records(tmp_path / "m", shards.METADATA_NAMES, Metadata)
+    assert not hasattr(Metadata, "injected")
 
 
 # ------------------------------------------------------------------ weights and remote code

@@ -6,7 +6,8 @@ manifest does not help (whoever writes a file writes its manifest). So:
   own restricted unpickler: tensors, numbers, strings, None and their tuples, lists and dicts; anything else is
   refused before it is built. Our checkpoints hold only those; no extra safe globals are registered.
 - other pickles (a sharded checkpoint's DCP metadata) go through `RestrictedUnpickler`, which resolves only the
-  names its caller lists (record classes, `torch.Size`, dtypes) and refuses every other global.
+  names its caller lists (record classes, `torch.Size`, dtypes), refuses every other global, and sets state only
+  on instances of those classes (torch's weights-only reader cannot read DCP's pickle protocol).
 - `trust=True` (`--trust-checkpoint`) is the one explicit full unpickling, for a checkpoint its user wrote or
   trusts whose files the safe readers refuse (e.g. one holding numpy arrays): `load_state_file` here, and torch's
   own DCP reader for a sharded checkpoint (grpo/distributed/sharded_checkpoints.py).
@@ -57,20 +58,32 @@ def load_state_file(path: Path | str | BinaryIO, trust: bool = False, where: str
     return torch.load(path, weights_only=False)  # --trust-checkpoint: the user vouched for this checkpoint
 
 
-class RestrictedUnpickler(pickle.Unpickler):
-    """A pickle reader that resolves only the names in `allowed` ((module, name) pairs) and dtypes of torch, so it
-    builds records but never calls anything else (the pattern of the pickle module's own documentation)."""
+class RestrictedUnpickler(pickle._Unpickler):  # the pure-Python reader: its BUILD step can be guarded
+    """A pickle reader that resolves only the names in `allowed` ((module, name) pairs) and dtypes of torch, and
+    sets state only on instances of those classes: it builds records, calls nothing else, and changes no class or
+    function (the pattern of the pickle module's documentation, with BUILD guarded too)."""
 
     def __init__(self, file: BinaryIO, allowed: set[tuple[str, str]], where: str):
         super().__init__(file)
-        self.allowed, self.where = allowed, where
+        self.allowed, self.where, self.classes = allowed, where, set()
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in self.allowed:
-            return super().find_class(module, name)
+            found = super().find_class(module, name)
+            if isinstance(found, type):
+                self.classes.add(found)
+            return found
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         raise UnsafeCheckpointFile(self.where, f"it names {module}.{name}")
+
+    def load_build(self) -> None:
+        target = self.stack[-2]  # [..., target, state]
+        if type(target) not in self.classes:
+            raise UnsafeCheckpointFile(self.where, f"it sets the state of {type(target).__name__} {target!r:.60}")
+        super().load_build()
+
+    dispatch = {**pickle._Unpickler.dispatch, pickle.BUILD[0]: load_build}
 
 
 def load_records(path: Path, allowed: set[tuple[str, str]], expect: type,
