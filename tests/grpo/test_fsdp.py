@@ -14,9 +14,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.reliability.hostile_files import plant
 from vlm_grpo.adapters.registry import family_class
 from vlm_grpo.cli import main
 from vlm_grpo.grpo.run.logs import read_jsonl
+from vlm_grpo.grpo.run.manifest import write_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("layout_worker.py")
@@ -65,8 +67,8 @@ def test_gradients_match_across_process_layouts(tmp_path):
 
 def test_sharded_run_saves_resumes_exactly_and_writes_a_plain_final(tmp_path):
     """accelerate launch --use_fsdp --fsdp_version 2: the policy and its reference copy sharded, gradient
-    accumulation without reduce-scatter in between; a run killed after checkpoint-2 and resumed ends with
-    exactly the weights and metrics of the uninterrupted one."""
+    accumulation without reduce-scatter in between; a run killed after checkpoint-2 and resumed (its shards read
+    as plain data) ends with exactly the weights and metrics of the uninterrupted one; planted pickles are refused."""
     common = ["train", "--model", "tiny:qwen2_5_vl", "--max-steps", "4", "--beta", "0.04", "--learning-rate", "1e-3",
               "--gradient-accumulation-steps", "2", *FAST]
     straight, split = tmp_path / "straight", tmp_path / "split"
@@ -101,6 +103,23 @@ def test_sharded_run_saves_resumes_exactly_and_writes_a_plain_final(tmp_path):
                  "--output-dir", str(split), "--resume-from", str(split / "checkpoint-4")])
     assert code == 2
     assert (split / "checkpoint-4" / "sharded").is_dir()
+
+    # pickles that run code planted in a sharded checkpoint, with a matching manifest: the FSDP resume refuses the
+    # first one it reads in one line naming it, and none of them runs
+    planted, marker = tmp_path / "planted", tmp_path / "marker"
+    shutil.copytree(split, planted)
+    for name in ("sharded/.metadata", "scheduler.pt", "rng_state.pt"):
+        plant(planted / "checkpoint-4" / name, marker, "pickle")
+    write_manifest(planted / "checkpoint-4")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *FSDP_LAUNCH, "--num_processes", "2", "--num_machines",
+           "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29538",
+           *cli(*common, "--max-steps", "5", "--output-dir", str(planted), "--resume")]
+    done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    errors = {line for line in done.stderr.splitlines() if line.startswith("vlm-grpo train: error:")}
+    metadata = planted / "checkpoint-4" / "sharded" / ".metadata"
+    assert done.returncode != 0 and len(errors) == 1, done.stderr[-3000:]  # each process says the same line
+    assert errors.pop().startswith(f"vlm-grpo train: error: {metadata} is not plain data (it names builtins.exec)")
+    assert not marker.exists()
 
 
 def test_lora_and_sft_under_sharding(tmp_path):

@@ -4,8 +4,10 @@ one, and turn the checked records into Samples lazily.
 Every problem is a `ValueError` that names the source, the row index and the field, so a bad row in a
 70k-row file is found without a debugger. Images may be PIL images, bytes, file paths or the hub's
 `{"bytes": ..., "path": ...}` dicts; paths are resolved against `image_root`, then the data file's folder,
-then its `images/` subfolder. Images are checked (header read) when the set is built and decoded to RGB
-when a sample is taken.
+then its `images/` subfolder. A hub dataset's rows are not trusted with local paths: their image paths resolve
+only to that dataset's own files (fetched into the hub cache) or, given `image_root`, to files inside it; an
+absolute path, `~`, `..` or another repo is a bad row. Images are checked (header read) when the set is built
+and decoded to RGB when a sample is taken.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import itertools
 import json
 import logging
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Callable, Iterable, Iterator
 
 from PIL import Image
@@ -133,6 +135,7 @@ class RowChecker:
     source: str
     base_dir: Path | None = None
     image_root: Path | None = None
+    hub_id: str | None = None  # rows from this hub dataset: their image paths stay inside it (or image_root)
 
     def fail(self, index: int, name: str, problem: str) -> ValueError:
         return ValueError(f"{self.source}: row {index}: field {name!r} {problem}")
@@ -180,7 +183,8 @@ class RowChecker:
         if isinstance(value, (bytes, bytearray)):
             ref = ImageRef(data=bytes(value), where=where)
         elif isinstance(value, (str, Path)):
-            ref = ImageRef(path=self._resolve(index, name, Path(value)), where=where)
+            resolve = self._resolve if self.hub_id is None else self._dataset_file
+            ref = ImageRef(path=resolve(index, name, value), where=where)
         else:
             raise self.fail(index, name, f"must be an image, bytes or a file path, got {type(value).__name__}")
         try:
@@ -190,8 +194,8 @@ class RowChecker:
             raise self.fail(index, name, f"is not a readable image{where}: {err}") from None
         return ref
 
-    def _resolve(self, index: int, name: str, path: Path) -> Path:
-        path = path.expanduser()
+    def _resolve(self, index: int, name: str, value: str | Path) -> Path:
+        path = Path(value).expanduser()
         if path.is_absolute():
             candidates = [path]
         else:
@@ -201,6 +205,52 @@ class RowChecker:
             if candidate.is_file():
                 return candidate
         raise self.fail(index, name, f"names an image file that does not exist: {', '.join(map(str, candidates))}")
+
+    def _dataset_file(self, index: int, name: str, value: str | Path) -> Path:
+        """A hub dataset row's image path, as a file of that dataset (or of image_root) and nothing else."""
+        inside = path_in_dataset(str(value), self.hub_id)
+        if inside is None:
+            root = f" or of image_root {self.image_root}" if self.image_root else ""
+            raise self.fail(index, name, f"names {str(value)!r}, outside the hub dataset {self.hub_id}: a hub "
+                            f"dataset's image paths must be files of that dataset{root}")
+        inner, revision = inside
+        if self.image_root is not None:  # the user's local copy of the dataset's images
+            root = self.image_root.resolve()
+            candidate = (root / inner).resolve()  # symlinks followed: the file itself must be inside
+            if candidate.is_relative_to(root) and candidate.is_file():
+                return candidate
+            raise self.fail(index, name, f"names an image file that does not exist inside image_root: {root / inner}")
+        from huggingface_hub import hf_hub_download
+
+        try:
+            return Path(hf_hub_download(self.hub_id, inner, repo_type="dataset", revision=revision))
+        except Exception as err:  # noqa: BLE001 - offline, missing, refused: the row is unusable either way
+            reason = (str(err).strip().splitlines() or [""])[0]
+            raise self.fail(index, name, f"names {inner}, which cannot be read from the hub dataset {self.hub_id}: "
+                            f"{type(err).__name__}: {reason}") from None
+
+
+def path_in_dataset(value: str, hub_id: str) -> tuple[str, str | None] | None:
+    """(the path inside dataset `hub_id`, its revision) for a relative path or an `hf://datasets/<hub_id>[@rev]/...`
+    address; None for anything that could leave the dataset (absolute, `~`, `..`, another scheme or repo)."""
+    revision = None
+    if value.startswith("hf://"):
+        prefix = f"hf://datasets/{hub_id}"
+        rest = value[len(prefix):] if value.lower().startswith(prefix.lower()) else None
+        if rest is None or not rest.startswith(("/", "@")):
+            return None
+        if rest.startswith("@"):
+            revision, _, rest = rest[1:].partition("/")
+            if not revision:
+                return None
+        value = rest.lstrip("/")
+    elif "://" in value or value.startswith("~"):
+        return None
+    posix, windows = PurePosixPath(value), PureWindowsPath(value)
+    if posix.is_absolute() or windows.anchor or ".." in posix.parts or ".." in windows.parts:
+        return None
+    inner = "/".join(part for part in posix.parts if part != ".")
+    return (inner, revision) if inner else None
 
 
 @dataclass
@@ -271,7 +321,7 @@ def load_records(
     if on_bad_sample not in ("error", "skip"):
         raise ValueError(f"on_bad_sample must be error or skip, not {on_bad_sample!r}")
     rows, source, base_dir = read_rows(path, hub_id, split, size)
-    checker = RowChecker(source, base_dir, Path(image_root).expanduser() if image_root else None)
+    checker = RowChecker(source, base_dir, Path(image_root).expanduser() if image_root else None, hub_id=hub_id)
     records, skipped = [], []
     for i, row in enumerate(rows):
         try:

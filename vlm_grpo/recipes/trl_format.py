@@ -15,7 +15,7 @@ The prompt the model sees:
   text, as TRL places them. String contents become text parts (some chat templates read only lists of parts).
 
 Rows come from a local JSONL/JSON/parquet file or folder, or a hub id (streamed, images kept encoded until a
-sample is taken). A bad row stops the run naming the source, row and field, or is left out with
+sample is taken; image paths only to that dataset's own files, see recipes/rows.py). A bad row stops the run naming the source, row and field, or is left out with
 `on_bad_sample: skip`. The recipe has no rewards of its own; rewards written for TRL run unchanged.
 """
 

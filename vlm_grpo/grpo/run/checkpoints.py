@@ -4,7 +4,9 @@ A checkpoint holds the weights (or LoRA adapter) as safetensors, the processor, 
 scheduler and RNG states, the step and the config, and last a manifest of every file's size and
 sha256 (grpo/run/manifest.py). Only directories named `checkpoint-N` that contain `trainer_state.json`
 count; the rename is the commit point. Resuming verifies the newest one against its manifest and
-falls back to the newest one that verifies, saying which file of which checkpoint was bad.
+falls back to the newest one that verifies, saying which file of which checkpoint was bad. The optimizer,
+scheduler and RNG files hold only tensors and plain values and are read without unpickling anything else
+(grpo/safe_loading.py): a checkpoint from someone else cannot run code on resume.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import torch
 
 from vlm_grpo.grpo.run.manifest import verify, write_manifest
+from vlm_grpo.grpo.safe_loading import UnsafeCheckpointFile, load_state_file  # noqa: F401 - resume catches it as ckpt.UnsafeCheckpointFile
 
 STATE_FILE = "trainer_state.json"
 
@@ -144,14 +147,17 @@ def load_weights(model, checkpoint: Path) -> None:
     # from_pretrained applies the library's own key conversions (saved names differ from module names
     # in transformers 5), so the checkpoint is read exactly as users will read it.
     dtype = next(model.parameters()).dtype
-    saved = type(model).from_pretrained(checkpoint, dtype=dtype)
+    saved = type(model).from_pretrained(checkpoint, dtype=dtype, use_safetensors=True)  # never a pickled .bin
     model.load_state_dict(saved.state_dict(), strict=True)
 
 
-def load_training_state(checkpoint: Path, optimizer, scheduler) -> dict[str, Any]:
-    """Optimizer (None: read elsewhere, e.g. from the shards), scheduler, RNG state and the saved step."""
+def load_training_state(checkpoint: Path, optimizer, scheduler, trust: bool = False) -> dict[str, Any]:
+    """Optimizer (None: read elsewhere, e.g. from the shards), scheduler, RNG state and the saved step. Every file is
+    read, as plain data (unless `trust`), before any of them is applied."""
+    names = (["optimizer.pt"] if optimizer is not None else []) + ["scheduler.pt", "rng_state.pt"]
+    read = {name: load_state_file(checkpoint / name, trust=trust) for name in names}
     if optimizer is not None:
-        optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=False))
-    scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", weights_only=False))
-    set_rng_state(torch.load(checkpoint / "rng_state.pt", weights_only=False))
+        optimizer.load_state_dict(read["optimizer.pt"])
+    scheduler.load_state_dict(read["scheduler.pt"])
+    set_rng_state(read["rng_state.pt"])
     return json.loads((checkpoint / STATE_FILE).read_text())

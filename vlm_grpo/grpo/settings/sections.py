@@ -282,6 +282,8 @@ class TrainConfig:
     seed: int = setting(0, help="seed of data order, sampling, tiny twins and presets")
     resume: bool = setting(False, help="continue from the newest checkpoint that verifies")
     resume_from: str | None = setting(None, help="continue from this checkpoint directory (verified first)")
+    trust_checkpoint: bool = setting(False, help="resume: also unpickle checkpoint files that are not plain data "
+                                     "(they can run code: only for a checkpoint you wrote or trust; never saved)")
 
     def __post_init__(self) -> None:
         check_fields(self)

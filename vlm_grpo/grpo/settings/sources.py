@@ -280,9 +280,11 @@ def hub_id_of(spec: str) -> str | None:
 
 
 def to_yaml(cfg: TrainConfig) -> str:
-    """The resolved settings as a YAML file `--config` reads back (derived values left out)."""
+    """The resolved settings as a YAML file `--config` reads back (derived values left out, and trust in a
+    checkpoint, which is given per command and never inherited from a file)."""
     data = _plain(cfg.to_dict())
     data["loss"].pop("max_completion_length", None)
+    data.pop("trust_checkpoint", None)
     return yaml.safe_dump(data, sort_keys=False)
 
 

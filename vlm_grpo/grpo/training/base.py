@@ -262,13 +262,16 @@ class BaseTrainer:
         if shards.is_sharded_checkpoint(latest) != sharded:
             written = "an FSDP run" if not sharded else "a run without FSDP"
             raise RuntimeError(f"{latest} was written by {written}: resume it with the same fsdp setting and process count")
+        trust = self.cfg.trust_checkpoint
         try:
             if sharded:
-                shards.read_shards(latest, self.adapter.model, self.optimizer)
+                shards.read_shards(latest, self.adapter.model, self.optimizer, trust=trust)
             else:
                 ckpt.load_weights(self.adapter.model, latest)
-            state = ckpt.load_training_state(latest, None if sharded else self.optimizer, self.scheduler)
+            state = ckpt.load_training_state(latest, None if sharded else self.optimizer, self.scheduler, trust=trust)
             self.load_extra_state(state, latest)
+        except ckpt.UnsafeCheckpointFile:  # its own message: which file, and what would run
+            raise
         except Exception as err:  # noqa: BLE001 - a verified checkpoint that still will not load: say which
             raise RuntimeError(f"{latest} verified but cannot be loaded into this run: {type(err).__name__}: {err}") from None
         self.log.truncate_after(state["step"])
