@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
-from vlm_grpo.grpo.data.source import build_options
+from vlm_grpo.grpo.data.source import heldout_build
 from vlm_grpo.grpo.rewards.inputs import RewardInputs, trainer_state
 from vlm_grpo.grpo.rewards.scoring import run_rewards, score
 from vlm_grpo.grpo.rollout.sampling import mask_after_eos
@@ -161,7 +161,7 @@ def side_by_side(before: dict[str, Any], after: dict[str, Any], limit: int | Non
 def heldout_split(recipe, cfg):
     """The samples a run's held-out evaluation answers (eval section: split, size, data seed; the data settings)."""
     seed = cfg.seed if cfg.eval.data_seed is None else cfg.eval.data_seed
-    return recipe.build(split=cfg.eval.split, size=cfg.eval.size, seed=seed, **build_options(recipe, cfg.data))
+    return heldout_build(recipe, cfg.data, cfg.eval.split, cfg.eval.size, seed)
 
 
 def evaluate_run(adapter, recipe, cfg, rewards=None, step: int = 0, dataset=None) -> dict[str, Any]:

@@ -43,8 +43,13 @@ class DataConfig:
     recipe: str | None = setting(None, help="the task: shapes, cryptogram, vsr, clevr_count, mm_math, trl (your TRL-format "
                                  "rows), or your own Recipe as module:OBJECT / file.py:OBJECT (None: trl when "
                                  "data.dataset is set, else shapes)")
-    dataset: str | None = setting(None, help="your data: a JSONL/JSON/parquet file or folder, or a hub id (= --dataset); "
-                                  "read by the trl recipe, or by a file recipe as its path/hub_id")
+    dataset: str | None = setting(None, help="your data (= --dataset): a JSONL/JSON/parquet/CSV/arrow file, a folder "
+                                  "datasets reads (save_to_disk, imagefolder, hub layout), or a hub id; read by the trl "
+                                  "recipe, or by a file recipe as its path/hub_id")
+    dataset_split: str | None = setting(None, help="the split of data.dataset trained on (None: train)")
+    dataset_config: str | None = setting(None, help="the configuration of data.dataset (datasets' name=)")
+    eval_dataset: str | None = setting(None, help="held-out data as data.dataset takes it, read at eval.split (None: "
+                                       "eval.split of data.dataset, or of the recipe's own data)")
     prompt_key: str | None = setting(None, help="trl recipe: the prompt column (None: prompt)")
     image_key: str | None = setting(None, help="trl recipe: the image column (None: images, else image)")
     answer_key: str | None = setting(None, help="trl recipe: the answer column; rewards also receive it as solution")
