@@ -164,6 +164,13 @@ def heldout_split(recipe, cfg):
     return heldout_build(recipe, cfg.data, cfg.eval.split, cfg.eval.size, seed)
 
 
+def run_rewards_of(recipe, cfg, device=None):
+    """A run's rewards, loaded: data.rewards (or the recipe's), then data.reward_models on `device`."""
+    options = {"judge_question": cfg.data.judge_question, "device": device, "seed": cfg.seed,
+               "trust_remote_code": cfg.model.trust_remote_code, "allow_pickle_weights": cfg.model.allow_pickle_weights}
+    return run_rewards(recipe, cfg.data.rewards, cfg.data.reward_weights, cfg.data.reward_models, options)
+
+
 def evaluate_run(adapter, recipe, cfg, rewards=None, step: int = 0, dataset=None) -> dict[str, Any]:
     """`evaluate` with a run config's settings: the eval section (split, size, batch size, data seed),
     generation.max_new_tokens, the data settings, and the run's rewards (`rewards`, already loaded, or else
@@ -176,7 +183,7 @@ def evaluate_run(adapter, recipe, cfg, rewards=None, step: int = 0, dataset=None
         size=cfg.eval.size,
         batch_size=cfg.eval.eval_batch_size,
         max_new_tokens=cfg.generation.max_new_tokens,
-        rewards=run_rewards(recipe, cfg.data.rewards, cfg.data.reward_weights) if rewards is None else rewards,
+        rewards=run_rewards_of(recipe, cfg, next(adapter.model.parameters()).device) if rewards is None else rewards,
         length_edges=cfg.eval.length_edges or None,
         global_step=step,
         max_steps=cfg.max_steps,

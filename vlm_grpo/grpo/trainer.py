@@ -49,11 +49,11 @@ class GRPOTrainer(BaseTrainer):
 
     stage = "grpo"
 
-    def __init__(self, cfg: TrainConfig, adapter=None, recipe=None, after_run=()):
+    def __init__(self, cfg: TrainConfig, adapter=None, recipe=None, after_run=(), **parts):
         cfg.loss.max_completion_length = cfg.generation.max_new_tokens
         self.reference = None
         self.timings: dict[str, float] = {}  # seconds of the last step's phases (kept out of the metrics)
-        super().__init__(cfg, adapter=adapter, recipe=recipe, after_run=after_run)
+        super().__init__(cfg, adapter=adapter, recipe=recipe, after_run=after_run, **parts)
 
     # ---------------------------------------------------------------- held-out evaluation around the run
     def _heldout(self, when: str, step: int) -> dict[str, Any]:

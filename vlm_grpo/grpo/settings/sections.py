@@ -60,8 +60,14 @@ class DataConfig:
     recipe_options: dict[str, Any] = setting(factory=dict, help="options for the recipe's builder, e.g. {image_size: 64}")
     rewards: list[str] = setting(factory=list, help="name=module:function*weight entries (name, weight optional; "
                                  "--reward SPEC appends one); they replace the recipe's rewards")
-    reward_weights: list[float] = setting(factory=list, help="one weight per reward, in order (as TRL's reward_weights); "
-                                          "empty: each reward's own")
+    reward_models: list[str] = setting(factory=list, help="name=MODEL*weight entries (--reward-model MODEL appends one), "
+                                       "scored after the other rewards: a sequence-classification model (path or hub "
+                                       "id; its first logit for prompt + completion), or a VLM judge (judge:MODEL, or "
+                                       "any VLM --model takes; P(yes) to judge_question)")
+    judge_question: str | None = setting(None, help="what a VLM judge is asked about each answer, to be answered yes "
+                                         "or no (None: whether the answer is correct for the image and question)")
+    reward_weights: list[float] = setting(factory=list, help="one weight per reward, in order (as TRL's reward_weights): "
+                                          "data.rewards or the recipe's, then data.reward_models; empty: each reward's own")
     on_bad_sample: str = setting("error", help="a bad row stops the run naming row and field, or is skipped",
                                  choices=("error", "skip"))
     on_reward_error: str = setting("raise", help="a failing reward stops the run, or scores 0 and is counted",

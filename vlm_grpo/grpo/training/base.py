@@ -30,11 +30,12 @@ from vlm_grpo.adapters.features import hf_core
 from vlm_grpo.grpo.run import checkpoints as ckpt
 from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
 from vlm_grpo.grpo.distributed import fsdp
+from vlm_grpo.grpo.distributed import processes
 from vlm_grpo.grpo.distributed import sharded_checkpoints as shards
 from vlm_grpo.grpo.settings.sections import TrainConfig
 from vlm_grpo.grpo.data.order import batch_indices
 from vlm_grpo.grpo.data.source import build_split, resolve_recipe
-from vlm_grpo.grpo.evaluate import evaluate_run, heldout_split
+from vlm_grpo.grpo.evaluate import evaluate_run, heldout_split, run_rewards_of
 from vlm_grpo.grpo.training.guards import KLWatchdog, NonFiniteGuard, check_disk_space
 from vlm_grpo.grpo.run.hub import push_final
 from vlm_grpo.grpo.training.lora import apply_lora, is_lora_wrapped, save_merged
@@ -42,8 +43,7 @@ from vlm_grpo.grpo.run.manifest import verify, write_manifest
 from vlm_grpo.grpo.run.model_card import write_model_card
 from vlm_grpo.grpo.training.freeze import apply_freeze
 from vlm_grpo.grpo.training.optimizer import build_optimizer, build_scheduler, trainable_table
-from vlm_grpo.grpo.training.preflight import cheap_checks, raise_on_failure
-from vlm_grpo.grpo.rewards.scoring import run_rewards
+from vlm_grpo.grpo.training.preflight import cheap_checks, check_mixed_precision, raise_on_failure
 from vlm_grpo.grpo.run.directory import prepare_run_dir
 from vlm_grpo.grpo.run.logs import RunLog
 from vlm_grpo.grpo.settings.sources import check_sources, to_yaml
@@ -78,10 +78,17 @@ class BaseTrainer:
     stage = "train"  # names the progress bar and is recorded in checkpoints
     dropout = False  # whether the model trains in train() mode (GRPO: no, the ratio compares like with like)
 
-    def __init__(self, cfg: TrainConfig, adapter=None, recipe=None, after_run: Sequence[Callable[[Path], Any]] = ()):
-        check_sources(cfg)  # a model that cannot load is refused before anything else happens
+    def __init__(self, cfg: TrainConfig, adapter=None, recipe=None, after_run: Sequence[Callable[[Path], Any]] = (), *,
+                 rewards: Sequence[Any] | None = None, step_hooks: Sequence[Callable[["BaseTrainer", dict], Any]] = ()):
+        """`adapter`, `recipe`, `rewards`: built by the caller (the Python API) instead of from the settings;
+        `step_hooks`: called as hook(trainer, metrics) after each step, a true result stops the run there."""
+        if adapter is None:
+            check_sources(cfg)  # a model that cannot load is refused before anything else happens
         check_trackers(cfg.logging.report_to)
+        check_mixed_precision(cfg.mixed_precision, cfg.model.device)
         self.cfg = cfg
+        self.step_hooks = list(step_hooks)
+        self.log_history: list[dict[str, Any]] = []  # every step's metrics, for trainer_state.json
         self.heldout: dict[str, dict[str, Any]] = {}  # held-out reports by moment (before, after ...), for the card
         self._trackers_started = False
         self.after_run = list(after_run)  # called with the run directory at the end (e.g. the plots the command wires)
@@ -103,7 +110,7 @@ class BaseTrainer:
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))  # the resolved settings: a valid --config
         self.recipe = recipe or resolve_recipe(cfg.data.recipe)
         # the run's rewards (data.rewards replace the recipe's), loaded once: scoring, held-out evaluation, card
-        self.rewards = run_rewards(self.recipe, cfg.data.rewards, cfg.data.reward_weights)
+        self.rewards = list(rewards) if rewards is not None else run_rewards_of(self.recipe, cfg, self.accelerator.device)
         self.dataset = CheckedSource(self._build_dataset(), cfg.data.on_bad_sample)
         self.adapter = adapter or load_policy(cfg, self.accelerator.device)
         if self.adapter.use_cache is None:  # an adapter built by the caller: decide as the loader would
@@ -202,12 +209,7 @@ class BaseTrainer:
         return [self.dataset[i] for i in idx], idx
 
     def _mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
-        if self.accelerator.num_processes == 1:
-            return metrics
-        keys = sorted(metrics)
-        values = torch.tensor([float(metrics[k]) for k in keys], device=self.accelerator.device)
-        values = self.accelerator.reduce(values, reduction="mean")
-        return dict(zip(keys, values.tolist()))
+        return processes.mean_over_processes(self.accelerator, metrics)
 
     # ---------------------------------------------------------------- checkpoints
     def save(self, step: int) -> Path | None:
@@ -239,27 +241,8 @@ class BaseTrainer:
             raise RuntimeError(f"resume_from {latest}: {'; '.join(problems)}")
         return latest
 
-    def _on_main(self, decide: Callable[[], Any]) -> Any:
-        """`decide()` run by the main process alone (e.g. hashing every file of a checkpoint), its result, or the
-        error it raised, shared with every process."""
-        if self.accelerator.num_processes == 1:
-            return decide()
-        from accelerate.utils import broadcast_object_list
-
-        box: list[Any] = [None]
-        if self.is_main:
-            try:
-                box = [(True, decide())]
-            except Exception as err:  # noqa: BLE001 - raised below, on every process
-                box = [(False, err)]
-        broadcast_object_list(box)
-        ok, value = box[0]
-        if not ok:
-            raise value
-        return value
-
     def resume(self) -> int:
-        latest = self._on_main(self._checkpoint_to_resume)
+        latest = processes.on_main(self.accelerator, self._checkpoint_to_resume)
         if latest is None:
             if self.is_main:
                 print(f"--resume: no complete checkpoint in {self.run_dir}; starting from step 0")
@@ -356,6 +339,7 @@ class BaseTrainer:
                 metrics.setdefault("step_time", time.perf_counter() - started)
                 metrics["skipped_samples"] = len(self.dataset.skipped)
                 history.append(metrics)
+                self.log_history.append(metrics)
                 self.log.metrics(metrics)
                 self.track(metrics, metrics["step"])
                 progress.update(1)
@@ -370,11 +354,13 @@ class BaseTrainer:
                     if self.is_main:
                         print(f"\n{signal.Signals(stop.signum).name}: checkpoint-{done} saved in {self.run_dir}; --resume continues")
                     return history
+                if any([hook(self, metrics) for hook in self.step_hooks]):  # every hook sees every step
+                    break
                 if cfg.logging.save_every and done % cfg.logging.save_every == 0 and done < cfg.max_steps:
                     self.save(done)
         progress.close()
-        if start < cfg.max_steps or not ckpt.latest_checkpoint(self.run_dir):
-            self.save(cfg.max_steps)
+        if history or not ckpt.latest_checkpoint(self.run_dir):  # a hook may have stopped the run early
+            self.save(history[-1]["step"] if history else cfg.max_steps)
         self.save_final()
         if self.dataset.skipped and self.is_main:
             print(f"skipped {len(self.dataset.skipped)} bad samples: {list(self.dataset.skipped)}")
