@@ -253,15 +253,16 @@ def merge_settings(*layers: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_recipe_config(path: str | Path | None = None, overrides: list[str] | None = None) -> tuple[TrainConfig, Recipe]:
+def load_recipe_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                       settings: dict[str, Any] | None = None) -> tuple[TrainConfig, Recipe]:
     """(settings, recipe): `load_config` with defaults underneath the file and the command line: the chosen
     recipe's, then, when the policy is a checkpoint shipped in the package (`pretrained:NAME`, no `init_from`)
     and the recipe is the one it was trained for, the GRPO settings that go with it (vlm_grpo/pretrained).
     Data settings the recipe cannot use (a dataset for a generated task, a missing file) are refused here,
-    before any model loads."""
+    before any model loads. `settings`: a mapping as the YAML file holds (the Python API's), above the file."""
     from vlm_grpo import pretrained
 
-    file_data = read_yaml(path) if path else None
+    file_data = merge_settings(read_yaml(path) if path else {}, settings or {}) or None
     # Which recipe and model: from the user's values alone; the whole settings are checked only once the
     # defaults are underneath (a cross-setting check must see the batch size the defaults give).
     user = _collect(file_data, overrides)

@@ -306,17 +306,23 @@ class BaseTrainer:
         if self._trackers_started:
             self.accelerator.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
 
+    def write_card(self, folder: Path | None = None, title: str | None = None) -> str:
+        """The model card (with any held-out results) in `folder` (default final/), its manifest brought up to
+        date; returns the title it carries."""
+        folder = folder or self.run_dir / "final"
+        title = title or self.cfg.logging.hub_model_id or self.run_dir.resolve().name
+        card = write_model_card(folder, self.run_dir, self.cfg, stage=self.stage, family=self.adapter.family,
+                                rewards=self.rewards, heldout=self.heldout, title=title, lora=is_lora_wrapped(self.adapter))
+        write_manifest(folder, changed=card)  # the weights were hashed when they were saved
+        return title
+
     def finish(self) -> None:
         """After the final model is saved: its model card (with any held-out results), the hub push, the trackers."""
         final = self.run_dir / "final"
         if self.is_main and final.is_dir():
-            logging_cfg = self.cfg.logging
-            title = logging_cfg.hub_model_id or self.run_dir.resolve().name
-            card = write_model_card(final, self.run_dir, self.cfg, stage=self.stage, family=self.adapter.family,
-                                    rewards=self.rewards, heldout=self.heldout, title=title)
-            write_manifest(final, changed=card)  # the weights were hashed by save_final
-            if logging_cfg.push_to_hub:
-                url = push_final(final, title, private=logging_cfg.hub_private)
+            title = self.write_card(final)
+            if self.cfg.logging.push_to_hub:
+                url = push_final(final, title, private=self.cfg.logging.hub_private)
                 print(f"pushed {final} to {url}")
         if self._trackers_started:
             self.accelerator.end_training()
