@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from vlm_grpo.grpo.data.source import HUB_ID
 from vlm_grpo.grpo.settings.sources import hub_id_of
 
 SNAPSHOT = re.compile(r"(models|datasets)--([^/]+?)--([^/]+)/snapshots/[^/]+/?$")  # huggingface_hub's cache layout
@@ -71,10 +72,11 @@ def datasets_of(cfg) -> list[str]:
     for source in (cfg.data.dataset, cfg.data.eval_dataset, cfg.data.recipe_options.get("hub_id")):
         if not source:
             continue
-        snapshot = SNAPSHOT.search(str(Path(source).expanduser().resolve())) if Path(source).expanduser().exists() else None
+        local = Path(source).expanduser()
+        snapshot = SNAPSHOT.search(str(local.resolve())) if local.exists() else None
         if snapshot and snapshot.group(1) == "datasets":
             source = f"{snapshot.group(2)}/{snapshot.group(3)}"
-        elif hub_id_of(source) is None:
+        elif local.exists() or not HUB_ID.fullmatch(source):
             continue
         if source not in found:
             found.append(source)
@@ -105,6 +107,16 @@ def card_data(cfg, *, stage: str, rewards, heldout: dict[str, dict[str, Any]], t
     )
 
 
+def _source(cfg, name: str) -> str:
+    """Where a reward came from, as the settings record it (`module:function`, a model), for the card."""
+    for entry in [*cfg.data.rewards, *cfg.data.reward_models]:
+        named, _, target = entry.partition("=") if "=" in entry.split(":")[0] else ("", "", entry)
+        target = target.rpartition("*")[0] if "*" in target else target
+        if named == name or (not named and target.endswith(f":{name}")):
+            return f", `{target}`"
+    return ""
+
+
 def model_card(cfg, *, stage: str, family: str, rewards, heldout: dict[str, dict[str, Any]], title: str,
                curves: str | None = None, lora: bool = False):
     """The card (a huggingface_hub ModelCard): metadata, then what was trained, how, and the held-out results."""
@@ -119,7 +131,7 @@ def model_card(cfg, *, stage: str, family: str, rewards, heldout: dict[str, dict
     dataset = f", data `{cfg.data.dataset}`" if cfg.data.dataset else ""
     rows = [
         ("recipe", f"`{cfg.data.recipe}` {cfg.data.recipe_options or ''}".strip() + dataset),
-        ("rewards", ", ".join(f"{r.name} (x{r.weight:g})" for r in rewards) or "-"),
+        ("rewards", ", ".join(f"{r.name} (x{r.weight:g}{_source(cfg, r.name)})" for r in rewards) or "-"),
         ("batch", f"{cfg.data.batch_size} prompts x {cfg.data.num_generations} completions per process and step"),
         ("optimizer", f"AdamW, learning rate {cfg.optim.learning_rate:g}, {cfg.optim.lr_scheduler}; {lora_text}; "
                       f"frozen: {frozen}"),
