@@ -5,7 +5,8 @@
 The names are loaded on first use (vlm_grpo/api), so `import vlm_grpo` and `vlm-grpo --help` stay light.
 """
 
-__version__ = "0.1.0"
+from vlm_grpo.version import __version__
+
 API = ("GRPOConfig", "GRPOTrainer", "SFTConfig", "SFTTrainer", "RewardModel", "VLMJudge")
 __all__ = [*API, "__version__"]
 

@@ -123,7 +123,7 @@ def test_a_model_object_trains_and_its_card_names_its_base(tmp_path):
 
 
 def test_callbacks_see_each_step_and_can_stop_the_run(tmp_path):
-    from transformers import TrainerCallback
+    from transformers import TrainerCallback, TrainerState
 
     seen = []
 
@@ -143,7 +143,9 @@ def test_callbacks_see_each_step_and_can_stop_the_run(tmp_path):
                           args=GRPOConfig(output_dir=str(tmp_path / "run"), **{**FAST, "max_steps": 5}))
     trainer.train()
     assert seen == [("begin", 5, 4), ("log", 1, True), ("log", 2, True), ("end", 2, 2)]
-    assert (tmp_path / "run" / "checkpoint-2").is_dir() and (tmp_path / "run" / "final").is_dir()
+    assert (tmp_path / "run" / "final").is_dir()
+    state = TrainerState.load_from_json(str(tmp_path / "run" / "checkpoint-2" / "trainer_state.json"))
+    assert state.global_step == 2 and state.max_steps == 5 and [m["step"] for m in state.log_history] == [1, 2]
 
 
 def test_sft_trains_on_the_completion_column(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from vlm_grpo.compat.cache_policy import POLICIES
+from vlm_grpo.compat.names import POLICIES
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

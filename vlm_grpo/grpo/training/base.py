@@ -216,7 +216,7 @@ class BaseTrainer:
         self.accelerator.wait_for_everyone()
         path = None
         state = {"config": self.cfg.to_dict(), "num_processes": self.accelerator.num_processes, "stage": self.stage,
-                 "fsdp": self.sharding}
+                 "fsdp": self.sharding, "log_history": self.log_history}
         keep = self.cfg.logging.keep_checkpoints
         if fsdp.is_sharded(self.model):  # every process writes its shard, the main one commits
             tmp = shards.shared_temp_dir(self.run_dir, f".tmp-checkpoint-{step}", self.is_main)
@@ -260,6 +260,7 @@ class BaseTrainer:
         except Exception as err:  # noqa: BLE001 - a verified checkpoint that still will not load: say which
             raise RuntimeError(f"{latest} verified but cannot be loaded into this run: {type(err).__name__}: {err}") from None
         self.log.truncate_after(state["step"])
+        self.log_history = [m for m in state["log_history"] if m.get("step", 0) <= state["step"]]
         if self.is_main:
             print(f"resumed from {latest} (step {state['step']})")
         return int(state["step"])
