@@ -69,8 +69,6 @@ class _Trainer:
             written = records(parts)  # each entry with its weight: config.yaml reads back the same rewards
             cfg.data.rewards, cfg.data.reward_models, cfg.data.reward_weights = (
                 written["rewards"], written["reward_models"], [])
-        elif not recipe.rewards and not cfg.data.rewards and not cfg.data.reward_models and self.config_class is SFTConfig:
-            rewards = []  # supervised: rewards only score held-out evaluations
         adapter = None
         if not isinstance(model, str):
             adapter = adapter_for(model, processing_class)

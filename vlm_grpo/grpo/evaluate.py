@@ -164,11 +164,12 @@ def heldout_split(recipe, cfg):
     return heldout_build(recipe, cfg.data, cfg.eval.split, cfg.eval.size, seed)
 
 
-def run_rewards_of(recipe, cfg, device=None):
-    """A run's rewards, loaded: data.rewards (or the recipe's), then data.reward_models on `device`."""
+def run_rewards_of(recipe, cfg, device=None, required: bool = True):
+    """A run's rewards, loaded: data.rewards (or the recipe's), then data.reward_models on `device`; `required=False`
+    (SFT, whose rewards only score held-out evaluations): none is fine."""
     options = {"judge_question": cfg.data.judge_question, "device": device, "seed": cfg.seed,
                "trust_remote_code": cfg.model.trust_remote_code, "allow_pickle_weights": cfg.model.allow_pickle_weights}
-    return run_rewards(recipe, cfg.data.rewards, cfg.data.reward_weights, cfg.data.reward_models, options)
+    return run_rewards(recipe, cfg.data.rewards, cfg.data.reward_weights, cfg.data.reward_models, options, required)
 
 
 def evaluate_run(adapter, recipe, cfg, rewards=None, step: int = 0, dataset=None) -> dict[str, Any]:

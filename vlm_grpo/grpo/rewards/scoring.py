@@ -28,15 +28,15 @@ def load_reward_function(spec: str):
 
 
 def run_rewards(recipe, specs: list[str], weights: list[float] | None = None, models: Sequence[str] = (),
-                model_options: dict[str, Any] | None = None) -> list[Reward]:
+                model_options: dict[str, Any] | None = None, required: bool = True) -> list[Reward]:
     """The rewards a run scores with: `data.rewards` when given (it replaces the recipe's), else the recipe's, then
     the reward models (`data.reward_models`, loaded with `model_options`); `weights` (TRL's reward_weights), when
-    given, is one weight per reward in that order and replaces theirs."""
+    given, is one weight per reward in that order and replaces theirs. `required=False`: none is fine (SFT)."""
     rewards = parse_reward_specs(specs, explicit_weights=bool(weights)) if specs else [
         Reward(r.name, r.fn, r.weight) for r in recipe.rewards
     ]
     rewards += [model_reward(spec, explicit_weights=bool(weights), **(model_options or {})) for spec in models]
-    if not rewards:
+    if not rewards and required:
         raise ValueError(f"recipe {recipe.name!r} has no rewards of its own: name at least one with "
                          "--reward module:function, --reward file.py:function or --reward-model MODEL")
     return weighed(rewards, weights)
@@ -208,8 +208,7 @@ def score(
 
 def nan_mean(values: torch.Tensor) -> float:
     """Mean over the values present (NaN: not applicable); NaN when none is."""
-    present = values[~torch.isnan(values)]
-    return present.mean().item() if present.numel() else math.nan
+    return torch.nanmean(values.float()).item()
 
 
 def nan_std(values: torch.Tensor) -> float:

@@ -77,6 +77,7 @@ PREFLIGHT_SAMPLES = 4  # samples the cheap pre-flight checks encode at the start
 class BaseTrainer:
     stage = "train"  # names the progress bar and is recorded in checkpoints
     dropout = False  # whether the model trains in train() mode (GRPO: no, the ratio compares like with like)
+    needs_rewards = True  # GRPO learns from them; SFT's only score held-out evaluations
 
     def __init__(self, cfg: TrainConfig, adapter=None, recipe=None, after_run: Sequence[Callable[[Path], Any]] = (), *,
                  rewards: Sequence[Any] | None = None, step_hooks: Sequence[Callable[["BaseTrainer", dict], Any]] = ()):
@@ -110,7 +111,8 @@ class BaseTrainer:
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))  # the resolved settings: a valid --config
         self.recipe = recipe or resolve_recipe(cfg.data.recipe)
         # the run's rewards (data.rewards replace the recipe's), loaded once: scoring, held-out evaluation, card
-        self.rewards = list(rewards) if rewards is not None else run_rewards_of(self.recipe, cfg, self.accelerator.device)
+        self.rewards = list(rewards) if rewards is not None else run_rewards_of(
+            self.recipe, cfg, self.accelerator.device, required=self.needs_rewards)
         self.dataset = CheckedSource(self._build_dataset(), cfg.data.on_bad_sample)
         self.adapter = adapter or load_policy(cfg, self.accelerator.device)
         if self.adapter.use_cache is None:  # an adapter built by the caller: decide as the loader would
