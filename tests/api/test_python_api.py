@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from huggingface_hub import constants
 
+from tests.grpo.fake_hub import FakeHub
 from tests.recipes.helpers import image
 from vlm_grpo import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 from vlm_grpo.grpo.run.logs import read_jsonl
@@ -71,13 +73,14 @@ def test_an_eval_dataset_run_evaluates_on_it(tmp_path):
     assert trainer.last_evaluation["size"] == 3
     other = trainer.evaluate(eval_dataset=rows("Another {i}?")[:2])
     assert [s["prompt"] for s in trainer.last_evaluation["samples"]] == ["Another 0?", "Another 1?"] and other
+    assert trainer.run.cfg.data.eval_dataset.endswith("rows=3)")  # that evaluation's data was for it alone
     settings = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert settings["data"]["eval_dataset"].startswith("memory:Dataset(") and "rows=3" in settings["data"]["eval_dataset"]
     metric_names = [m.metric_name for m in card_of(tmp_path / "run" / "final").data.eval_results]
     assert metric_names == ["reward", "rewards/says_colour"]  # the held-out results as model-index metrics
 
 
-def test_a_peft_config_run_saves_a_lora_adapter(tmp_path):
+def test_a_peft_config_run_saves_a_lora_adapter_and_pushes_it(tmp_path, monkeypatch):
     from peft import LoraConfig
 
     lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
@@ -91,6 +94,18 @@ def test_a_peft_config_run_saves_a_lora_adapter(tmp_path):
     assert all(name.endswith(("q_proj", "v_proj")) for name in adapter["target_modules"])
     assert card_of(final).data.library_name == "peft" and "lora" in card_of(final).data.tags
     assert trainer.run.cfg.lora.r == 4
+    hub = FakeHub(tmp_path / "hub")
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", "hf_local_test_token")
+    try:
+        url = trainer.push_to_hub("me/tiny-lora")
+    finally:
+        hub.close()
+    pushed = tmp_path / "hub" / "me" / "tiny-lora"
+    assert "me/tiny-lora" in url and (pushed / "adapter_model.safetensors").read_bytes() == (
+        final / "adapter_model.safetensors").read_bytes()
+    assert card_of(pushed).data.model_name == "me/tiny-lora" and "# me/tiny-lora" in (pushed / "README.md").read_text()
     with pytest.raises(ValueError, match=r"peft_config: use_dora=True has no same-meaning setting here"):
         GRPOTrainer(model="tiny:smolvlm", reward_funcs=[says_colour], train_dataset=rows(),
                     peft_config=LoraConfig(r=4, use_dora=True), args=GRPOConfig(output_dir=str(tmp_path / "x"), **FAST))
@@ -170,6 +185,12 @@ def test_the_config_checks_its_values_and_reads_back_trl_names(tmp_path):
         GRPOConfig(epsilon=5)
     with pytest.raises(AttributeError, match="has no setting 'no_such_thing'"):
         args.no_such_thing
+    from vlm_grpo.grpo.settings.sections import TrainConfig
+
+    plain = TrainConfig(model="tiny:smolvlm", loss={"beta": 0.1})  # the dataclasses themselves, from Python
+    assert plain.model.name == "tiny:smolvlm" and plain.loss.beta == 0.1
+    with pytest.raises(ValueError, match="setting 'data': is a section: give a DataConfig or a mapping of its fields"):
+        TrainConfig(data=3)
 
 
 def test_what_cannot_be_honoured_is_refused_by_name():

@@ -149,7 +149,7 @@ def test_the_split_and_configuration_choose_the_rows(tmp_path):
     assert len(build(path=dict_folder)) == 1 and len(build(path=dict_folder, split="more")) == 4
     assert len(build(path=config_folder, dataset_config="small")) == 2
     assert len(build(path=config_folder, dataset_config="colours")) == 4
-    with pytest.raises(ValueError, match=r"dict: no split 'test' \(splits: train, more\); set data.dataset_split"):
+    with pytest.raises(ValueError, match=r"dict: no split 'test' \(splits: train, more\); set data.dataset_split \(training\)"):
         build(path=dict_folder, split="test")
     with pytest.raises(ValueError, match="data.dataset_config 'small' names a configuration, and this source has none"):
         build(path=parquet(tmp_path), dataset_config="small")

@@ -120,11 +120,19 @@ class _Trainer:
     def evaluate(self, eval_dataset: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Greedy held-out evaluation (the eval section's split and size) of the policy as it is now, on
         `eval_dataset` when given, else the run's (`eval_dataset` of the constructor, or the recipe's split)."""
-        if eval_dataset is not None:
-            self.run.cfg.data.eval_dataset = str(_rows_record(eval_dataset, "eval_dataset"))
-            self.run.__dict__.pop("heldout_data", None)  # built again from the new data
         step = self.run.log_history[-1]["step"] if self.run.log_history else 0
-        report = self.run.evaluate(step)
+        if eval_dataset is None:
+            report = self.run.evaluate(step)
+        else:  # this evaluation only: the run's own held-out data stays as it was
+            data, cached = self.run.cfg.data, self.run.__dict__.pop("heldout_data", None)
+            given, data.eval_dataset = data.eval_dataset, str(_rows_record(eval_dataset, "eval_dataset"))
+            try:
+                report = self.run.evaluate(step)
+            finally:
+                data.eval_dataset = given
+                self.run.__dict__.pop("heldout_data", None)
+                if cached is not None:
+                    self.run.__dict__["heldout_data"] = cached
         self.run.heldout[f"step {step}"] = report  # the model card shows it
         metrics = {f"{metric_key_prefix}_{k.split('/', 1)[1]}": v for k, v in heldout_metrics(report).items()}
         metrics.update({f"{metric_key_prefix}_rewards/{k}": v for k, v in report["rewards"].items() if v is not None})
@@ -176,15 +184,18 @@ class GRPOTrainer(_Trainer):
 
 
 class SFTTrainer(_Trainer):
-    """TRL's `SFTTrainer(model, args, train_dataset, eval_dataset, processing_class, callbacks, optimizers,
-    peft_config)` over vlm-grpo's supervised warm-up: the loss is on each row's `completion` only.
+    """TRL's `SFTTrainer(model, args, data_collator, train_dataset, eval_dataset, processing_class, callbacks,
+    optimizers, peft_config)` over vlm-grpo's supervised warm-up: the loss is on each row's `completion` only.
     `reward_funcs` (optional) score the held-out evaluations."""
 
     config_class = SFTConfig
     run_class = SFTRun
 
-    def __init__(self, model: Any, args: SFTConfig | None = None, train_dataset: Any = None, eval_dataset: Any = None,
-                 processing_class: Any = None, callbacks: Sequence[Any] | None = None, optimizers: tuple = (None, None),
-                 peft_config: Any = None, reward_funcs: Any = None):
+    def __init__(self, model: Any, args: SFTConfig | None = None, data_collator: Any = None, train_dataset: Any = None,
+                 eval_dataset: Any = None, processing_class: Any = None, callbacks: Sequence[Any] | None = None,
+                 optimizers: tuple = (None, None), peft_config: Any = None, reward_funcs: Any = None):
+        if data_collator is not None:
+            raise ValueError("data_collator: batches are built by the model's adapter (prompts and images encoded "
+                             "once, the completion appended); give data_collator=None")
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, None, callbacks,
                          optimizers, peft_config)

@@ -115,7 +115,8 @@ def pick_split(data: Any, split: str, source: str) -> Any:
 
     if isinstance(data, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         if split not in data:
-            raise ValueError(f"{source}: no split {split!r} (splits: {', '.join(data)}); set data.dataset_split")
+            raise ValueError(f"{source}: no split {split!r} (splits: {', '.join(data)}); set data.dataset_split "
+                             "(training) or eval.split (held-out)")
         return data[split]
     return data
 
@@ -178,6 +179,8 @@ def _named_failures(rows: Iterable[Any], source: str) -> Iterator[Any]:
             row = next(iterator)
         except StopIteration:
             return
+        except ValueError:  # already names the source (this module's readers, datasets' own checks)
+            raise
         except Exception as err:  # noqa: BLE001 - a reader's own failure, whatever its kind
             raise ValueError(f"{source}: row {index} cannot be read: {type(err).__name__}: {err}") from None
         yield row

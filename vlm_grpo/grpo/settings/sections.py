@@ -285,6 +285,18 @@ class TrainConfig:
     resume_from: str | None = setting(None, help="continue from this checkpoint directory (verified first)")
 
     def __post_init__(self) -> None:
+        for name, cls in SECTIONS.items():  # from Python: a section may come as a mapping; the model as its spec
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                try:
+                    setattr(self, name, cls(**value))
+                except TypeError as err:
+                    raise SettingError(name, f"{err}".replace("__init__()", cls.__name__)) from None
+            elif name == "model" and isinstance(value, str):
+                self.model = ModelConfig(name=value)  # TrainConfig(model="tiny:FAMILY"), as --model takes it
+            elif not isinstance(value, cls):
+                raise SettingError(name, f"is a section: give a {cls.__name__} or a mapping of its fields, "
+                                   f"not {type(value).__name__}")
         check_fields(self)
         if self.data.batch_size % self.gradient_accumulation_steps:
             raise SettingError("gradient_accumulation_steps", f"{self.gradient_accumulation_steps} does not divide "
