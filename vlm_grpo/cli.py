@@ -1,4 +1,8 @@
-"""`vlm-grpo` command line: the list of sub-commands; each lives in its own module under commands/."""
+"""`vlm-grpo` command line: the list of sub-commands; each lives in its own module under commands/.
+
+Command modules import nothing heavy at the top (torch, transformers, the loop load when a command runs), so
+`vlm-grpo --help` and `vlm-grpo --version` answer at once.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from vlm_grpo.commands import (
     compose,
     convert_gguf,
     demo,
+    env,
     eval,
     families,
     generate,
@@ -26,12 +31,25 @@ from vlm_grpo.commands import (
 
 COMMANDS = (
     train, sft, eval, check, check_cache, plot, attention, completions, generate, compose, convert_gguf, families, demo,
-    bench, verify,
+    bench, verify, env,
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """An epilog given as a function is written only when help is shown (the settings listing reads the loop's
+    settings classes, which import torch)."""
+
+    def format_help(self) -> str:
+        if callable(self.epilog):
+            self.epilog = self.epilog()
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vlm-grpo", description="GRPO for vision-language models")
+    from vlm_grpo.version import __version__
+
+    parser = Parser(prog="vlm-grpo", description="GRPO for vision-language models")
+    parser.add_argument("--version", action="version", version=f"vlm-grpo {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(sub)

@@ -79,7 +79,7 @@ def test_sharded_run_saves_resumes_exactly_and_writes_a_plain_final(tmp_path):
     assert sorted(p.name for p in shards.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]  # one per process
     listed = json.loads((split / "checkpoint-2" / "manifest.json").read_text())["files"]
     assert {"sharded/__0_0.distcp", "sharded/__1_0.distcp", "sharded/.metadata"} <= set(listed)
-    assert json.loads((split / "checkpoint-2" / "trainer_state.json").read_text())["fsdp"] == "full_shard"
+    assert json.loads((split / "checkpoint-2" / "run_state.json").read_text())["fsdp"] == "full_shard"
     assert main(["verify", str(split)]) == 0
 
     for extra in ("checkpoint-4", "final"):  # the run dies after checkpoint-2 ...

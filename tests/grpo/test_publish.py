@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from huggingface_hub import constants
 
 from tests.grpo.fake_hub import FakeHub
@@ -69,3 +70,41 @@ def test_push_to_hub_uploads_weights_and_card(tmp_path, monkeypatch):
     assert "# me/tiny-grpo" in (pushed / "README.md").read_text()
     assert hub.requests == ["/api/repos/create", "/api/validate-yaml", "/api/models/me/tiny-grpo/preupload/main",
                             "/api/models/me/tiny-grpo/commit/main"]
+
+
+def test_the_pushed_card_parses_and_holds_what_the_hub_reads(tmp_path, monkeypatch):
+    """A LoRA run from a local base whose card names its hub base and license, on a local snapshot of a hub dataset,
+    pushed: the card parses with huggingface_hub and carries base_model, datasets, license, library_name, metrics."""
+    from huggingface_hub import ModelCard
+
+    from tests.recipes.helpers import save_image, write_jsonl
+    from vlm_grpo.adapters.registry import family_class
+
+    base = tmp_path / "base"
+    family_class("smolvlm").tiny(seed=0).save(base)
+    (base / "README.md").write_text("---\nbase_model: someone/tiny-vlm\nlicense: apache-2.0\n---\n# a local copy\n")
+    data = tmp_path / "cache" / "datasets--someone--colours" / "snapshots" / "0123abcd"  # huggingface_hub's layout
+    for i in range(2):
+        save_image(data / f"{i}.png", i)
+    write_jsonl(data / "train.jsonl", [{"prompt": f"Colour of picture {i}?", "image": f"{i}.png"} for i in range(2)])
+    hub = FakeHub(tmp_path / "hub")
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", "hf_local_test_token")
+    try:
+        assert main(["train", *RUN, "--model", str(base), "--dataset", str(data), "--reward",
+                     "tests/grpo/toy_rewards.py:lowercase_share", "--lora.r", "4", "--batch-size", "2",
+                     "--num-generations", "2", "--eval.size", "2", "--eval-batch-size", "2",
+                     "--output-dir", str(tmp_path / "run"), "--push-to-hub", "--hub-model-id", "me/tiny-lora"]) == 0
+        card = ModelCard.load(tmp_path / "hub" / "me" / "tiny-lora" / "README.md")
+        card.validate()  # the hub's own check of the metadata block (here: the local stand-in's)
+    finally:
+        hub.close()
+    after = json.loads((tmp_path / "run" / "eval-after.json").read_text())
+    assert card.data.base_model == "someone/tiny-vlm" and card.data.license == "apache-2.0"
+    assert card.data.datasets == ["someone/colours"] and card.data.library_name == "peft"
+    assert card.data.base_model_relation == "adapter" and {"vlm-grpo", "grpo", "lora"} <= set(card.data.tags)
+    metrics = {r.metric_name: r.metric_value for r in card.data.eval_results}
+    assert metrics == pytest.approx({"reward": after["reward"], "rewards/lowercase_share": after["rewards"]["lowercase_share"]},
+                                    abs=1e-6)
+    assert {r.dataset_type for r in card.data.eval_results} == {"someone/colours"}

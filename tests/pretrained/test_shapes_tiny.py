@@ -8,7 +8,7 @@ import torch
 from vlm_grpo import pretrained
 from vlm_grpo.adapters.families.hybrid import LlavaHybridAdapter
 from vlm_grpo.loader import load_model
-from vlm_grpo.grpo.training.base import load_policy
+from vlm_grpo.grpo.training.policy import load_policy
 from vlm_grpo.grpo.settings.sources import load_recipe_config
 from vlm_grpo.grpo.evaluate import evaluate_run
 from vlm_grpo.recipes import get_recipe

@@ -86,3 +86,38 @@ def test_trl_names_with_the_same_meaning_are_honoured():
 def test_epsilon_high_follows_epsilon_set_on_the_command_line():
     assert load_config(overrides=["--epsilon", "0.3"]).loss.epsilon_high == 0.3
     assert load_config(overrides=["--epsilon", "0.3", "--epsilon-high", "0.28"]).loss.epsilon_high == 0.28
+
+
+def test_every_refused_trl_name_is_named_in_one_message(capsys, tmp_path):
+    assert main(["train", "--per_device_train_batch_size", "8", "--logging_steps", "5", "--max-steps", "2",
+                 "--use_vllm", "--output-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("vlm-grpo train: error: setting 'per_device_train_batch_size, logging_steps, use_vllm': "
+                          "TRL's names with no same-meaning setting here: per_device_train_batch_size: TRL counts")
+    assert "logging_steps: every step is logged" in err and "use_vllm: generation runs in the policy" in err
+    assert "\n" not in err
+    cfg = load_config(overrides=["--dataset_name", "org/set", "--dataset_train_split", "dev", "--dataset_test_split", "val"])
+    assert (cfg.data.dataset, cfg.data.dataset_split, cfg.eval.split) == ("org/set", "dev", "val")
+
+
+@pytest.mark.parametrize("command", ["train", "sft"])
+def test_mixed_precision_the_device_cannot_run_is_refused(command, capsys, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the question is what a CPU can do
+    assert main([command, "--fp16", "--output-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"vlm-grpo {command}: error: setting 'mixed_precision': fp16 on a CPU: accelerate runs no fp16 "
+                   "autocast there and would train in float32; use bf16 (CPU autocast) or no")
+    assert not (tmp_path / "run").exists()
+
+
+def test_bf16_on_a_cpu_runs_and_says_what_it_costs(caplog, monkeypatch):
+    import torch
+
+    from vlm_grpo.grpo.training.preflight import check_mixed_precision
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with caplog.at_level("WARNING"):
+        check_mixed_precision("bf16")  # CPU autocast honours it: accepted, not silently
+    assert "mixed_precision bf16 on a CPU: torch's CPU autocast runs matmuls in bfloat16" in caplog.text

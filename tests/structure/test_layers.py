@@ -18,10 +18,11 @@ FLOORS = [
     ("vlm_grpo.compat",),  # version quirks and their probes (use adapters)
     ("vlm_grpo.loader", "vlm_grpo.compose", "vlm_grpo.gguf"),  # the one loader (decides the cache policy); hybrids from donors; GGUF LMs
     ("vlm_grpo.grpo",),  # the shared loop (and SFT, evaluation)
-    ("vlm_grpo.inspect", "vlm_grpo.bench"),  # reading runs and models; the benchmark
+    ("vlm_grpo.inspect", "vlm_grpo.bench", "vlm_grpo.api"),  # reading runs and models; the benchmark; the Python API
     ("vlm_grpo.commands",),  # every CLI command
     ("vlm_grpo.cli",),
 ]
+FACADE = "vlm_grpo"  # the package itself: its names are the Python API's, loaded on first use (the top floor)
 # Inside a package, its own floors (bottom to top): a module's imports inside the package stay on its floor or below.
 INNER_FLOORS = {
     "vlm_grpo.adapters": [
@@ -60,6 +61,8 @@ MODULES = {module_name(p): p for p in ROOT.rglob("*.py")}
 
 
 def floor(module: str, floors=FLOORS) -> int:
+    if module == FACADE and floors is FLOORS:
+        return len(FLOORS)
     best = (-1, -1)
     for level, prefixes in enumerate(floors):
         for prefix in prefixes:

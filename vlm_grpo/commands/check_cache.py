@@ -6,7 +6,7 @@ import contextlib
 import sys
 
 from vlm_grpo.commands.model_args import add_model_args, load_from_args
-from vlm_grpo.compat.simulated_faults import FAULTS
+from vlm_grpo.compat.names import FAULTS
 
 
 def add_parser(sub) -> None:

@@ -18,7 +18,7 @@ def add_parser(sub) -> None:
 
 
 def run(args, extra: list[str]) -> int:
-    from vlm_grpo.grpo.training.base import load_policy
+    from vlm_grpo.grpo.training.policy import load_policy
     from vlm_grpo.grpo.evaluate import evaluate_run, format_report, write_report
     from vlm_grpo.grpo.settings.sources import check_sources, load_recipe_config
 

@@ -1,5 +1,5 @@
 """The model flags every model-loading command shares (check-cache, generate, attention, demo), generated from the
-model settings (`ModelConfig`, plus lora.load_in_4bit and the seed), and the one call that turns them into an
+model settings (`ModelConfig` and lora.load_in_4bit; grpo/settings/model.py, light to import), and the one call that turns them into an
 adapter: `vlm_grpo.loader.load_model`."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ MODEL_FIELDS = ("name", "device", "dtype", "attn_implementation", "cache_policy"
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    from vlm_grpo.grpo.settings.sections import LoraSettings, ModelConfig, TrainConfig
+    from vlm_grpo.grpo.settings.model import LoraSettings, ModelConfig
 
     add_dataclass_args(p, ModelConfig, names={"name": "model"}, only=MODEL_FIELDS, required=("name",))
     add_dataclass_args(p, LoraSettings, only=("load_in_4bit",))
-    add_dataclass_args(p, TrainConfig, only=("seed",))
+    p.add_argument("--seed", type=int, default=0, help="seed of tiny twins and presets (a run's `seed` setting)")
 
 
 def load_from_args(args: argparse.Namespace, decide_cache: bool = True):

@@ -13,11 +13,16 @@ import dataclasses
 import typing
 
 
-def add_settings_command(sub, name: str, func, help: str, description: str):
-    """A sub-command whose `func(args, extra)` receives the unparsed `--key value` overrides."""
+def settings_epilog() -> str:
+    """Every setting with its help: it reads the loop's settings classes, so it is written only when help is shown."""
     from vlm_grpo.grpo.settings.sources import settings_help
 
-    p = sub.add_parser(name, help=help, description=description, epilog=settings_help(),
+    return settings_help()
+
+
+def add_settings_command(sub, name: str, func, help: str, description: str):
+    """A sub-command whose `func(args, extra)` receives the unparsed `--key value` overrides."""
+    p = sub.add_parser(name, help=help, description=description, epilog=settings_epilog,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=None, help="YAML file of settings (command-line values win)")
     p.set_defaults(func=func, takes_extra=True)
@@ -28,8 +33,7 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls: type, names: dict[str, s
                        only: typing.Iterable[str] | None = None, required: typing.Iterable[str] = ()) -> None:
     """One `--flag` per field of the dataclass `cls` (`names`: field -> flag name where they differ; `only`: these
     fields). Booleans are flags that switch on (`--x`) or take a value (`--x false`)."""
-    from vlm_grpo.grpo.settings.fields import help_of
-    from vlm_grpo.grpo.settings.sources import coerce
+    from vlm_grpo.grpo.settings.fields import coerce, help_of
 
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}

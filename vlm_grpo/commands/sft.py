@@ -22,9 +22,10 @@ def add_parser(sub) -> None:
 def run(args, extra: list[str]) -> int:
     from vlm_grpo.commands.plot import plot_hook
     from vlm_grpo.grpo.settings.sources import load_recipe_config
-    from vlm_grpo.grpo.sft import SFTTrainer
 
     cfg, recipe = load_recipe_config(args.config, extra)
+    from vlm_grpo.grpo.sft import SFTTrainer  # after the settings: a refused one costs no trainer import
+
     if cfg.logging.output_dir == DEFAULT_RUN_DIR:
         cfg.logging.output_dir = SFT_RUN_DIR  # never overwrite a GRPO run by accident
     trainer = SFTTrainer(cfg, recipe=recipe, after_run=[plot_hook] if cfg.logging.plot else [])

@@ -8,8 +8,7 @@ import transformers
 
 from vlm_grpo.compat.cache_probe import STEPS, CacheProbeReport, probe_cache
 from vlm_grpo.compat.known_quirks import known_cache_quirk
-
-POLICIES = ("auto", "cache", "no-cache")
+from vlm_grpo.compat.names import POLICIES
 log = logging.getLogger(__name__)
 
 

@@ -20,7 +20,7 @@ import functools
 
 import torch
 
-FAULTS = ("drop_image", "late_drop", "shift_positions", "reorder_image_cache", "mask_image_attention", "nan_weights")
+from vlm_grpo.compat.names import FAULTS
 LATE_STEP = 6
 
 

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
-from vlm_grpo.grpo.data.source import build_options
+from vlm_grpo.grpo.data.source import heldout_build
 from vlm_grpo.grpo.rewards.inputs import RewardInputs, trainer_state
 from vlm_grpo.grpo.rewards.scoring import run_rewards, score
 from vlm_grpo.grpo.rollout.sampling import mask_after_eos
@@ -161,7 +161,15 @@ def side_by_side(before: dict[str, Any], after: dict[str, Any], limit: int | Non
 def heldout_split(recipe, cfg):
     """The samples a run's held-out evaluation answers (eval section: split, size, data seed; the data settings)."""
     seed = cfg.seed if cfg.eval.data_seed is None else cfg.eval.data_seed
-    return recipe.build(split=cfg.eval.split, size=cfg.eval.size, seed=seed, **build_options(recipe, cfg.data))
+    return heldout_build(recipe, cfg.data, cfg.eval.split, cfg.eval.size, seed)
+
+
+def run_rewards_of(recipe, cfg, device=None, required: bool = True):
+    """A run's rewards, loaded: data.rewards (or the recipe's), then data.reward_models on `device`; `required=False`
+    (SFT, whose rewards only score held-out evaluations): none is fine."""
+    options = {"judge_question": cfg.data.judge_question, "device": device, "seed": cfg.seed,
+               "trust_remote_code": cfg.model.trust_remote_code, "allow_pickle_weights": cfg.model.allow_pickle_weights}
+    return run_rewards(recipe, cfg.data.rewards, cfg.data.reward_weights, cfg.data.reward_models, options, required)
 
 
 def evaluate_run(adapter, recipe, cfg, rewards=None, step: int = 0, dataset=None) -> dict[str, Any]:
@@ -176,7 +184,7 @@ def evaluate_run(adapter, recipe, cfg, rewards=None, step: int = 0, dataset=None
         size=cfg.eval.size,
         batch_size=cfg.eval.eval_batch_size,
         max_new_tokens=cfg.generation.max_new_tokens,
-        rewards=run_rewards(recipe, cfg.data.rewards, cfg.data.reward_weights) if rewards is None else rewards,
+        rewards=run_rewards_of(recipe, cfg, next(adapter.model.parameters()).device) if rewards is None else rewards,
         length_edges=cfg.eval.length_edges or None,
         global_step=step,
         max_steps=cfg.max_steps,

@@ -124,6 +124,7 @@ def sft_loss(adapter, batch: SFTBatch, model=None) -> torch.Tensor:
 class SFTTrainer(BaseTrainer):
     stage = "sft"
     dropout = True
+    needs_rewards = False
 
     def completion_budget(self) -> int:
         return self.cfg.sft.max_reference_tokens

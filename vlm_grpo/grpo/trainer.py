@@ -58,13 +58,13 @@ class GRPOTrainer(BaseTrainer):
 
     stage = "grpo"
 
-    def __init__(self, cfg: TrainConfig, adapter=None, recipe=None, after_run=()):
+    def __init__(self, cfg: TrainConfig, adapter=None, recipe=None, after_run=(), **parts):
         cfg.loss.max_completion_length = cfg.generation.max_new_tokens
         self.reference = None
         self.timings: dict[str, float] = {}  # seconds of the last step's phases (kept out of the metrics)
         self.updates = 0  # optimizer updates so far (the reference sync counts them)
         self.entropy_control = EntropyControl(cfg.loss)
-        super().__init__(cfg, adapter=adapter, recipe=recipe, after_run=after_run)
+        super().__init__(cfg, adapter=adapter, recipe=recipe, after_run=after_run, **parts)
         self.collective = Collective(reduce_sum=lambda x: self.accelerator.reduce(x, reduction="sum"),
                                      gather=self._gather_tensor)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
 from vlm_grpo.recipes.rows import RecordDataset, RowChecker, load_records
@@ -78,10 +79,13 @@ def build(
     image_size: int | None = None,
     require_thinking: bool = False,
     on_bad_sample: str = "error",
+    dataset_config: str | None = None,
+    rows: Any = None,
 ):
     """The first `size` rows (all when 0/None); `require_thinking=True` insists on SFT rows."""
     records = load_records(
-        lambda c, i, r: check_row(c, i, r, require_thinking), path, hub_id, split, size, image_root, on_bad_sample
+        lambda c, i, r: check_row(c, i, r, require_thinking), path, hub_id, split, size, image_root, on_bad_sample,
+        dataset_config=dataset_config, rows=rows,
     )
 
     def to_sample(record: dict) -> Sample:

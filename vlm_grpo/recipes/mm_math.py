@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import threading
 from pathlib import Path
+from typing import Any
 
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
 from vlm_grpo.recipes.rows import RecordDataset, RowChecker, load_records
@@ -133,9 +134,12 @@ def build(
     image_root: str | Path | None = None,
     image_size: int | None = None,
     on_bad_sample: str = "error",
+    dataset_config: str | None = None,
+    rows: Any = None,
 ):
     """The first `size` rows (all when 0/None); `seed` is unused (the order is the source's)."""
-    records = load_records(check_row, path, hub_id, split, size, image_root, on_bad_sample)
+    records = load_records(check_row, path, hub_id, split, size, image_root, on_bad_sample,
+                           dataset_config=dataset_config, rows=rows)
 
     def to_sample(record: dict) -> Sample:
         return Sample(

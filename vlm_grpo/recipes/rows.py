@@ -1,5 +1,5 @@
-"""Rows for file-based recipes: read them (JSONL, JSON, parquet, a folder, or a hub dataset), check each
-one, and turn the checked records into Samples lazily.
+"""Rows for file-based recipes: read them (recipes/readers.py: files, folders, anything `datasets` reads, a hub
+dataset, rows in memory), check each one, and turn the checked records into Samples lazily.
 
 Every problem is a `ValueError` that names the source, the row index and the field, so a bad row in a
 70k-row file is found without a debugger. Images may be PIL images, bytes, file paths or the hub's
@@ -13,118 +13,18 @@ and decoded to RGB when a sample is taken.
 from __future__ import annotations
 
 import io
-import itertools
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable
 
 from PIL import Image
 
 from vlm_grpo.images import BadImage, prepare
 from vlm_grpo.recipes.base import Sample
+from vlm_grpo.recipes.readers import BadRow, read_rows
 
 log = logging.getLogger(__name__)
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
-
-
-# ------------------------------------------------------------------ reading
-def find_data_file(folder: Path, split: str) -> Path:
-    """`<split>.jsonl|json|parquet`, the hub layout `data/<split>-*.parquet`, or the folder's only data file."""
-    for suffix in DATA_SUFFIXES:
-        if (folder / f"{split}{suffix}").is_file():
-            return folder / f"{split}{suffix}"
-    hub_layout = sorted((folder / "data").glob(f"{split}-*.parquet")) if (folder / "data").is_dir() else []
-    if len(hub_layout) == 1:
-        return hub_layout[0]
-    found = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in DATA_SUFFIXES)
-    if len(found) == 1:
-        return found[0]
-    names = ", ".join(p.name for p in found) or "none"
-    raise ValueError(f"{folder}: no {split}.jsonl/.json/.parquet and not exactly one data file (found: {names})")
-
-
-@dataclass
-class BadRow:
-    """A row that could not be read at all (a JSON line that does not parse, a parquet row that does not decode):
-    it is reported and skipped like any other bad row, in file order."""
-
-    reason: str
-
-
-def iter_file(path: Path) -> Iterator[Any]:
-    """The rows of a data file one at a time; a row that cannot be read comes as a BadRow."""
-    if path.suffix == ".jsonl":
-        with open(path, encoding="utf-8") as fh:
-            for line_no, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as err:
-                    yield BadRow(f"(line {line_no}) is not valid JSON: {err}")
-        return
-    if path.suffix == ".json":  # one document: it parses whole or not at all
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: not valid JSON: {err}") from None
-        if not isinstance(data, list):
-            raise ValueError(f"{path}: a .json data file must hold a list of rows")
-        yield from data
-        return
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
-            try:
-                yield from batch.to_pylist()  # the whole batch at once; row by row only to find the bad ones
-                continue
-            except Exception:  # noqa: BLE001 - pyarrow raises many kinds for undecodable values
-                pass
-            for k in range(batch.num_rows):
-                try:
-                    yield batch.slice(k, 1).to_pylist()[0]
-                except Exception as err:  # noqa: BLE001
-                    yield BadRow(f"cannot be decoded: {type(err).__name__}: {err}")
-        return
-    raise ValueError(f"{path}: unsupported data file (use {', '.join(DATA_SUFFIXES)})")
-
-
-def read_rows(path: str | Path | None, hub_id: str | None, split: str, size: int | None) -> tuple[Iterable[Any], str, Path | None]:
-    """(rows, a name for messages, the folder relative image paths start from). Files are read row by row."""
-    if (path is None) == (hub_id is None):
-        raise ValueError("give exactly one of path (a local JSONL/JSON/parquet file or folder) and hub_id")
-    if hub_id is not None:
-        from datasets import load_dataset
-
-        # Streamed, images left encoded: only the rows taken are read, and each keeps its image's bytes or path
-        # (decoded when its sample is taken), so a split is never held in memory as decoded images.
-        rows = iter(undecoded_images(load_dataset(hub_id, split=split, streaming=True)))
-        return (itertools.islice(rows, size) if size else rows), hub_id, None
-    path = Path(path).expanduser()
-    if path.is_dir():
-        path = find_data_file(path, split)
-    elif not path.is_file():
-        raise ValueError(f"data path {path} does not exist")
-    rows = iter_file(path)
-    return (itertools.islice(rows, size) if size else rows), str(path), path.parent
-
-
-def undecoded_images(dataset: Any) -> Any:
-    """`dataset` with its image columns (one image or a list of them) cast to `{"bytes", "path"}` records."""
-    import datasets
-
-    features = getattr(dataset, "features", None)
-    if not features or not hasattr(dataset, "cast_column"):
-        return dataset
-    for name, feature in features.items():
-        if isinstance(feature, datasets.Image) and feature.decode:
-            dataset = dataset.cast_column(name, datasets.Image(decode=False))
-        elif isinstance(feature, datasets.List) and isinstance(feature.feature, datasets.Image):
-            dataset = dataset.cast_column(name, datasets.List(datasets.Image(decode=False)))
-    return dataset
 
 
 # ----------------------------------------------------------------- checking
@@ -313,14 +213,16 @@ def load_records(
     size: int | None,
     image_root: str | Path | None = None,
     on_bad_sample: str = "error",
+    dataset_config: str | None = None,
+    rows: Any = None,
 ) -> list[dict[str, Any]]:
-    """Read the rows and run `check(checker, index, row)` on each; raises if there are none.
+    """Read the rows (recipes/readers.py) and run `check(checker, index, row)` on each; raises if there are none.
 
     on_bad_sample="skip": a bad row is left out instead of stopping the run; how many and which is logged.
     """
     if on_bad_sample not in ("error", "skip"):
         raise ValueError(f"on_bad_sample must be error or skip, not {on_bad_sample!r}")
-    rows, source, base_dir = read_rows(path, hub_id, split, size)
+    rows, source, base_dir = read_rows(path, hub_id, split, size, dataset_config=dataset_config, rows=rows)
     checker = RowChecker(source, base_dir, Path(image_root).expanduser() if image_root else None, hub_id=hub_id)
     records, skipped = [], []
     for i, row in enumerate(rows):

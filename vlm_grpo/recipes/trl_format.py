@@ -163,10 +163,13 @@ def build(
     image_key: str | None = None,
     answer_key: str | None = None,
     on_bad_sample: str = "error",
+    dataset_config: str | None = None,
+    rows: Any = None,
 ):
     """The first `size` rows (all when 0/None); `seed` is unused (the order is the source's)."""
     columns = Columns(prompt_key or "prompt", image_key, answer_key)
-    records = load_records(lambda c, i, r: check_row(c, i, r, columns), path, hub_id, split, size, image_root, on_bad_sample)
+    records = load_records(lambda c, i, r: check_row(c, i, r, columns), path, hub_id, split, size, image_root, on_bad_sample,
+                           dataset_config=dataset_config, rows=rows)
 
     def to_sample(record: dict) -> Sample:
         images = [ref.load(image_size) for ref in record["images"]]

@@ -10,7 +10,8 @@ log_metric=, **columns)`; so does this loop:
 - `completion_ids`: each completion's token ids up to and including its first end-of-sequence token.
 - `trainer_state`: a `transformers.TrainerState` whose `global_step` is the number of steps done so far.
 - `log_extra(column, values)` / `log_metric(name, value)`: collected here, written by the trainer.
-- every sample field (the dataset's other columns), one value per completion.
+- every sample field (the dataset's other columns), one value per completion; for a built-in recipe's samples
+  (no dataset image column), their images as `images`.
 A function without `**kwargs` gets only the arguments it names (TRL would fail on it; narrow rewards keep working).
 """
 
@@ -26,9 +27,14 @@ from vlm_grpo.recipes.base import Sample, expand
 
 
 def collect_fields(samples: list[Sample], times: int) -> dict[str, list[Any]]:
-    """Every sample field (the dataset's other columns), one value per completion."""
+    """Every sample field (the dataset's other columns), one value per completion. Samples a recipe wrote (not TRL
+    rows, whose image column is already a field) also give their images as `images`, so a reward that looks (a VLM
+    judge) sees them as it would see a TRL dataset's image column."""
     keys = {k for s in samples for k in s.fields}
-    return {k: expand([s.fields.get(k) for s in samples], times) for k in sorted(keys)}
+    fields = {k: expand([s.fields.get(k) for s in samples], times) for k in sorted(keys)}
+    if "images" not in fields and all(s.data_prompt is None for s in samples):
+        fields["images"] = expand([list(s.images) for s in samples], times)
+    return fields
 
 
 def trainer_state(global_step: int = 0, max_steps: int = 0):

@@ -8,7 +8,8 @@ has a NaN total (advantages give it 0) and logged means are over the values pres
 from __future__ import annotations
 
 import math
-from typing import Any
+import os
+from typing import Any, Sequence
 
 import torch
 
@@ -26,15 +27,23 @@ def load_reward_function(spec: str):
     return fn
 
 
-def run_rewards(recipe, specs: list[str], weights: list[float] | None = None) -> list[Reward]:
-    """The rewards a run scores with: `data.rewards` when given (it replaces the recipe's), else the recipe's;
-    `weights` (TRL's reward_weights), when given, is one weight per reward in order and replaces theirs."""
+def run_rewards(recipe, specs: list[str], weights: list[float] | None = None, models: Sequence[str] = (),
+                model_options: dict[str, Any] | None = None, required: bool = True) -> list[Reward]:
+    """The rewards a run scores with: `data.rewards` when given (it replaces the recipe's), else the recipe's, then
+    the reward models (`data.reward_models`, loaded with `model_options`); `weights` (TRL's reward_weights), when
+    given, is one weight per reward in that order and replaces theirs. `required=False`: none is fine (SFT)."""
     rewards = parse_reward_specs(specs, explicit_weights=bool(weights)) if specs else [
         Reward(r.name, r.fn, r.weight) for r in recipe.rewards
     ]
-    if not rewards:
+    rewards += [model_reward(spec, explicit_weights=bool(weights), **(model_options or {})) for spec in models]
+    if not rewards and required:
         raise ValueError(f"recipe {recipe.name!r} has no rewards of its own: name at least one with "
-                         "--reward module:function or --reward file.py:function")
+                         "--reward module:function, --reward file.py:function or --reward-model MODEL")
+    return weighed(rewards, weights)
+
+
+def weighed(rewards: list[Reward], weights: list[float] | None = None) -> list[Reward]:
+    """`rewards` with `weights` (one per reward, in order) put in, checked to carry names apart."""
     if weights:
         if len(weights) != len(rewards):
             raise ValueError(f"data.reward_weights has {len(weights)} weights for {len(rewards)} rewards "
@@ -48,17 +57,71 @@ def run_rewards(recipe, specs: list[str], weights: list[float] | None = None) ->
     return rewards
 
 
+def _split_spec(spec: str, explicit_weights: bool) -> tuple[str, str, float]:
+    """(name or "", target, weight) of `name=target*weight` (name and weight optional)."""
+    name, _, rest = spec.partition("=") if "=" in spec.split(":")[0] else ("", "", spec)
+    target, star, weight = rest.rpartition("*") if "*" in rest else (rest, "", "")
+    if weight and explicit_weights:
+        raise ValueError(f"reward {spec!r} carries a weight and data.reward_weights is set too: give weights one way")
+    try:
+        return name, target, float(weight) if weight else 1.0
+    except ValueError:
+        raise ValueError(f"reward {spec!r}: weight {weight!r} is not a number") from None
+
+
 def parse_reward_specs(specs: list[str], explicit_weights: bool = False) -> list[Reward]:
     """`name=module:function*weight` entries (name and weight optional)."""
     rewards = []
     for spec in specs:
-        name, _, rest = spec.partition("=") if "=" in spec.split(":")[0] else ("", "", spec)
-        target, _, weight = rest.partition("*")
-        if weight and explicit_weights:
-            raise ValueError(f"reward {spec!r} carries a weight and data.reward_weights is set too: give weights one way")
+        name, target, weight = _split_spec(spec, explicit_weights)
         fn = load_reward_function(target)
-        rewards.append(Reward(name or getattr(fn, "__name__", target.rpartition(":")[2]), fn, float(weight) if weight else 1.0))
+        rewards.append(Reward(name or getattr(fn, "__name__", target.rpartition(":")[2]), fn, weight))
     return rewards
+
+
+JUDGE = "judge:"  # a reward model spec's prefix for a VLM judge
+
+
+def reward_model_kind(target: str, trust_remote_code: bool = False) -> tuple[str, str]:
+    """("judge" | "classifier", the model spec): `judge:SPEC` and VLM specs (tiny:, preset:, FAMILY:PATH, a checkpoint
+    of a supported family) are judges; a checkpoint whose architecture is `*ForSequenceClassification` a classifier."""
+    from vlm_grpo.adapters.registry import class_for_model_type, families
+
+    if target.startswith(JUDGE):
+        return "judge", target[len(JUDGE):]
+    prefix, colon, _ = target.partition(":")
+    if colon and not os.path.exists(target) and (prefix in ("tiny", "preset", "pretrained") or prefix in families()):
+        return "judge", target
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
+    except Exception as err:  # noqa: BLE001 - not found, offline, malformed: all the same to the user
+        raise ValueError(f"reward model {target!r}: cannot read its config ({type(err).__name__}: {err})") from None
+    if any(a.endswith("ForSequenceClassification") for a in config.architectures or []):
+        return "classifier", target
+    try:
+        class_for_model_type(config.model_type)
+    except ValueError:
+        raise ValueError(f"reward model {target!r}: {config.architectures or config.model_type} is neither a sequence-"
+                         "classification model nor a vision-language model of a supported family") from None
+    return "judge", target
+
+
+def model_reward(spec: str, explicit_weights: bool = False, *, judge_question: str | None = None, device: Any = None,
+                 trust_remote_code: bool = False, allow_pickle_weights: bool = False, seed: int = 0) -> Reward:
+    """A `--reward-model` entry, `name=MODEL*weight` (name and weight optional), as a loaded Reward."""
+    from vlm_grpo.grpo.rewards.judge import DEFAULT_QUESTION, VLMJudge
+    from vlm_grpo.grpo.rewards.reward_model import RewardModel
+
+    name, target, weight = _split_spec(spec, explicit_weights)
+    kind, model = reward_model_kind(target, trust_remote_code)
+    safety = {"trust_remote_code": trust_remote_code, "allow_pickle_weights": allow_pickle_weights}
+    if kind == "judge":
+        fn = VLMJudge(model, judge_question or DEFAULT_QUESTION, name=name or "judge", device=device, seed=seed, **safety)
+    else:  # named as TRL names it: the model's last path part
+        fn = RewardModel(model, name=name or model.rstrip("/").rpartition("/")[2], device=device, **safety)
+    return Reward(fn.__name__, fn, weight)
 
 
 class RewardError(RuntimeError):
@@ -145,8 +208,7 @@ def score(
 
 def nan_mean(values: torch.Tensor) -> float:
     """Mean over the values present (NaN: not applicable); NaN when none is."""
-    present = values[~torch.isnan(values)]
-    return present.mean().item() if present.numel() else math.nan
+    return torch.nanmean(values.float()).item()
 
 
 def nan_std(values: torch.Tensor) -> float:

@@ -1,9 +1,9 @@
 """Checkpoints written atomically (temp dir + rename), so a kill never leaves a half one to resume from.
 
-A checkpoint holds the weights (or LoRA adapter) as safetensors, the processor, optimizer,
-scheduler and RNG states, the step and the config, and last a manifest of every file's size and
-sha256 (grpo/run/manifest.py). Only directories named `checkpoint-N` that contain `trainer_state.json`
-count; the rename is the commit point. Resuming verifies the newest one against its manifest and
+A checkpoint holds the weights (or LoRA adapter) as safetensors, the processor, optimizer, scheduler and RNG
+states, the step and log history (trainer_state.json, transformers' TrainerState), the config (run_state.json),
+and last a manifest of every file's size and sha256 (grpo/run/manifest.py). Only directories named
+`checkpoint-N` that contain `trainer_state.json` count; the rename is the commit point. Resuming verifies the newest one against its manifest and
 falls back to the newest one that verifies, saying which file of which checkpoint was bad. The optimizer,
 scheduler and RNG files hold only tensors and plain values and are read without unpickling anything else
 (grpo/safe_loading.py): a checkpoint from someone else cannot run code on resume.
@@ -23,7 +23,8 @@ import torch
 from vlm_grpo.grpo.run.manifest import verify, write_manifest
 from vlm_grpo.grpo.safe_loading import UnsafeCheckpointFile, load_state_file  # noqa: F401 - resume catches it as ckpt.UnsafeCheckpointFile
 
-STATE_FILE = "trainer_state.json"
+STATE_FILE = "trainer_state.json"  # transformers' TrainerState; its presence marks a complete checkpoint
+RUN_STATE_FILE = "run_state.json"  # the run's own: step, config, stage, process count, fsdp
 
 
 def _is_peft(model) -> bool:
@@ -68,7 +69,7 @@ def commit_checkpoint(tmp: Path, run_dir: Path, step: int, scheduler, state: dic
     final = run_dir / f"checkpoint-{step}"
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_state(), tmp / "rng_state.pt")
-    (tmp / STATE_FILE).write_text(json.dumps({"step": step, **state}, indent=2, default=str))
+    write_states(tmp, step, state)
     write_manifest(tmp)
     _fsync_dir(tmp)
     if final.exists():  # re-saving a step (e.g. the end of a resumed run): replace it whole
@@ -81,6 +82,23 @@ def commit_checkpoint(tmp: Path, run_dir: Path, step: int, scheduler, state: dic
     _fsync_dir(run_dir, recursive=False)
     _rotate(run_dir, keep)
     return final
+
+
+def write_states(folder: Path, step: int, state: dict[str, Any]) -> None:
+    """trainer_state.json as transformers writes it (`TrainerState`: global_step, max_steps, log_history ...), so
+    `TrainerState.load_from_json` and tools made for the Trainer read it; the run's own state (config, stage,
+    process count, fsdp) in run_state.json."""
+    from transformers import TrainerState
+
+    run_state = {k: v for k, v in state.items() if k != "log_history"}
+    config = run_state.get("config", {})
+    TrainerState(
+        global_step=step, max_steps=config.get("max_steps", step),
+        save_steps=config.get("logging", {}).get("save_every", 0),
+        train_batch_size=config.get("data", {}).get("batch_size"),
+        log_history=[dict(m) for m in state.get("log_history", ()) if m.get("step", 0) <= step],
+    ).save_to_json(str(folder / STATE_FILE))
+    (folder / RUN_STATE_FILE).write_text(json.dumps({"step": step, **run_state}, indent=2, default=str))
 
 
 def _fsync_dir(path: Path, recursive: bool = True) -> None:
@@ -160,4 +178,16 @@ def load_training_state(checkpoint: Path, optimizer, scheduler, trust: bool = Fa
         optimizer.load_state_dict(read["optimizer.pt"])
     scheduler.load_state_dict(read["scheduler.pt"])
     set_rng_state(read["rng_state.pt"])
-    return json.loads((checkpoint / STATE_FILE).read_text())
+    return read_states(checkpoint)
+
+
+def read_states(checkpoint: Path) -> dict[str, Any]:
+    """The run state of a checkpoint, with the step and the log history its trainer_state.json holds."""
+    from transformers import TrainerState
+
+    saved = json.loads((checkpoint / STATE_FILE).read_text())
+    if "global_step" not in saved:  # written before trainer_state.json became transformers' (step, config inside)
+        return saved
+    trainer_state = TrainerState.load_from_json(str(checkpoint / STATE_FILE))
+    run_state = json.loads((checkpoint / RUN_STATE_FILE).read_text()) if (checkpoint / RUN_STATE_FILE).is_file() else {}
+    return {**run_state, "step": trainer_state.global_step, "log_history": trainer_state.log_history}

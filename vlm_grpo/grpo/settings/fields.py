@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
+import typing
 from typing import Any, Sequence
+
+import yaml
 
 
 class SettingError(ValueError):
@@ -86,3 +90,38 @@ def help_of(f: dataclasses.Field) -> str:
         if meta.get(key) is not None:
             limits.append(f"{sign} {meta[key]}")
     return meta.get("help", "") + (f" [{', '.join(limits)}]" if limits else "")
+
+
+def coerce(value: Any, hint: Any, key: str) -> Any:
+    """A YAML or command-line value as the field's type; a value that is not is an error naming the setting."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        origin = typing.get_origin(hint)
+    if isinstance(value, str) and hint is not str:
+        value = yaml.safe_load(value)
+    try:
+        if hint is bool:
+            if not isinstance(value, bool):
+                raise TypeError
+            return value
+        if hint in (int, float):
+            if isinstance(value, bool) or (hint is int and isinstance(value, float) and not value.is_integer()):
+                raise TypeError
+            return hint(value)
+        if hint is str:
+            if isinstance(value, (dict, list)):
+                raise TypeError
+            return str(value) if not isinstance(value, bool) else value  # a bool may be a spelling (see `values`)
+        if origin in (list, tuple):
+            items = value if isinstance(value, (list, tuple)) else [v for v in str(value).split(",") if v]
+            item_type = (typing.get_args(hint) or (str,))[0]
+            items = [coerce(v, item_type, key) for v in items]
+            return tuple(items) if origin is tuple else items
+        if origin is dict and not isinstance(value, dict):
+            raise TypeError
+    except (TypeError, ValueError):
+        raise SettingError(key, f"{value!r} is not a valid {getattr(hint, '__name__', hint)}") from None
+    return value

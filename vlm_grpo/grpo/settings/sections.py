@@ -17,6 +17,7 @@ from vlm_grpo.grpo.algorithm.advantages.group import SCALE_REWARDS
 from vlm_grpo.grpo.algorithm.losses import LossConfig
 from vlm_grpo.grpo.distributed.fsdp import MODES as FSDP_MODES
 from vlm_grpo.grpo.settings.fields import SettingError, check_fields, setting
+from vlm_grpo.grpo.settings.model import LoraSettings, ModelConfig
 from vlm_grpo.grpo.training.freeze import FREEZE_PRESETS
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")  # accelerate's trackers; each is the package it needs
@@ -24,29 +25,17 @@ TRACKERS = ("tensorboard", "wandb", "mlflow")  # accelerate's trackers; each is 
 
 
 @dataclass
-class ModelConfig:
-    name: str = setting("pretrained:shapes-tiny", help="the model: pretrained:NAME | tiny:FAMILY | preset:NAME | "
-                        "FAMILY:PATH_OR_HUB_ID | PATH (= --model)")
-    dtype: str = setting("auto", help="weights dtype of checkpoints and presets", choices=("auto", "float32", "bfloat16", "float16"))
-    device: str | None = setting(None, help="cpu, cuda, cuda:1 ... (None: cuda if available, else cpu)")
-    attn_implementation: str | None = setting(None, help="eager | sdpa | flash_attention_2 (None: the model's default)")
-    cache_policy: str = setting("auto", help="KV cache in generation: auto (probe), cache, no-cache",
-                                choices=("auto", "cache", "no-cache"))
-    trust_remote_code: bool = setting(False, help="run code shipped with a checkpoint")
-    allow_pickle_weights: bool = setting(False, help="also load pickled .bin weights (only safetensors otherwise)")
-    init_from: str | None = setting(None, help="a checkpoint to start from (e.g. an SFT run's final/); wins over name")
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-
-
-@dataclass
 class DataConfig:
     recipe: str | None = setting(None, help="the task: shapes, cryptogram, vsr, clevr_count, mm_math, trl (your TRL-format "
                                  "rows), or your own Recipe as module:OBJECT / file.py:OBJECT (None: trl when "
                                  "data.dataset is set, else shapes)")
-    dataset: str | None = setting(None, help="your data: a JSONL/JSON/parquet file or folder, or a hub id (= --dataset); "
-                                  "read by the trl recipe, or by a file recipe as its path/hub_id")
+    dataset: str | None = setting(None, help="your data (= --dataset): a JSONL/JSON/parquet/CSV/arrow file, a folder "
+                                  "datasets reads (save_to_disk, imagefolder, hub layout), or a hub id; read by the trl "
+                                  "recipe, or by a file recipe as its path/hub_id")
+    dataset_split: str | None = setting(None, help="the split of data.dataset trained on (None: train)")
+    dataset_config: str | None = setting(None, help="the configuration of data.dataset (datasets' name=)")
+    eval_dataset: str | None = setting(None, help="held-out data as data.dataset takes it, read at eval.split (None: "
+                                       "eval.split of data.dataset, or of the recipe's own data)")
     prompt_key: str | None = setting(None, help="trl recipe: the prompt column (None: prompt)")
     image_key: str | None = setting(None, help="trl recipe: the image column (None: images, else image)")
     answer_key: str | None = setting(None, help="trl recipe: the answer column; rewards also receive it as solution")
@@ -57,8 +46,14 @@ class DataConfig:
     recipe_options: dict[str, Any] = setting(factory=dict, help="options for the recipe's builder, e.g. {image_size: 64}")
     rewards: list[str] = setting(factory=list, help="name=module:function*weight entries (name, weight optional; "
                                  "--reward SPEC appends one); they replace the recipe's rewards")
-    reward_weights: list[float] = setting(factory=list, help="one weight per reward, in order (as TRL's reward_weights); "
-                                          "empty: each reward's own")
+    reward_models: list[str] = setting(factory=list, help="name=MODEL*weight entries (--reward-model MODEL appends one), "
+                                       "scored after the other rewards: a sequence-classification model (path or hub "
+                                       "id; its first logit for prompt + completion), or a VLM judge (judge:MODEL, or "
+                                       "any VLM --model takes; P(yes) to judge_question)")
+    judge_question: str | None = setting(None, help="what a VLM judge is asked about each answer, to be answered yes "
+                                         "or no (None: whether the answer is correct for the image and question)")
+    reward_weights: list[float] = setting(factory=list, help="one weight per reward, in order (as TRL's reward_weights): "
+                                          "data.rewards or the recipe's, then data.reward_models; empty: each reward's own")
     on_bad_sample: str = setting("error", help="a bad row stops the run naming row and field, or is skipped",
                                  choices=("error", "skip"))
     on_reward_error: str = setting("raise", help="a failing reward stops the run, or scores 0 and is counted",
@@ -163,28 +158,6 @@ class OptimConfig:
 
 
 @dataclass
-class LoraSettings:
-    r: int = setting(0, help="LoRA rank (0: LoRA off; the freeze policy decides what trains)", at_least=0)
-    alpha: int = setting(16, help="LoRA scaling alpha", above=0)
-    dropout: float = setting(0.0, help="dropout on the LoRA path", at_least=0.0, below=1.0)
-    target_modules: list[str] | None = setting(
-        None, help="modules that get LoRA matrices: full names or name suffixes (e.g. merger.mlp.2); "
-        "None: the language model's q/k/v/o/gate/up/down projections")
-    load_in_4bit: bool = setting(False, help="QLoRA: the base loaded in 4 bit (bitsandbytes, CUDA only)")
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        if self.target_modules is not None:
-            self.target_modules = list(self.target_modules)
-        if self.load_in_4bit and self.r == 0:
-            raise SettingError("load_in_4bit", "QLoRA trains LoRA matrices on a frozen 4-bit base: set r > 0 (lora.r)")
-
-    @property
-    def enabled(self) -> bool:
-        return self.r > 0
-
-
-@dataclass
 class GuardConfig:
     max_nonfinite_steps: int = setting(3, help="stop after this many consecutive steps with a non-finite loss or "
                                        "gradient (their updates are skipped; 0: never stop)", at_least=0)
@@ -286,6 +259,18 @@ class TrainConfig:
                                      "(they can run code: only for a checkpoint you wrote or trust; never saved)")
 
     def __post_init__(self) -> None:
+        for name, cls in SECTIONS.items():  # from Python: a section may come as a mapping; the model as its spec
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                try:
+                    setattr(self, name, cls(**value))
+                except TypeError as err:
+                    raise SettingError(name, f"{err}".replace("__init__()", cls.__name__)) from None
+            elif name == "model" and isinstance(value, str):
+                self.model = ModelConfig(name=value)  # TrainConfig(model="tiny:FAMILY"), as --model takes it
+            elif not isinstance(value, cls):
+                raise SettingError(name, f"is a section: give a {cls.__name__} or a mapping of its fields, "
+                                   f"not {type(value).__name__}")
         check_fields(self)
         if self.data.batch_size % self.gradient_accumulation_steps:
             raise SettingError("gradient_accumulation_steps", f"{self.gradient_accumulation_steps} does not divide "

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -21,11 +20,12 @@ import yaml
 
 from vlm_grpo.grpo.settings.sections import SECTIONS, TrainConfig
 from vlm_grpo.grpo.data.source import HUB_ID, build_options, resolve_recipe
-from vlm_grpo.grpo.settings.fields import SettingError, help_of
+from vlm_grpo.grpo.settings.fields import coerce, SettingError, help_of
 from vlm_grpo.recipes import Recipe
 
 ALIASES = {"model": "model.name"}  # `--model X` sets model.name
-APPENDS = {"reward": "data.rewards"}  # `--reward X` (again and again) adds one entry to a list setting
+# `--reward X` (again and again) adds one entry to a list setting
+APPENDS = {"reward": "data.rewards", "reward_model": "data.reward_models"}
 # TRL GRPOConfig names with the same meaning here: name -> (our key, value translation or None)
 TRL_NAMES: dict[str, tuple[str, dict | None]] = {
     "max_completion_length": ("generation.max_new_tokens", None),
@@ -36,6 +36,10 @@ TRL_NAMES: dict[str, tuple[str, dict | None]] = {
     "gradient_checkpointing": ("perf.gradient_checkpointing", None),
     "bf16": ("mixed_precision", {True: "bf16", False: "no"}),
     "fp16": ("mixed_precision", {True: "fp16", False: "no"}),
+    # TRL's script arguments (`trl grpo --dataset_name ...`)
+    "dataset_name": ("data.dataset", None),
+    "dataset_train_split": ("data.dataset_split", None),
+    "dataset_test_split": ("eval.split", None),
 }
 NOT_THE_SAME = {
     "per_device_train_batch_size": "TRL counts completions per device; here data.batch_size counts prompts per "
@@ -51,6 +55,17 @@ NOT_THE_SAME = {
 DERIVED = {"loss.max_completion_length": "it is generation.max_new_tokens (TRL: max_completion_length)"}
 
 
+class RefusedName(SettingError):
+    """A TRL name with no same-meaning setting here; all those given are refused in one message."""
+
+
+def refused_together(errors: list[RefusedName]) -> SettingError:
+    if len(errors) == 1:
+        return errors[0]
+    return SettingError(", ".join(e.name for e in errors), "TRL's names with no same-meaning setting here: "
+                        + "; ".join(f"{e.name}: {NOT_THE_SAME[e.name]}" for e in errors))
+
+
 def _fields(section: str | None) -> dict[str, dataclasses.Field]:
     cls = SECTIONS[section] if section else TrainConfig
     return {f.name: f for f in dataclasses.fields(cls) if not (section is None and f.name in SECTIONS)}
@@ -60,7 +75,7 @@ def canonical_key(key: str) -> tuple[str, dict | None]:
     """(`section.field` or a top-level `field`, value translation) for a key as a user writes it."""
     key = key.lstrip("-").replace("-", "_")
     if key in NOT_THE_SAME:
-        raise SettingError(key, f"TRL's {key} has no same-meaning setting here: {NOT_THE_SAME[key]}")
+        raise RefusedName(key, f"TRL's {key} has no same-meaning setting here: {NOT_THE_SAME[key]}")
     if key in ALIASES:
         return ALIASES[key], None
     if key in TRL_NAMES:
@@ -96,42 +111,14 @@ def _hint(key: str):
     return typing.get_type_hints(cls)[name]
 
 
-def coerce(value: Any, hint: Any, key: str) -> Any:
-    """A YAML or command-line value as the field's type; a value that is not is an error naming the setting."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+def _put(values: dict[str, Any], key: str, value: Any, refused: list[RefusedName] | None = None) -> None:
+    """`key: value` into `values` as a canonical key and typed value; a refused TRL name goes to `refused`."""
+    if refused is not None:
+        try:
+            return _put(values, key, value)
+        except RefusedName as err:
+            refused.append(err)
             return None
-        hint = next(a for a in typing.get_args(hint) if a is not type(None))
-        origin = typing.get_origin(hint)
-    if isinstance(value, str) and hint is not str:
-        value = yaml.safe_load(value)
-    try:
-        if hint is bool:
-            if not isinstance(value, bool):
-                raise TypeError
-            return value
-        if hint in (int, float):
-            if isinstance(value, bool) or (hint is int and isinstance(value, float) and not value.is_integer()):
-                raise TypeError
-            return hint(value)
-        if hint is str:
-            if isinstance(value, (dict, list)):
-                raise TypeError
-            return str(value) if not isinstance(value, bool) else value  # a bool may be a spelling (see `values`)
-        if origin in (list, tuple):
-            items = value if isinstance(value, (list, tuple)) else [v for v in str(value).split(",") if v]
-            item_type = (typing.get_args(hint) or (str,))[0]
-            items = [coerce(v, item_type, key) for v in items]
-            return tuple(items) if origin is tuple else items
-        if origin is dict and not isinstance(value, dict):
-            raise TypeError
-    except (TypeError, ValueError):
-        raise SettingError(key, f"{value!r} is not a valid {getattr(hint, '__name__', hint)}") from None
-    return value
-
-
-def _put(values: dict[str, Any], key: str, value: Any) -> None:
     short = key.lstrip("-").replace("-", "_")
     if short in APPENDS:  # each value is one whole entry: a spec is never split at commas
         name = APPENDS[short]
@@ -150,15 +137,15 @@ def _put(values: dict[str, Any], key: str, value: Any) -> None:
     values[name] = coerce(value, _hint(name), name)
 
 
-def _collect_mapping(values: dict[str, Any], data: dict[str, Any], prefix: str = "") -> None:
+def _collect_mapping(values: dict[str, Any], data: dict[str, Any], prefix: str = "", refused=None) -> None:
     for key, value in data.items():
         if not prefix and key in SECTIONS and isinstance(value, dict):
-            _collect_mapping(values, value, prefix=f"{key}.")
+            _collect_mapping(values, value, prefix=f"{key}.", refused=refused)
         else:
-            _put(values, f"{prefix}{key}", value)
+            _put(values, f"{prefix}{key}", value, refused)
 
 
-def _collect_words(values: dict[str, Any], words: list[str]) -> None:
+def _collect_words(values: dict[str, Any], words: list[str], refused=None) -> None:
     """`--key value` pairs (a bare `--flag` means true)."""
     i = 0
     while i < len(words):
@@ -166,10 +153,10 @@ def _collect_words(values: dict[str, Any], words: list[str]) -> None:
         if not key.startswith("--"):
             raise SettingError(key, "expected --key value")
         if i + 1 < len(words) and not words[i + 1].startswith("--"):
-            _put(values, key, words[i + 1])
+            _put(values, key, words[i + 1], refused)
             i += 2
         else:
-            _put(values, key, True)
+            _put(values, key, True, refused)
             i += 1
 
 
@@ -198,14 +185,18 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def _collect(file_data: dict[str, Any] | None, overrides: list[str] | None, base: dict | None = None) -> dict[str, Any]:
-    """`base` mapping <- YAML mapping <- command-line words, as canonical keys and typed values."""
+    """`base` mapping <- YAML mapping <- command-line words, as canonical keys and typed values. TRL names with no
+    same-meaning setting are refused all at once, in one message."""
     values: dict[str, Any] = {}
+    refused: list[RefusedName] = []
     if base:
-        _collect_mapping(values, base)
+        _collect_mapping(values, base, refused=refused)
     if file_data:
-        _collect_mapping(values, file_data)
+        _collect_mapping(values, file_data, refused=refused)
     if overrides:
-        _collect_words(values, overrides)
+        _collect_words(values, overrides, refused=refused)
+    if refused:
+        raise refused_together(refused)
     return values
 
 
@@ -226,15 +217,16 @@ def merge_settings(*layers: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_recipe_config(path: str | Path | None = None, overrides: list[str] | None = None) -> tuple[TrainConfig, Recipe]:
+def load_recipe_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                       settings: dict[str, Any] | None = None) -> tuple[TrainConfig, Recipe]:
     """(settings, recipe): `load_config` with defaults underneath the file and the command line: the chosen
     recipe's, then, when the policy is a checkpoint shipped in the package (`pretrained:NAME`, no `init_from`)
     and the recipe is the one it was trained for, the GRPO settings that go with it (vlm_grpo/pretrained).
     Data settings the recipe cannot use (a dataset for a generated task, a missing file) are refused here,
-    before any model loads."""
+    before any model loads. `settings`: a mapping as the YAML file holds (the Python API's), above the file."""
     from vlm_grpo import pretrained
 
-    file_data = read_yaml(path) if path else None
+    file_data = merge_settings(read_yaml(path) if path else {}, settings or {}) or None
     # Which recipe and model: from the user's values alone; the whole settings are checked only once the
     # defaults are underneath (a cross-setting check must see the batch size the defaults give).
     user = _collect(file_data, overrides)
@@ -311,7 +303,8 @@ def settings_help() -> str:
             hint = _hint(key)
             kind = getattr(hint, "__name__", str(hint)).replace("typing.", "")
             lines.append(f"    --{key} ({kind}, default {getattr(obj, name)!r})  {help_of(f)}")
-    lines.append("\n  --reward SPEC adds one entry to data.rewards each time it is given")
+    lines.append("\n  --reward SPEC adds one entry to data.rewards each time it is given, --reward-model MODEL one to "
+                 "data.reward_models")
     lines.append("\n  TRL names accepted: " + ", ".join(f"{k} -> {v[0]}" for k, v in TRL_NAMES.items())
                  + ", resume_from_checkpoint -> resume (true) or resume_from (a path)")
     return "\n".join(lines)

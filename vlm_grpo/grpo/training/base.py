@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -25,64 +24,54 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from vlm_grpo.adapters.model_dirs import MERGED_DIR
-from vlm_grpo.adapters.features import hf_core
 from vlm_grpo.grpo.run import checkpoints as ckpt
 from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
 from vlm_grpo.grpo.distributed import fsdp
-from vlm_grpo.grpo.distributed import sharded_checkpoints as shards
+from vlm_grpo.grpo.distributed import processes
 from vlm_grpo.grpo.settings.sections import TrainConfig
 from vlm_grpo.grpo.data.order import batch_indices
 from vlm_grpo.grpo.data.source import build_split, resolve_recipe
-from vlm_grpo.grpo.evaluate import evaluate_run, heldout_split
+from vlm_grpo.grpo.evaluate import evaluate_run, heldout_split, run_rewards_of
 from vlm_grpo.grpo.training.guards import KLWatchdog, NonFiniteGuard, check_disk_space
 from vlm_grpo.grpo.run.hub import push_final
-from vlm_grpo.grpo.training.lora import apply_lora, is_lora_wrapped, save_merged
-from vlm_grpo.grpo.run.manifest import verify, write_manifest
+from vlm_grpo.grpo.training.lora import apply_lora, is_lora_wrapped
+from vlm_grpo.grpo.run.manifest import write_manifest
 from vlm_grpo.grpo.run.model_card import write_model_card
 from vlm_grpo.grpo.training.freeze import apply_freeze
 from vlm_grpo.grpo.training.optimizer import build_optimizer, build_scheduler, trainable_table
-from vlm_grpo.grpo.training.preflight import cheap_checks, raise_on_failure
-from vlm_grpo.grpo.rewards.scoring import run_rewards
+from vlm_grpo.grpo.training.preflight import cheap_checks, check_mixed_precision, raise_on_failure
 from vlm_grpo.grpo.run.directory import prepare_run_dir
+from vlm_grpo.grpo.training.checkpointed import Checkpointed
+from vlm_grpo.grpo.training.policy import load_policy
 from vlm_grpo.grpo.run.logs import RunLog
-from vlm_grpo.grpo.run import processes
+from vlm_grpo.grpo.run import process_checks
 from vlm_grpo.grpo.settings.sources import check_sources, to_yaml
 from vlm_grpo.grpo.run.stop_signals import stop_on_signals
 from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT, check_trackers, flat_settings
 from vlm_grpo.compat.cache_probe import probe_steps
-from vlm_grpo.loader import apply_cache_policy, load_model
+from vlm_grpo.loader import apply_cache_policy
 from vlm_grpo.recipes.checked import CheckedSource
-
-
-def load_policy(cfg: TrainConfig, device: torch.device | None = None, decide_cache: bool = True):
-    """The adapter of `model.init_from` (a checkpoint to start from) or else `model.name`, on `device`."""
-    return load_model(
-        cfg.model.init_from or cfg.model.name,
-        seed=cfg.seed,
-        dtype=cfg.model.dtype,
-        device=device or cfg.model.device,
-        attn_implementation=cfg.model.attn_implementation,
-        load_in_4bit=cfg.lora.load_in_4bit,
-        trust_remote_code=cfg.model.trust_remote_code,
-        allow_pickle_weights=cfg.model.allow_pickle_weights,
-        cache_policy=cfg.model.cache_policy,
-        probe_steps=probe_steps(cfg.generation.max_new_tokens),
-        decide_cache=decide_cache,
-    )
 
 
 PREFLIGHT_SAMPLES = 4  # samples the cheap pre-flight checks encode at the start of a run
 
 
-class BaseTrainer:
+class BaseTrainer(Checkpointed):
     stage = "train"  # names the progress bar and is recorded in checkpoints
     dropout = False  # whether the model trains in train() mode (GRPO: no, the ratio compares like with like)
+    needs_rewards = True  # GRPO learns from them; SFT's only score held-out evaluations
 
-    def __init__(self, cfg: TrainConfig, adapter=None, recipe=None, after_run: Sequence[Callable[[Path], Any]] = ()):
-        check_sources(cfg)  # a model that cannot load is refused before anything else happens
+    def __init__(self, cfg: TrainConfig, adapter=None, recipe=None, after_run: Sequence[Callable[[Path], Any]] = (), *,
+                 rewards: Sequence[Any] | None = None, step_hooks: Sequence[Callable[["BaseTrainer", dict], Any]] = ()):
+        """`adapter`, `recipe`, `rewards`: built by the caller (the Python API) instead of from the settings;
+        `step_hooks`: called as hook(trainer, metrics) after each step, a true result stops the run there."""
+        if adapter is None:
+            check_sources(cfg)  # a model that cannot load is refused before anything else happens
         check_trackers(cfg.logging.report_to)
+        check_mixed_precision(cfg.mixed_precision, cfg.model.device)
         self.cfg = cfg
+        self.step_hooks = list(step_hooks)
+        self.log_history: list[dict[str, Any]] = []  # every step's metrics, for trainer_state.json
         self.heldout: dict[str, dict[str, Any]] = {}  # held-out reports by moment (before, after ...), for the card
         self._trackers_started = False
         self.after_run = list(after_run)  # called with the run directory at the end (e.g. the plots the command wires)
@@ -102,10 +91,11 @@ class BaseTrainer:
             prepare_run_dir(self.run_dir, resume=cfg.resume or cfg.resume_from is not None,
                             overwrite=cfg.logging.overwrite_output_dir)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))  # the resolved settings: a valid --config
-        processes.check_shared_run_dir(self.run_dir, self.accelerator, cfg.logging.shared_dir_timeout)
+        process_checks.check_shared_run_dir(self.run_dir, self.accelerator, cfg.logging.shared_dir_timeout)
         self.recipe = recipe or resolve_recipe(cfg.data.recipe)
         # the run's rewards (data.rewards replace the recipe's), loaded once: scoring, held-out evaluation, card
-        self.rewards = run_rewards(self.recipe, cfg.data.rewards, cfg.data.reward_weights)
+        self.rewards = list(rewards) if rewards is not None else run_rewards_of(
+            self.recipe, cfg, self.accelerator.device, required=self.needs_rewards)
         self.dataset = CheckedSource(self._build_dataset(), cfg.data.on_bad_sample)
         self.adapter = adapter or load_policy(cfg, self.accelerator.device)
         if self.adapter.use_cache is None:  # an adapter built by the caller: decide as the loader would
@@ -157,14 +147,6 @@ class BaseTrainer:
     def _shard_more(self) -> None:
         """Under FSDP, shards whatever else the stage keeps (GRPO: its reference copy)."""
 
-    # A stage's own state in its checkpoints: JSON values for trainer_state.json, files, and both read back.
-    def extra_state(self) -> dict[str, Any]:
-        return {}
-
-    def save_extra(self, directory: Path) -> None: ...
-
-    def load_extra_state(self, state: dict[str, Any], checkpoint: Path) -> None: ...
-
     # ---------------------------------------------------------------- running the model
     def forward(self, fn: Callable[[torch.nn.Module], Any], model: torch.nn.Module | None = None) -> Any:
         """`fn(model)` (default: the prepared policy); a sharded model runs it inside its root unit's forward."""
@@ -212,100 +194,7 @@ class BaseTrainer:
         return [self.dataset[i] for i in idx], idx
 
     def _mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
-        if self.accelerator.num_processes == 1:
-            return metrics
-        keys = sorted(metrics)
-        values = torch.tensor([float(metrics[k]) for k in keys], device=self.accelerator.device)
-        values = self.accelerator.reduce(values, reduction="mean")
-        return dict(zip(keys, values.tolist()))
-
-    # ---------------------------------------------------------------- checkpoints
-    def save(self, step: int) -> Path | None:
-        self.accelerator.wait_for_everyone()
-        path = None
-        state = {"config": self.cfg.to_dict(), "num_processes": self.accelerator.num_processes, "stage": self.stage,
-                 "fsdp": self.sharding, **self.extra_state()}
-        keep = self.cfg.logging.keep_checkpoints
-        if fsdp.is_sharded(self.model):  # every process writes its shard, the main one commits
-            tmp = shards.shared_temp_dir(self.run_dir, f".tmp-checkpoint-{step}", self.is_main)
-            shards.write_shards(tmp, self.adapter.model, self.optimizer)
-            self.accelerator.wait_for_everyone()
-            if self.is_main:
-                self.adapter.processor.save_pretrained(tmp)
-                hf_core(self.adapter.model).config.save_pretrained(tmp)
-                self.save_extra(tmp)
-                path = ckpt.commit_checkpoint(tmp, self.run_dir, step, self.scheduler, state, keep=keep)
-        elif self.is_main:
-            path = ckpt.save_checkpoint(self.run_dir, step, self.adapter, self.optimizer, self.scheduler, state, keep=keep,
-                                        extra=self.save_extra)
-        self.accelerator.wait_for_everyone()
-        return path
-
-    def _checkpoint_to_resume(self) -> Path | None:
-        """`resume_from`, verified, or the newest checkpoint that verifies (None: the run has none)."""
-        if not self.cfg.resume_from:
-            return ckpt.latest_good_checkpoint(self.run_dir)
-        latest = Path(self.cfg.resume_from)
-        problems = verify(latest) if latest.is_dir() else ["no such checkpoint directory"]
-        if problems:
-            raise RuntimeError(f"resume_from {latest}: {'; '.join(problems)}")
-        return latest
-
-    def resume(self) -> int:
-        latest = processes.on_main(self.accelerator, self._checkpoint_to_resume)
-        if latest is None:
-            if self.is_main:
-                print(f"--resume: no complete checkpoint in {self.run_dir}; starting from step 0")
-            return 0
-        processes.check_same_process_count(latest, self.accelerator.num_processes)
-        sharded = fsdp.is_sharded(self.model)
-        if shards.is_sharded_checkpoint(latest) != sharded:
-            written = "an FSDP run" if not sharded else "a run without FSDP"
-            raise RuntimeError(f"{latest} was written by {written}: resume it with the same fsdp setting and process count")
-        trust = self.cfg.trust_checkpoint
-        try:
-            if sharded:
-                shards.read_shards(latest, self.adapter.model, self.optimizer, trust=trust)
-            else:
-                ckpt.load_weights(self.adapter.model, latest)
-            state = ckpt.load_training_state(latest, None if sharded else self.optimizer, self.scheduler, trust=trust)
-            self.load_extra_state(state, latest)
-        except ckpt.UnsafeCheckpointFile:  # its own message: which file, and what would run
-            raise
-        except Exception as err:  # noqa: BLE001 - a verified checkpoint that still will not load: say which
-            raise RuntimeError(f"{latest} verified but cannot be loaded into this run: {type(err).__name__}: {err}") from None
-        self.log.truncate_after(state["step"])
-        if self.is_main:
-            print(f"resumed from {latest} (step {state['step']})")
-        return int(state["step"])
-
-    def save_final(self) -> Path:
-        final = self.run_dir / "final"
-        self.accelerator.wait_for_everyone()
-        adapter = self.adapter
-        if fsdp.is_sharded(self.model):  # the full weights, gathered once onto the main process, in a plain copy
-            full = shards.full_state_dict(self.adapter.model)
-            adapter = self._plain_copy(full) if self.is_main else None
-        if self.is_main:
-            tmp = self.run_dir / ".tmp-final"
-            shutil.rmtree(tmp, ignore_errors=True)
-            ckpt.save_model(adapter, tmp)
-            if is_lora_wrapped(adapter) and self.cfg.logging.save_merged:
-                save_merged(adapter, tmp / MERGED_DIR)
-            write_manifest(tmp)
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.rename(final)
-        self.accelerator.wait_for_everyone()
-        return final
-
-    def _plain_copy(self, state_dict: dict[str, torch.Tensor]):
-        """An unsharded adapter on the CPU holding `state_dict` (the starting model rebuilt, LoRA as in the run)."""
-        cfg = self.cfg
-        adapter = load_policy(cfg, torch.device("cpu"), decide_cache=False)
-        if cfg.lora.r > 0:
-            apply_lora(adapter, cfg.lora, train_fully=cfg.optim.trainable_patterns)
-        adapter.model.load_state_dict(state_dict, strict=True)
-        return adapter
+        return processes.mean_over_processes(self.accelerator, metrics)
 
     # ---------------------------------------------------------------- trackers, card, hub
     def start_trackers(self) -> None:
@@ -321,17 +210,23 @@ class BaseTrainer:
         if self._trackers_started:
             self.accelerator.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
 
+    def write_card(self, folder: Path | None = None, title: str | None = None) -> str:
+        """The model card (with any held-out results) in `folder` (default final/), its manifest brought up to
+        date; returns the title it carries."""
+        folder = folder or self.run_dir / "final"
+        title = title or self.cfg.logging.hub_model_id or self.run_dir.resolve().name
+        card = write_model_card(folder, self.run_dir, self.cfg, stage=self.stage, family=self.adapter.family,
+                                rewards=self.rewards, heldout=self.heldout, title=title, lora=is_lora_wrapped(self.adapter))
+        write_manifest(folder, changed=card)  # the weights were hashed when they were saved
+        return title
+
     def finish(self) -> None:
         """After the final model is saved: its model card (with any held-out results), the hub push, the trackers."""
         final = self.run_dir / "final"
         if self.is_main and final.is_dir():
-            logging_cfg = self.cfg.logging
-            title = logging_cfg.hub_model_id or self.run_dir.resolve().name
-            card = write_model_card(final, self.run_dir, self.cfg, stage=self.stage, family=self.adapter.family,
-                                    rewards=self.rewards, heldout=self.heldout, title=title)
-            write_manifest(final, changed=card)  # the weights were hashed by save_final
-            if logging_cfg.push_to_hub:
-                url = push_final(final, title, private=logging_cfg.hub_private)
+            title = self.write_card(final)
+            if self.cfg.logging.push_to_hub:
+                url = push_final(final, title, private=self.cfg.logging.hub_private)
                 print(f"pushed {final} to {url}")
         if self._trackers_started:
             self.accelerator.end_training()
@@ -354,6 +249,7 @@ class BaseTrainer:
                 metrics.setdefault("step_time", time.perf_counter() - started)
                 metrics["skipped_samples"] = len(self.dataset.skipped)
                 history.append(metrics)
+                self.log_history.append(metrics)
                 self.log.metrics(metrics)
                 self.track(metrics, metrics["step"])
                 progress.update(1)
@@ -368,11 +264,13 @@ class BaseTrainer:
                     if self.is_main:
                         print(f"\n{signal.Signals(stop.signum).name}: checkpoint-{done} saved in {self.run_dir}; --resume continues")
                     return history
+                if any([hook(self, metrics) for hook in self.step_hooks]):  # every hook sees every step
+                    break
                 if cfg.logging.save_every and done % cfg.logging.save_every == 0 and done < cfg.max_steps:
                     self.save(done)
         progress.close()
-        if start < cfg.max_steps or not ckpt.latest_checkpoint(self.run_dir):
-            self.save(cfg.max_steps)
+        if history or not ckpt.latest_checkpoint(self.run_dir):  # a hook may have stopped the run early
+            self.save(history[-1]["step"] if history else cfg.max_steps)
         self.save_final()
         if self.dataset.skipped and self.is_main:
             print(f"skipped {len(self.dataset.skipped)} bad samples: {list(self.dataset.skipped)}")

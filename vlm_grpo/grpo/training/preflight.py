@@ -8,6 +8,7 @@ and one left-padded batch against the same samples one by one.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,27 @@ import torch
 from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch
 from vlm_grpo.adapters.teacher_forcing import completion_logits
 from vlm_grpo.grpo.logprobs.completions import token_logprobs
+from vlm_grpo.grpo.settings.fields import SettingError
+
+log = logging.getLogger(__name__)
+
+
+def check_mixed_precision(mode: str, device: str | None = None) -> None:
+    """Mixed precision the run's device cannot honour, refused naming the setting: accelerate would otherwise train
+    in float32 without a word (fp16 on a CPU) or fail inside the first step (bf16 on a GPU without bfloat16).
+    bf16 on a CPU is honoured (torch autocasts CPU matmuls to bfloat16) and accepted."""
+    if mode == "no":
+        return
+    target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if target.type == "cpu" and not torch.cuda.is_available() and mode == "fp16":
+        raise SettingError("mixed_precision", "fp16 on a CPU: accelerate runs no fp16 autocast there and would train "
+                           "in float32; use bf16 (CPU autocast) or no")
+    if target.type == "cuda" and mode == "bf16" and not torch.cuda.is_bf16_supported():
+        raise SettingError("mixed_precision", f"bf16: {torch.cuda.get_device_name(target)} has no bfloat16 support; "
+                           "use fp16 or no")
+    if target.type == "cpu" and mode == "bf16":  # honoured, but not for free: say so
+        log.warning("mixed_precision bf16 on a CPU: torch's CPU autocast runs matmuls in bfloat16 (fast only on CPUs "
+                    "with native bfloat16, e.g. AVX512-BF16 or AMX; slower than float32 elsewhere)")
 
 
 @dataclass

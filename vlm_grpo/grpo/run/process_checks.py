@@ -1,7 +1,5 @@
 """What the processes of a run, on one machine or several, must agree on.
 
-- A decision the main process takes alone (e.g. which checkpoint verifies) is shared with every process
-  (`on_main`), its error too, so every process stops with the same one-line message.
 - The run directory is one directory for every process (`check_shared_run_dir`): the main process writes the
   logs, completions, checkpoints and card, but every process reads the checkpoint it resumes from, and under FSDP
   every process writes its own shard into the checkpoint. A run whose machines each see their own
@@ -16,38 +14,19 @@
 
 from __future__ import annotations
 
-import json
 import secrets
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch.distributed as dist
 
-from vlm_grpo.grpo.run.checkpoints import STATE_FILE
+from vlm_grpo.grpo.distributed.processes import on_main
+from vlm_grpo.grpo.run.checkpoints import read_states
 from vlm_grpo.grpo.settings.fields import SettingError
 
 MARKER_PREFIX = ".shared-dir-check-"
-
-
-def on_main(accelerator, decide: Callable[[], Any]) -> Any:
-    """`decide()` run by the main process alone, its result (or the error it raised) shared with every process."""
-    if accelerator.num_processes == 1:
-        return decide()
-    from accelerate.utils import broadcast_object_list
-
-    box: list[Any] = [None]
-    if accelerator.is_main_process:
-        try:
-            box = [(True, decide())]
-        except Exception as err:  # noqa: BLE001 - raised below, on every process
-            box = [(False, err)]
-    broadcast_object_list(box)
-    ok, value = box[0]
-    if not ok:
-        raise value
-    return value
 
 
 def _reads_back(path: Path, token: str, timeout: float) -> bool:
@@ -95,7 +74,7 @@ def check_shared_run_dir(run_dir: Path, accelerator, timeout: float) -> None:
 
 def check_same_process_count(checkpoint: Path, processes: int) -> None:
     """Refuse to resume `checkpoint` with a process count other than the one that wrote it."""
-    state = json.loads((Path(checkpoint) / STATE_FILE).read_text())
+    state = read_states(Path(checkpoint))
     written, mode = state.get("num_processes"), state.get("fsdp", "no")
     if written is not None and int(written) != processes:
         under = f" under fsdp {mode}" if mode not in (None, "no") else ""

@@ -1,0 +1,77 @@
+"""`GRPOConfig` and `SFTConfig`: the run settings as TRL users write them, `GRPOConfig(output_dir=..., beta=...)`.
+
+Every keyword is a setting `vlm-grpo train --help` lists: a field name unique across sections (`learning_rate`,
+`num_generations`), a section as a mapping (`lora={"r": 8}`, `eval={"before_after": True}`), or TRL's name where
+it means the same (`max_completion_length`, `bf16`, `save_steps` ...). They go through the parser the command line
+and YAML files use (grpo/settings/sources.py), so every value is checked when the config is built, TRL names with
+no same-meaning setting are refused together in one message, and `config="run.yaml"` reads a file underneath the
+keywords. Attributes read back as TRL's do: `args.output_dir`, `args.learning_rate`, `args.max_completion_length`.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from vlm_grpo.grpo.settings.sources import canonical_key, load_config, merge_settings, read_yaml, to_yaml
+
+
+class GRPOConfig:
+    """The settings of a GRPO run (see the module docstring); `GRPOTrainer(args=...)` completes them with the
+    model, the data and the rewards it is given."""
+
+    stage = "grpo"
+    default_output_dir = "runs/latest"
+
+    def __init__(self, config: str | Path | None = None, **settings: Any):
+        data = merge_settings(read_yaml(config) if config else {}, settings)
+        object.__setattr__(self, "settings", data)  # the mapping as given (YAML underneath the keywords)
+        object.__setattr__(self, "train_config", load_config(base=self._with_defaults(data)))
+
+    def _with_defaults(self, data: dict[str, Any]) -> dict[str, Any]:
+        logging = data.get("logging")
+        if "output_dir" in data or "logging.output_dir" in data or (isinstance(logging, dict) and "output_dir" in logging):
+            return data
+        return merge_settings({"logging": {"output_dir": self.default_output_dir}}, data)
+
+    def mapping(self) -> dict[str, Any]:
+        """The settings as a YAML mapping, the stage's default output directory included."""
+        return copy.deepcopy(self._with_defaults(self.settings))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            key, translation = canonical_key(name)
+        except ValueError as err:
+            raise AttributeError(f"{type(self).__name__} has no setting {name!r}: {err}") from None
+        section, _, field = key.rpartition(".")
+        value = getattr(getattr(self.train_config, section) if section else self.train_config, field)
+        if translation is not None:  # TRL's booleans (bf16, fp16): whether our value is the one they stand for
+            return value == translation[True]
+        return value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """`args.learning_rate = 1e-4` as in TRL: the setting is checked again with the others."""
+        settings = {**self.settings, name: value}
+        type(self).__init__(self, **settings)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.train_config.to_dict()
+
+    def to_yaml(self) -> str:
+        return to_yaml(self.train_config)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.settings.items())})"
+
+
+class SFTConfig(GRPOConfig):
+    """The settings of a supervised warm-up (`SFTTrainer(args=...)`): the same settings, SFT's own under `sft`."""
+
+    stage = "sft"
+    default_output_dir = "runs/sft-latest"
+
+
+__all__ = ["GRPOConfig", "SFTConfig"]

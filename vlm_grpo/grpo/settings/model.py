@@ -1,0 +1,51 @@
+"""The model sections: which model a run loads and how (ModelConfig), and LoRA on it (LoraSettings).
+
+Kept free of heavy imports: the model flags of every model-loading command are generated from these classes
+when the command line is built, and `vlm-grpo --help` must not load torch. sections.py assembles them into
+TrainConfig with the other sections.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vlm_grpo.grpo.settings.fields import SettingError, check_fields, setting
+
+
+@dataclass
+class ModelConfig:
+    name: str = setting("pretrained:shapes-tiny", help="the model: pretrained:NAME | tiny:FAMILY | preset:NAME | "
+                        "FAMILY:PATH_OR_HUB_ID | PATH (= --model)")
+    dtype: str = setting("auto", help="weights dtype of checkpoints and presets", choices=("auto", "float32", "bfloat16", "float16"))
+    device: str | None = setting(None, help="cpu, cuda, cuda:1 ... (None: cuda if available, else cpu)")
+    attn_implementation: str | None = setting(None, help="eager | sdpa | flash_attention_2 (None: the model's default)")
+    cache_policy: str = setting("auto", help="KV cache in generation: auto (probe), cache, no-cache",
+                                choices=("auto", "cache", "no-cache"))
+    trust_remote_code: bool = setting(False, help="run code shipped with a checkpoint")
+    allow_pickle_weights: bool = setting(False, help="also load pickled .bin weights (only safetensors otherwise)")
+    init_from: str | None = setting(None, help="a checkpoint to start from (e.g. an SFT run's final/); wins over name")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass
+class LoraSettings:
+    r: int = setting(0, help="LoRA rank (0: LoRA off; the freeze policy decides what trains)", at_least=0)
+    alpha: int = setting(16, help="LoRA scaling alpha", above=0)
+    dropout: float = setting(0.0, help="dropout on the LoRA path", at_least=0.0, below=1.0)
+    target_modules: list[str] | None = setting(
+        None, help="modules that get LoRA matrices: full names or name suffixes (e.g. merger.mlp.2); "
+        "None: the language model's q/k/v/o/gate/up/down projections")
+    load_in_4bit: bool = setting(False, help="QLoRA: the base loaded in 4 bit (bitsandbytes, CUDA only)")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.target_modules is not None:
+            self.target_modules = list(self.target_modules)
+        if self.load_in_4bit and self.r == 0:
+            raise SettingError("load_in_4bit", "QLoRA trains LoRA matrices on a frozen 4-bit base: set r > 0 (lora.r)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.r > 0

@@ -1,0 +1,3 @@
+"""The package's version (pyproject.toml's), importable without anything else."""
+
+__version__ = "0.1.0"
