@@ -31,7 +31,7 @@ def run(args, extra: list[str]) -> int:
     adapter = load_policy(cfg, decide_cache=False)
     # the samples a run would train on: read through the same row checks (--on-bad-sample skip leaves bad rows out)
     data = CheckedSource(build_split(recipe, cfg.data, "train", max(args.samples, cfg.data.train_size), cfg.seed),
-                         cfg.data.on_bad_sample)
+                         cfg.data.on_bad_sample).for_adapter(adapter)
     samples = [data[i] for i in range(min(args.samples, len(data)))]
     steps = probe_steps(cfg.generation.max_new_tokens)
 

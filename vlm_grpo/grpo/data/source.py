@@ -21,6 +21,7 @@ from vlm_grpo.recipes.rows import DATA_SUFFIXES
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name: a hub repo id (datasets, models)
 COLUMN_SETTINGS = ("prompt_key", "image_key", "answer_key")
+VIDEO_SETTINGS = ("video_frames", "video_fps", "max_video_frames", "video_max_pixels")
 
 
 def resolve_recipe(name: str) -> Recipe:
@@ -69,6 +70,13 @@ def build_options(recipe: Recipe, data) -> dict[str, Any]:
         if options.get(key, value) != value:
             raise SettingError(f"data.{key}", f"{value!r} differs from data.recipe_options' {options[key]!r}")
         options[key] = value
+    for key in VIDEO_SETTINGS:
+        value = getattr(data, key)
+        if recipe.takes_video:
+            options.setdefault(key, value)
+        elif value != type(data).__dataclass_fields__[key].default:
+            raise SettingError(f"data.{key}", f"recipe {recipe.name!r} reads no videos; the video settings apply to the "
+                               "trl and moving_square recipes (and your own that set takes_video)")
     return options
 
 
