@@ -5,7 +5,7 @@ Generated offline and deterministically from (seed, split, index): two canvases 
 circles (1-5) among red squares. The prompt interleaves the images with text ("Image 1:", "Image 2:"), the layout
 real comparison data uses. `images_per_prompt` > 2 (up to 4) shows more pictures and asks which has the most
 (answered by ordinal: first, second, third, fourth), so rows of different image counts can share a batch
-(`mixed_counts: true` draws 1-4 images per row; a single image asks whether it has more than 2 circles).
+(`mixed_counts: true`: rows cycle through 1, 2 and 4 images; a single image asks whether it has more than 2 circles).
 
 Rewards: `correctness` (+1.0 when the last answer word the response names is the true one) and `format` (+0.2 when
 the response names exactly one answer word).
@@ -62,7 +62,7 @@ class CompareCountsDataset:
         if not 0 <= index < self.size:
             raise IndexError(index)
         rng = random.Random(f"compare_counts/{self.seed}/{SPLIT_OFFSETS.get(self.split, 0) + index}")
-        n = rng.choice((1, 2, 4)) if self.mixed_counts else self.images_per_prompt
+        n = (1, 2, 4)[index % 3] if self.mixed_counts else self.images_per_prompt
         if n == 1:
             circles = [rng.randint(1, 5)]
             question, answer = "Does this image have more than 2 circles? Answer yes or no.", \
