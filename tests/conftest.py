@@ -37,13 +37,10 @@ def adapter(family):
 
 
 def pytest_collection_modifyitems(config, items):
-    """`multinode` tests (the full matrix of simulated machines, minutes) and `media` tests (the full family matrix of
-    video and several-image training) run only when `-m` names them."""
-    named = config.getoption("markexpr") or ""
-    for marker in ("multinode", "media"):
-        if marker in named:
-            continue
-        deselected = [item for item in items if item.get_closest_marker(marker) is not None]
-        if deselected:
-            config.hook.pytest_deselected(items=deselected)
-            items[:] = [item for item in items if item.get_closest_marker(marker) is None]
+    """`multinode` tests (the full matrix of simulated machines, minutes) run only when `-m` names them."""
+    if "multinode" in (config.getoption("markexpr") or ""):
+        return
+    deselected = [item for item in items if item.get_closest_marker("multinode") is not None]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if item.get_closest_marker("multinode") is None]
