@@ -1,7 +1,7 @@
 """Where does the model look in a video? The answer's attention, frame by frame, mapped onto each frame.
 
 The same teacher-forced eager forward as for an image (inspect/attention.py), over a prompt with one video. Each
-frame unit (a frame, or a temporal patch of frames for the Qwen families) has its tokens placed on the frame by
+frame unit (a frame, or a temporal patch of frames where the model groups them) has its tokens placed on the frame by
 `adapter.video_unit_cells`, so every video family lands on one grid per unit: which frames the answer reads, and
 where in each.
 """
