@@ -134,3 +134,21 @@ def test_frames_must_agree_in_size_and_be_present():
     odd = Video([Image.new("RGB", (56, 56)), Image.new("RGB", (28, 56))])
     with pytest.raises(ValueError, match="frames of different sizes"):
         adapter.encode_prompts([turn("?")], [[]], [[odd]])
+
+
+@pytest.mark.parametrize("size", [(56, 56), (90, 130), (200, 60)])
+def test_qwen_frame_pixel_budget_is_qwen_vl_utils(size):
+    """The Qwen2.5-VL video processor (cap_pixels_per_frame) resizes frames as qwen-vl-utils, the reference Qwen users
+    run, budgets them (an independent implementation: its `smart_resize`)."""
+    from qwen_vl_utils import smart_resize
+
+    adapter = tiny_adapter("qwen2_5_vl")
+    width, height = size
+    frames = Video([Image.new("RGB", (width, height), (k * 40, 90, 30)) for k in range(4)])
+    batch = adapter.encode_prompts([turn("?")], [[]], [[frames]])
+    _, rows, cols = batch.mm["video_grid_thw"][0].tolist()
+    vp = adapter.processor.video_processor
+    patch = vp.patch_size
+    expected = smart_resize(height, width, factor=patch * vp.merge_size, min_pixels=vp.size.shortest_edge,
+                            max_pixels=vp.size.longest_edge)
+    assert (rows * patch, cols * patch) == expected
