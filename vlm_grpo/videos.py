@@ -8,6 +8,12 @@ the rate into seconds per temporal patch for its M-RoPE positions).
 Files are decoded with transformers' own `load_video` on the PyAV backend. PyAV's wheels ship FFmpeg; torchcodec,
 the default of transformers' video processors and of `datasets.Video`, loads the system's FFmpeg libraries at
 import time and fails where none are installed (as here), which a pip install cannot fix.
+
+qwen-vl-utils is not a runtime dependency. Its file readers need torchvision < 0.26 (`io.read_video` is gone from
+the torchvision transformers 5.23 runs with), decord, or torchcodec with the system's FFmpeg; its frame sampling (a
+rate with min/max frames, a multiple of the temporal patch) and per-frame pixel budget are implemented by
+transformers' Qwen video processors (`sample_frames`, `cap_pixels_per_frame`, which cite it as the reference), and
+the Qwen adapters use those. The tests check the Qwen frame budget against its `smart_resize` (a dev dependency).
 """
 
 from __future__ import annotations

@@ -5,6 +5,13 @@ abstract methods of the first two sections. Everything after them is provided, a
 section have defaults that a family overrides only where its model differs (M-RoPE positions, extra
 token-shaped inputs, extra feature layers, delimiter tokens). The loop talks to this interface only, so a
 family-specific detail lives in exactly one place: its adapter.
+
+Visual items: a prompt's `{"type": "image"}` and `{"type": "video"}` parts take the sample's images and videos
+(vlm_grpo.videos.Video) in order. A family whose model reads video sets `takes_video` and accepts `videos=` in
+`_run_processor` and `_to_batch`; where frames are laid out as images (same placeholder, same encoder) that is all,
+and where videos have tensors and a token of their own it also names them (`video_keys`, `video_encoder_keys`,
+`video_token_id`) and counts their features (`video_feature_counts`, `video_units`, `video_unit_cells`). Every other
+family refuses a video in one line naming itself.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Sharing work across a GRPO group: one prompt, G completions.
 
-Each prompt's images are encoded once (`image_features`) and placed into every sequence that shows them
+Each prompt's images and videos are encoded once (`image_features`) and placed into every sequence that shows them
 (`embed_with_features`); each prompt is prefilled once and its KV cache expanded G times
 (`generate_shared`). The engine is written once, here; a family adjusts it only through the adapter's
 sharing hooks (`shared_position_ids`, `expand_generation_state`, `inputs_with_features`,
