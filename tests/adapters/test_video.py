@@ -152,3 +152,14 @@ def test_qwen_frame_pixel_budget_is_qwen_vl_utils(size):
     expected = smart_resize(height, width, factor=patch * vp.merge_size, min_pixels=vp.size.shortest_edge,
                             max_pixels=vp.size.longest_edge)
     assert (rows * patch, cols * patch) == expected
+
+
+def test_clips_of_different_lengths_share_a_batch(video_adapter):
+    """Videos of 2 and 4 frames in one batch (InternVL's processor stacks a call's videos: it encodes them apart)."""
+    adapter = video_adapter
+    batch = adapter.encode_prompts([turn("What moves?"), turn("And here?")], [[], []], [[clip(1, 2)], [clip(2, 4)]])
+    units = [len(batch.video_spans[i][0]) for i in range(2)]
+    assert units in ([2, 4], [1, 2])  # frames, or temporal patches of 2
+    alone = adapter.encode_prompts([turn("What moves?")], [[]], [[clip(1, 2)]])
+    tokens = len(adapter.video_token_indices(alone, 0, 0))
+    assert tokens and tokens == len(adapter.video_token_indices(batch, 0, 0))

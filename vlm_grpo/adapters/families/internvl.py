@@ -9,6 +9,7 @@ the image processor's own tiling rule and records it as `mm_rows["pixel_values"]
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from transformers import (
     GotOcr2ImageProcessor,
     InternVLConfig,
@@ -131,11 +132,22 @@ class InternVLAdapter(VLMAdapter):
         return list(self.processor._get_num_multimodal_tokens(image_sizes=sizes)["num_image_patches"])
 
     def _run_processor(self, texts, images, videos=None):
-        lengths = {len(v) for sample in videos or [] for v in sample}
-        if len(lengths) > 1:  # the processor stacks a batch's videos into one tensor
-            raise ValueError(f"{self.family}: the videos of one batch must have the same number of frames "
-                             f"(transformers' InternVL processor stacks them); got {sorted(lengths)}")
-        return super()._run_processor(texts, images, videos)
+        if len({len(v) for sample in videos or [] for v in sample}) <= 1:
+            return super()._run_processor(texts, images, videos)
+        # The processor stacks a call's videos into one tensor, so clips of different lengths go one sample per call,
+        # left-padded together here (only a sample's own videos must agree).
+        parts = []
+        for i, (text, sample_images, sample_videos) in enumerate(zip(texts, images, videos)):
+            if len({len(v) for v in sample_videos}) > 1:
+                raise ValueError(f"sample {i}: {self.family}: the videos of one prompt must have the same number of "
+                                 f"frames (transformers' InternVL processor stacks them); got {[len(v) for v in sample_videos]}")
+            parts.append(super()._run_processor([text], [sample_images], [sample_videos]))
+        width = max(p["input_ids"].shape[1] for p in parts)
+        left = [(width - p["input_ids"].shape[1], 0) for p in parts]
+        out = {"input_ids": torch.cat([F.pad(p["input_ids"], pad, value=self.pad_token_id) for p, pad in zip(parts, left)]),
+               "attention_mask": torch.cat([F.pad(p["attention_mask"], pad) for p, pad in zip(parts, left)])}
+        pixels = [p["pixel_values"] for p in parts if "pixel_values" in p]
+        return {**out, "pixel_values": torch.cat(pixels)} if pixels else out
 
     def _to_batch(self, features, images, videos=None) -> PromptBatch:
         mm, mm_rows = {}, {}
