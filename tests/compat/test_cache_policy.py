@@ -10,7 +10,7 @@ from vlm_grpo.compat import cache_policy
 from vlm_grpo.compat.cache_policy import resolve_use_cache
 from vlm_grpo.compat.cache_probe import CacheProbeReport, probe_cache
 from vlm_grpo.compat.known_quirks import known_cache_quirk
-from vlm_grpo.compat.simulated_faults import FAULTS, simulated_fault
+from vlm_grpo.compat.simulated_faults import IMAGE_FAULTS, simulated_fault
 from vlm_grpo.loader import apply_cache_policy
 from vlm_grpo.grpo.logprobs.completions import completion_logprobs, token_logprobs
 from tests.adapters.samples import picture, user_turn
@@ -49,7 +49,7 @@ def test_simulated_quirk_is_caught_and_auto_switches_off_the_cache(adapter):
     assert "forward" not in vars(adapter.model)
 
 
-@pytest.mark.parametrize("kind", FAULTS)
+@pytest.mark.parametrize("kind", IMAGE_FAULTS)
 def test_every_simulated_fault_is_caught(adapter, kind):
     """Faults that shift, reorder, mask or (late) drop what cached decoding sees, and NaN weights: each fails the
     cached path on every family, while the uncached path (untouched but for NaN weights) still agrees."""

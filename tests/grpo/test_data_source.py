@@ -16,7 +16,9 @@ def test_a_dataset_without_a_recipe_means_trl_rows(tmp_path):
     data.write_text('{"prompt": "hi"}\n')
     cfg, recipe = load_recipe_config(overrides=["--dataset", str(data), "--prompt-key", "question"])
     assert cfg.data.recipe == "trl" and recipe is get_recipe("trl")
-    assert build_options(recipe, cfg.data) == {"on_bad_sample": "error", "path": str(data), "prompt_key": "question"}
+    assert build_options(recipe, cfg.data) == {"on_bad_sample": "error", "path": str(data), "prompt_key": "question",
+                                               "video_frames": 8, "video_fps": 0.0, "max_video_frames": 16,
+                                               "video_max_pixels": 224 * 224}  # trl reads videos too
     assert load_config().data.recipe == "shapes"  # no dataset, no recipe: the default task
     # a file recipe reads the dataset as its own path, a hub id goes to datasets
     vsr = load_config(overrides=["--recipe", "vsr", "--dataset", "someone/vsr-export"])
@@ -24,6 +26,9 @@ def test_a_dataset_without_a_recipe_means_trl_rows(tmp_path):
     twice = load_config(overrides=["--dataset", str(data), "--data.recipe_options", f"{{path: {data}}}"])
     with pytest.raises(SettingError, match="give the data once"):
         build_options(get_recipe("trl"), twice.data)
+    # video settings given to a recipe that reads no videos are an error, never dropped
+    with pytest.raises(SettingError, match="data.video_frames.*reads no videos"):
+        build_options(get_recipe("shapes"), load_config(overrides=["--data.video-frames", "4"]).data)
 
 
 RECIPE_FILE = '''

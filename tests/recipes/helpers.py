@@ -62,3 +62,22 @@ def same_sample(a, b) -> bool:
         a.prompt == b.prompt and a.fields == b.fields and a.reference == b.reference
         and [i.tobytes() for i in a.images] == [i.tobytes() for i in b.images]
     )
+
+
+def write_clip(path: Path, frames: int = 6, size: int = 48, fps: int = 4) -> Path:
+    """A small MPEG-4 file (PyAV) of a white bar sliding right over black, `frames` frames at `fps`."""
+    import av
+    import numpy as np
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), mode="w") as container:
+        stream = container.add_stream("mpeg4", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = size, size, "yuv420p"
+        for t in range(frames):
+            pixels = np.zeros((size, size, 3), np.uint8)
+            pixels[:, t * size // frames : (t + 1) * size // frames] = 255
+            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path

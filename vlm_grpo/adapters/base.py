@@ -5,6 +5,13 @@ abstract methods of the first two sections. Everything after them is provided, a
 section have defaults that a family overrides only where its model differs (M-RoPE positions, extra
 token-shaped inputs, extra feature layers, delimiter tokens). The loop talks to this interface only, so a
 family-specific detail lives in exactly one place: its adapter.
+
+Visual items: a prompt's `{"type": "image"}` and `{"type": "video"}` parts take the sample's images and videos
+(vlm_grpo.videos.Video) in order. A family whose model reads video sets `takes_video` and accepts `videos=` in
+`_run_processor` and `_to_batch`; where frames are laid out as images (same placeholder, same encoder) that is all,
+and where videos have tensors and a token of their own it also names them (`video_keys`, `video_encoder_keys`,
+`video_token_id`) and counts their features (`video_feature_counts`, `video_units`, `video_unit_cells`). Every other
+family refuses a video in one line naming itself.
 """
 
 from __future__ import annotations
@@ -17,14 +24,20 @@ import torch
 from PIL import Image
 
 from vlm_grpo.adapters.architecture import Architecture
-from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch, image_parts
+from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch, visual_parts
 from vlm_grpo.adapters.features import ImageFeatures
-from vlm_grpo.adapters.image_layout import ImageCell, LayoutFacts, token_runs
+from vlm_grpo.adapters.image_layout import ImageCell, LayoutFacts, grid_cells, token_runs
 from vlm_grpo.adapters.module_groups import ModuleLayout, group_parameters
+from vlm_grpo.adapters.visual_spans import split_layouts, video_token_spans
 from vlm_grpo.images import prepare_sample_image
+from vlm_grpo.videos import Video, prepare_sample_video
 
 Conversation = list[dict[str, Any]]
-__all__ = ["Conversation", "ImageTokenMismatch", "VLMAdapter"]
+__all__ = ["Conversation", "ImageTokenMismatch", "VLMAdapter", "VideoNotSupported"]
+
+
+class VideoNotSupported(ValueError):
+    """A video for a family whose model cannot take one."""
 
 
 class VLMAdapter(ABC):
@@ -141,35 +154,64 @@ class VLMAdapter(ABC):
         return self.tokenizer.pad_token_id
 
     # ================================================================ provided: encoding
-    def encode_prompts(self, conversations: Sequence[Conversation], images: Sequence[Sequence[Image.Image]]) -> PromptBatch:
-        """Chat messages + each sample's images -> one left-padded PromptBatch, checked for alignment."""
-        if len(conversations) != len(images):
-            raise ValueError(f"{len(conversations)} conversations but {len(images)} image lists")
-        for i, (conv, sample) in enumerate(zip(conversations, images)):
-            parts = image_parts(conv)
-            if parts != len(sample):
-                raise ImageTokenMismatch(f"sample {i}: the prompt has {parts} image parts but {len(sample)} images")
+    def encode_prompts(self, conversations: Sequence[Conversation], images: Sequence[Sequence[Image.Image]],
+                       videos: Sequence[Sequence[Video | list[Image.Image]]] | None = None) -> PromptBatch:
+        """Chat messages + each sample's images (and videos: a Video or a list of frames each) -> one left-padded
+        PromptBatch, checked for alignment. Image and video parts of the messages take them in order."""
+        videos = [[] for _ in conversations] if videos is None else videos
+        if not len(conversations) == len(images) == len(videos):
+            raise ValueError(f"{len(conversations)} conversations but {len(images)} image and {len(videos)} video lists")
+        kinds = [visual_parts(conv) for conv in conversations]
+        for i, (parts, sample_images, sample_videos) in enumerate(zip(kinds, images, videos)):
+            if parts.count("image") != len(sample_images):
+                raise ImageTokenMismatch(f"sample {i}: the prompt has {parts.count('image')} image parts but "
+                                         f"{len(sample_images)} images")
+            if parts.count("video") != len(sample_videos):
+                raise ImageTokenMismatch(f"sample {i}: the prompt has {parts.count('video')} video parts but "
+                                         f"{len(sample_videos)} videos")
+            if sample_videos and not self.takes_video:
+                raise VideoNotSupported(f"sample {i}: {self.family} cannot take video (its model reads images only); "
+                                        "use a family that reads video (vlm-grpo families)")
         texts = [
             self.processor.apply_chat_template(list(conv), add_generation_prompt=True, tokenize=False)
             for conv in conversations
         ]
         images = [[prepare_sample_image(img, i) for img in sample] for i, sample in enumerate(images)]
-        batch = self._to_batch(self._run_processor(texts, images), images)
+        if not any(videos):  # the image-only path every family has
+            batch = self._to_batch(self._run_processor(texts, images), images)
+        else:
+            videos = [[prepare_sample_video(v, i) for v in sample] for i, sample in enumerate(videos)]
+            batch = self._to_batch(self._run_processor(texts, images, videos=videos), images, videos=videos)
+            batch.image_spans, batch.video_spans = self._visual_spans(batch, kinds, videos)
         self.check_alignment(batch)
         return batch
 
     def _batch(self, features: Any, images: list[list[Image.Image]], mm: dict[str, torch.Tensor],
-               mm_rows: dict[str, list[int]], token_keys: tuple[str, ...] = ()) -> PromptBatch:
-        """The PromptBatch a `_to_batch` ends with: the family's `mm` tensors plus the token side."""
+               mm_rows: dict[str, list[int]], token_keys: tuple[str, ...] = (), videos: list[list[Video]] | None = None
+               ) -> PromptBatch:
+        """The PromptBatch a `_to_batch` ends with: the family's `mm` tensors plus the token side. With videos the
+        spans are left to `encode_prompts`, which knows the order of image and video parts."""
         input_ids = features["input_ids"]
         return PromptBatch(
             input_ids=input_ids,
             attention_mask=features["attention_mask"],
             mm=mm,
             mm_rows=mm_rows,
-            image_spans=self.image_token_spans(input_ids, [len(s) for s in images]),
+            image_spans=[] if videos and any(videos) else self.image_token_spans(input_ids, [len(s) for s in images]),
             token_keys=token_keys,
         )
+
+    def _visual_spans(self, batch: PromptBatch, kinds: list[list[str]], videos: list[list[Video]]):
+        """(image spans, per-video frame-unit spans) of every sample (see visual_spans.py)."""
+        units = self.video_units(batch, videos)
+        rows = batch.input_ids.tolist()
+        if self.video_token_id == self.image_token_id:  # frames laid out as images
+            layouts = self.image_token_spans(batch.input_ids, [k.count("image") + sum(u) for k, u in zip(kinds, units)])
+            split = [split_layouts(lay, k, u, i, self.family) for i, (lay, k, u) in enumerate(zip(layouts, kinds, units))]
+            return [s[0] for s in split], [s[1] for s in split]
+        image_spans = self.image_token_spans(batch.input_ids, [k.count("image") for k in kinds])
+        return image_spans, [video_token_spans(row, self.video_token_id, u, i, self.family)
+                             for i, (row, u) in enumerate(zip(rows, units))]
 
     def check_alignment(self, batch: PromptBatch) -> None:
         tokens = (batch.input_ids == self.image_token_id).sum(dim=1).tolist()
@@ -180,6 +222,13 @@ class VLMAdapter(ABC):
                     f"image features ({self.family}); was the prompt tokenized with another processor, "
                     "or did a completion contain an image placeholder?"
                 )
+        if self.video_token_id == self.image_token_id:  # frames are images: counted above
+            return
+        tokens = (batch.input_ids == self.video_token_id).sum(dim=1).tolist()
+        for i, (n_tok, n_feat) in enumerate(zip(tokens, self.video_feature_counts(batch))):
+            if n_tok != n_feat:
+                raise ImageTokenMismatch(f"sample {i}: the prompt holds {n_tok} video tokens but its videos give "
+                                         f"{n_feat} video features ({self.family})")
 
     def image_token_spans(self, input_ids: torch.Tensor, images_per_sample: list[int]) -> list[list[tuple[int, int]]]:
         """Runs of image tokens, merged per image by the family's own layout (default: one run per image)."""
@@ -191,6 +240,15 @@ class VLMAdapter(ABC):
         start, end = batch.image_spans[sample][image]
         ids = batch.input_ids[sample, start:end].tolist()
         return [start + k for k, tok in enumerate(ids) if tok == self.image_token_id]
+
+    def video_token_indices(self, batch: PromptBatch, sample: int, video: int, unit: int | None = None) -> list[int]:
+        """Positions of a video's placeholder tokens (of one frame unit, or all of them), delimiters skipped."""
+        spans = batch.video_spans[sample][video]
+        out = []
+        for start, end in spans if unit is None else [spans[unit]]:
+            ids = batch.input_ids[sample, start:end].tolist()
+            out += [start + k for k, tok in enumerate(ids) if tok == self.video_token_id]
+        return out
 
     # ================================================================ provided: forward and generation
     def model_inputs(self, batch: PromptBatch) -> dict[str, torch.Tensor]:
@@ -244,6 +302,31 @@ class VLMAdapter(ABC):
     # ================================================================ optional hooks (defaults)
     # tensors read only by the vision encoder: dropped once features are computed (sharing.text_side)
     pixel_keys: ClassVar[tuple[str, ...]] = ("pixel_values", "pixel_attention_mask")
+    # ---- video. A family whose model reads video sets `takes_video`, accepts `videos=` in `_run_processor` and
+    # `_to_batch`, and (when videos have tensors and a token of their own) overrides the video hooks below.
+    takes_video: ClassVar[bool] = False
+    video_keys: ClassVar[tuple[str, ...]] = ()  # mm keys of videos only (never given to get_image_features)
+    video_encoder_keys: ClassVar[tuple[str, ...]] = ()  # those `get_video_features` takes
+
+    @property
+    def video_token_id(self) -> int:
+        """The placeholder video features replace (default: the image token: frames are laid out as images)."""
+        return self.image_token_id
+
+    def video_feature_counts(self, batch: PromptBatch) -> list[int]:
+        """Video features per sample for families with a video token of their own (default: none; frames laid out
+        as images are counted by `feature_counts`)."""
+        return [0] * len(batch)
+
+    def video_units(self, batch: PromptBatch, videos: list[list[Video]]) -> list[list[int]]:
+        """Frame units (token groups along time) of each video of each sample (default: one per frame)."""
+        return [[len(v) for v in sample] for sample in videos]
+
+    def video_unit_cells(self, batch: PromptBatch, sample: int, video: int, unit: int) -> list[ImageCell]:
+        """One ImageCell per placeholder token of one frame unit, over the frame (default: a square grid)."""
+        tokens = self.video_token_indices(batch, sample, video, unit)
+        side = int(round(len(tokens) ** 0.5))
+        return grid_cells(tokens, side, side)
     # token-shaped inputs the forward still needs beside `inputs_embeds` (e.g. token types behind the mask)
     embedding_forward_keys: ClassVar[tuple[str, ...]] = ()
 
@@ -251,9 +334,12 @@ class VLMAdapter(ABC):
         """Delimiter and layout tokens beside the image placeholder that the policy must not emit."""
         return []
 
-    def _run_processor(self, texts: list[str], images: list[list[Image.Image]]):
+    def _run_processor(self, texts: list[str], images: list[list[Image.Image]], videos: list[list[Video]] | None = None):
         flat = [img for sample in images for img in sample]
-        return self.processor(text=texts, images=flat or None, padding=True, return_tensors="pt")
+        clips = [v for sample in videos or [] for v in sample]
+        video_args = {"videos": [v.frames for v in clips], "video_metadata": [v.metadata() for v in clips],
+                      "do_sample_frames": False} if clips else {}  # frames were sampled when the data was read
+        return self.processor(text=texts, images=flat or None, padding=True, return_tensors="pt", **video_args)
 
     def _group_runs(self, runs: list[tuple[int, int]], n_images: int) -> list[tuple[int, int]]:
         """Runs of placeholder tokens -> one [start, end) per image (default: a run is an image)."""
@@ -269,9 +355,13 @@ class VLMAdapter(ABC):
         the features placed at the image tokens, as the models' own forwards do)."""
         ids = full_inputs["input_ids"]
         embeds = core.get_input_embeddings()(ids)
-        if features.flat.shape[0]:
-            mask = (ids == self.image_token_id).unsqueeze(-1)
-            embeds = embeds.masked_scatter(mask, features.flat.to(embeds.device, embeds.dtype))
+        placed = [(self.image_token_id, features)]
+        if features.videos is not None and self.video_token_id != self.image_token_id:
+            placed.append((self.video_token_id, features.videos))
+        for token_id, feats in placed:
+            if feats.flat.shape[0]:
+                mask = (ids == token_id).unsqueeze(-1)
+                embeds = embeds.masked_scatter(mask, feats.flat.to(embeds.device, embeds.dtype))
         kept = {k: full_inputs[k] for k in self.embedding_forward_keys if k in full_inputs}
         return {"inputs_embeds": embeds, "attention_mask": full_inputs["attention_mask"], **kept}
 

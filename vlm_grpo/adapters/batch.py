@@ -26,6 +26,8 @@ class PromptBatch:
     mm_rows: dict[str, list[int]] = field(default_factory=dict)  # rows of mm[key] owned by each sample
     image_spans: list[list[tuple[int, int]]] = field(default_factory=list)  # per sample, per image [start, end)
     token_keys: tuple[str, ...] = ()  # mm keys shaped like input_ids; extended over completions
+    # per sample, per video, per frame unit (a frame, or a temporal patch of frames) [start, end); empty: no videos
+    video_spans: list[list[list[tuple[int, int]]]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -33,6 +35,15 @@ class PromptBatch:
     @property
     def images_per_sample(self) -> list[int]:
         return [len(spans) for spans in self.image_spans]
+
+    @property
+    def videos_per_sample(self) -> list[int]:
+        return [len(videos) for videos in self.video_spans] if self.video_spans else [0] * len(self)
+
+    def video_span(self, sample: int, video: int) -> tuple[int, int]:
+        """[start, end) of a whole video: its first frame unit's start to its last one's end."""
+        units = self.video_spans[sample][video]
+        return units[0][0], units[-1][1]
 
     def select(self, indices: Sequence[int] | torch.Tensor) -> "PromptBatch":
         """Samples `indices` (repeats allowed), with their multimodal rows."""
@@ -54,6 +65,7 @@ class PromptBatch:
             mm=mm,
             mm_rows=mm_rows,
             image_spans=[list(self.image_spans[i]) for i in idx],
+            video_spans=[list(self.video_spans[i]) for i in idx] if self.video_spans else [],
         )
 
     def repeat(self, num_generations: int) -> "PromptBatch":
@@ -94,12 +106,22 @@ def _prefix_sums(rows: list[int]) -> list[int]:
     return out
 
 
-def image_parts(prompt: Sequence[dict[str, Any]]) -> int:
-    """How many image parts the chat messages hold (the images a sample must come with)."""
-    return sum(
-        1
+def visual_parts(prompt: Sequence[dict[str, Any]]) -> list[str]:
+    """The kinds ("image" or "video") of the chat messages' visual parts, in prompt order."""
+    return [
+        part["type"]
         for message in prompt
         if isinstance(message.get("content"), list)
         for part in message["content"]
-        if isinstance(part, dict) and part.get("type") == "image"
-    )
+        if isinstance(part, dict) and part.get("type") in ("image", "video")
+    ]
+
+
+def image_parts(prompt: Sequence[dict[str, Any]]) -> int:
+    """How many image parts the chat messages hold (the images a sample must come with)."""
+    return visual_parts(prompt).count("image")
+
+
+def video_parts(prompt: Sequence[dict[str, Any]]) -> int:
+    """How many video parts the chat messages hold (the videos a sample must come with)."""
+    return visual_parts(prompt).count("video")

@@ -49,7 +49,8 @@ def chatml_template(
 
 
 def user_assistant_template(prefix: str) -> str:
-    """The Idefics3/SmolVLM format: `<prefix>User:<image>text<end_of_utterance>\\nAssistant:`.
+    """The Idefics3/SmolVLM format: `<prefix>User:<image>text<end_of_utterance>\\nAssistant:` (a video part is `<video>`,
+    which SmolVLM's processor expands into timestamped frames).
 
     `prefix` opens the whole conversation once (SmolVLM: <|im_start|>, Idefics3-8B: <|begin_of_text|>).
     A role is followed by ':' when its first part is an image and ': ' otherwise.
@@ -63,6 +64,7 @@ def user_assistant_template(prefix: str) -> str:
         "{%- if message['content'][0]['type'] == 'image' -%}{{- ':' -}}{%- else -%}{{- ': ' -}}{%- endif -%}"
         "{%- for part in message['content'] -%}"
         "{%- if part['type'] == 'image' -%}{{- '<image>' -}}"
+        "{%- elif part['type'] == 'video' -%}{{- '<video>' -}}"
         "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
         "{%- endfor -%}{%- endif -%}"
         "{{- '<end_of_utterance>\\n' -}}"

@@ -23,6 +23,9 @@ class ImageFeatures:
     # Further per-token features aligned row for row with `flat`, for families that feed image features into
     # later layers too (one [sum(counts), D] tensor per such layer); empty for most families.
     extra: tuple[torch.Tensor, ...] = ()
+    # The video features of the same samples, for families whose videos have a token of their own (the Qwen
+    # families); frames laid out as images are part of `flat`.
+    videos: "ImageFeatures | None" = None
 
     def __post_init__(self) -> None:
         for tensor in (self.flat, *self.extra):
@@ -52,13 +55,16 @@ class ImageFeatures:
     def select(self, indices: Sequence[int]) -> "ImageFeatures":
         rows = self._rows(indices)
         counts = [self.counts[int(i)] for i in indices]
+        videos = None if self.videos is None else self.videos.select(indices)
         if rows is None:
-            return ImageFeatures(self.flat, counts, self.extra)
+            return ImageFeatures(self.flat, counts, self.extra, videos)
         index = torch.tensor(rows, dtype=torch.long, device=self.flat.device)
-        return ImageFeatures(self.flat.index_select(0, index), counts, tuple(t.index_select(0, index) for t in self.extra))
+        return ImageFeatures(self.flat.index_select(0, index), counts, tuple(t.index_select(0, index) for t in self.extra),
+                             videos)
 
     def detach(self) -> "ImageFeatures":
-        return ImageFeatures(self.flat.detach(), list(self.counts), tuple(t.detach() for t in self.extra))
+        videos = None if self.videos is None else self.videos.detach()
+        return ImageFeatures(self.flat.detach(), list(self.counts), tuple(t.detach() for t in self.extra), videos)
 
 
 def hf_core(model: torch.nn.Module) -> torch.nn.Module:

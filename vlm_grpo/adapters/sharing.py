@@ -1,6 +1,6 @@
 """Sharing work across a GRPO group: one prompt, G completions.
 
-Each prompt's images are encoded once (`image_features`) and placed into every sequence that shows them
+Each prompt's images and videos are encoded once (`image_features`) and placed into every sequence that shows them
 (`embed_with_features`); each prompt is prefilled once and its KV cache expanded G times
 (`generate_shared`). The engine is written once, here; a family adjusts it only through the adapter's
 sharing hooks (`shared_position_ids`, `expand_generation_state`, `inputs_with_features`,
@@ -36,19 +36,29 @@ def text_side(adapter, batch: PromptBatch) -> PromptBatch:
 def vision_inputs(adapter, batch: PromptBatch) -> dict[str, torch.Tensor]:
     """The tensors `get_image_features` takes for `batch` (none when no sample has an image)."""
     inputs = adapter.model_inputs(batch)
-    return {k: v for k, v in inputs.items() if k in batch.mm and k not in batch.token_keys}
+    return {k: v for k, v in inputs.items()
+            if k in batch.mm and k not in batch.token_keys and k not in adapter.video_keys}
 
 
 def image_features(adapter, batch: PromptBatch, model: torch.nn.Module | None = None) -> ImageFeatures:
-    """Every image token's feature for `batch`, from the model's own `get_image_features` (one encoder call)."""
+    """Every image token's feature for `batch`, from the model's own `get_image_features` (one encoder call), and
+    every video token's from `get_video_features` (one more) where videos have a token of their own."""
     core = hf_core(adapter.model if model is None else model)
     counts = adapter.feature_counts(batch)
     vision = vision_inputs(adapter, batch)
+    encoder = core.model if hasattr(getattr(core, "model", None), "get_image_features") else core
+    video_counts = adapter.video_feature_counts(batch)
+    videos = _video_features(adapter, batch, encoder, video_counts) if sum(video_counts) else None
     if not vision or not sum(counts):
         emb = core.get_input_embeddings()
-        return ImageFeatures(emb.weight.new_zeros(0, emb.embedding_dim), counts)
-    encoder = core.model if hasattr(getattr(core, "model", None), "get_image_features") else core
+        return ImageFeatures(emb.weight.new_zeros(0, emb.embedding_dim), counts, videos=videos)
     out = encoder.get_image_features(**vision, return_dict=True)
+    return ImageFeatures(flatten_pooled(out.pooler_output), counts, adapter.extra_image_features(out), videos)
+
+
+def _video_features(adapter, batch: PromptBatch, encoder, counts: list[int]) -> ImageFeatures:
+    inputs = adapter.model_inputs(batch)
+    out = encoder.get_video_features(**{k: inputs[k] for k in adapter.video_encoder_keys}, return_dict=True)
     return ImageFeatures(flatten_pooled(out.pooler_output), counts, adapter.extra_image_features(out))
 
 
@@ -71,6 +81,11 @@ def embed_with_features(
     n_tokens = int((full["input_ids"] == adapter.image_token_id).sum())
     if n_tokens != features.flat.shape[0]:
         raise ImageTokenMismatch(f"{adapter.family}: {n_tokens} image tokens but {features.flat.shape[0]} image features to place")
+    if adapter.video_token_id != adapter.image_token_id:
+        n_video = int((full["input_ids"] == adapter.video_token_id).sum())
+        placed = 0 if features.videos is None else features.videos.flat.shape[0]
+        if n_video != placed:
+            raise ImageTokenMismatch(f"{adapter.family}: {n_video} video tokens but {placed} video features to place")
     inputs = adapter.inputs_with_features(full, features, core)
     positions = adapter.shared_position_ids(full, core)
     if positions is not None:

@@ -31,7 +31,7 @@ def run(args, extra: list[str]) -> int:
     adapter = load_policy(cfg, decide_cache=False)
     # the samples a run would train on: read through the same row checks (--on-bad-sample skip leaves bad rows out)
     data = CheckedSource(build_split(recipe, cfg.data, "train", max(args.samples, cfg.data.train_size), cfg.seed),
-                         cfg.data.on_bad_sample)
+                         cfg.data.on_bad_sample).for_adapter(adapter)
     samples = [data[i] for i in range(min(args.samples, len(data)))]
     steps = probe_steps(cfg.generation.max_new_tokens)
 
@@ -40,6 +40,11 @@ def run(args, extra: list[str]) -> int:
     print(report.table())
     findings = [Finding("cache probe", report.path_ok(use_cache),
                         f"policy {cfg.model.cache_policy}: generation uses {'the KV cache' if use_cache else 'no cache'}")]
+    if any(s.videos for s in samples) and adapter.takes_video:  # the data has video: probe with a clip too
+        video = probe_cache(adapter, steps=steps, media="video")
+        print(video.table())
+        findings.append(Finding("cache probe (video)", video.path_ok(use_cache),
+                                f"generation with {'the KV cache' if use_cache else 'no cache'} on a video prompt"))
     cheap = cheap_checks(adapter, samples, cfg.generation.max_new_tokens)
     findings += cheap
     if cheap[0].ok:  # tokens = features: comparing batch with one-by-one means nothing before that holds

@@ -14,7 +14,9 @@ def add_parser(sub) -> None:
     add_model_args(p)
     p.add_argument("--steps", type=int, default=16, help="decode steps compared (>= 2)")
     p.add_argument("--simulate-quirk", nargs="?", const="drop_image", default=None, choices=FAULTS,
-                   help="self-test: corrupt cached decoding one way (default drop_image)")
+                   help="self-test: corrupt cached decoding one way (default drop_image; drop_video with --media video)")
+    p.add_argument("--media", choices=("image", "video"), default="image",
+                   help="what the probe prompt shows (video: families that take video)")
     p.set_defaults(func=run)
 
 
@@ -26,7 +28,7 @@ def run(args) -> int:
     adapter = load_from_args(args, decide_cache=False)  # the probe below is the decision
     simulate = simulated_fault(adapter, args.simulate_quirk) if args.simulate_quirk else contextlib.nullcontext()
     with simulate:
-        report = probe_cache(adapter, steps=args.steps)
+        report = probe_cache(adapter, steps=args.steps, media=args.media)
         adapter.use_cache = resolve_use_cache(adapter, args.cache_policy, report=report)
     print(report.table())
     chosen = "KV cache" if adapter.use_cache else "no cache"
@@ -35,7 +37,7 @@ def run(args) -> int:
         print("FAIL: the model produces non-finite logits", file=sys.stderr)
         return 1
     if report.blind:
-        print("FAIL: the probe is blind (swapping the image did not change the logits)", file=sys.stderr)
+        print(f"FAIL: the probe is blind (swapping the {args.media} did not change the logits)", file=sys.stderr)
         return 2
     if not report.path_ok(adapter.use_cache):
         print(f"FAIL: the path the policy uses ({chosen}) disagrees with the teacher-forced forward", file=sys.stderr)

@@ -11,6 +11,9 @@ within NOISE_MULTIPLE times that noise (never below a precision floor: 1e-5 in f
 precision) and its greedy tokens are the ones the forward prefers (near ties within the tolerance excepted).
 Non-finite logits are a verdict of their own. A control swaps the image: if that does not move the logits
 to at least twice the tolerance, the probe cannot see image loss at all and says it is blind.
+
+`media="video"` runs the same probe on a short clip instead of an image (families that take video): the control
+swaps the clip.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ import torch
 import transformers
 
 from vlm_grpo.adapters.teacher_forcing import completion_logits
-from vlm_grpo.compat.probe_image import probe_images
+from vlm_grpo.compat.probe_image import probe_clips, probe_images
 from vlm_grpo.recipes.base import user_turn
 
 PROBE_PROMPT = "Describe the shapes in the picture and count them."
 PADDING_PROMPT = "Look at this other picture closely. Which colours and shapes are in it, and how many of each?"
+MEDIA = ("image", "video")
 STEPS = 16
 
 
@@ -48,6 +52,7 @@ class CacheProbeReport:
     cached_tokens_ok: bool = True  # greedy tokens = the forward's choice (near ties excepted)
     uncached_tokens_ok: bool = True
     finite: bool = True  # every logit of every view is finite
+    media: str = "image"  # what the probe prompt shows: an image or a video
 
     @property
     def blind(self) -> bool:
@@ -70,16 +75,17 @@ class CacheProbeReport:
 
     def rows(self) -> list[tuple[str, float, str]]:
         control = "non-finite" if not self.finite else (
-            "BLIND (image does not change logits)" if self.blind else "image changes logits")
+            f"BLIND ({self.media} does not change logits)" if self.blind else f"{self.media} changes logits")
         return [
             ("generate, KV cache", self.cached_diff, self._verdict(self.cached_diff, self.cached_tokens_ok)),
             ("generate, no cache", self.uncached_diff, self._verdict(self.uncached_diff, self.uncached_tokens_ok)),
             ("noise floor (padding)", self.noise, f"tolerance {self.tolerance:.3g}"),
-            ("control: other image", self.control_diff, control),
+            (f"control: other {self.media}", self.control_diff, control),
         ]
 
     def table(self) -> str:
-        head = f"cache probe: {self.family}, transformers {self.transformers_version}, {self.steps} decode steps, " \
+        media = "" if self.media == "image" else f" ({self.media} prompt)"
+        head = f"cache probe: {self.family}{media}, transformers {self.transformers_version}, {self.steps} decode steps, " \
                f"tolerance {self.tolerance:g}"
         lines = [head, f"{'path':<24} {'max |logit diff|':>18}  verdict"]
         lines += [f"{path:<24} {diff:>18.3e}  {verdict}" for path, diff, verdict in self.rows()]
@@ -105,12 +111,28 @@ def _tokens_ok(tokens: torch.Tensor, forward: torch.Tensor, suppressed: list[int
     return bool(((best - chosen) <= tolerance).all())
 
 
-def probe_cache(adapter, steps: int = STEPS, tolerance: float | None = None, prompt: str = PROBE_PROMPT) -> CacheProbeReport:
+def _encoder(adapter, media: str):
+    """(probe item, control item, encode(prompts, items) -> PromptBatch) for images or videos."""
+    if media == "image":
+        first, control = probe_images()
+        return first, control, lambda prompts, items: adapter.encode_prompts([user_turn(p) for p in prompts],
+                                                                             [[x] for x in items])
+    if media != "video":
+        raise ValueError(f"probe media must be one of {', '.join(MEDIA)}, not {media!r}")
+    if not adapter.takes_video:
+        raise ValueError(f"{adapter.family} cannot take video: no video probe")
+    first, control = probe_clips()
+    return first, control, lambda prompts, items: adapter.encode_prompts(
+        [user_turn(p, n_images=0, n_videos=1) for p in prompts], [[] for _ in items], [[x] for x in items])
+
+
+def probe_cache(adapter, steps: int = STEPS, tolerance: float | None = None, prompt: str = PROBE_PROMPT,
+                media: str = "image") -> CacheProbeReport:
     if steps < 2:
         raise ValueError("the cache probe needs at least 2 decode steps: step 0 comes from the prefill")
     device = next(adapter.model.parameters()).device
-    image, control_image = probe_images()
-    batch = adapter.encode_prompts([user_turn(prompt)], [[image]]).to(device)
+    image, control_image, encode = _encoder(adapter, media)
+    batch = encode([prompt], [image]).to(device)
     views = {}
     for use_cache in (True, False):
         out = adapter.generate(batch, max_new_tokens=steps, min_new_tokens=steps, use_cache=use_cache, output_logits=True)
@@ -121,10 +143,9 @@ def probe_cache(adapter, steps: int = STEPS, tolerance: float | None = None, pro
 
     completion, _, forward = views[False]
     ones = torch.ones_like(completion)
-    padded_batch = adapter.encode_prompts([user_turn(PADDING_PROMPT), user_turn(prompt)], [[control_image], [image]])
+    padded_batch = encode([PADDING_PROMPT, prompt], [control_image, image])
     with torch.no_grad():
-        other = completion_logits(adapter, adapter.encode_prompts([user_turn(prompt)], [[control_image]]).to(device),
-                                  completion, ones).float()
+        other = completion_logits(adapter, encode([prompt], [control_image]).to(device), completion, ones).float()
         padded = completion_logits(adapter, padded_batch.to(device), completion.repeat(2, 1), ones.repeat(2, 1)).float()[1:]
     finite = all(bool(torch.isfinite(t).all()) for view in views.values() for t in view[1:]) and \
         bool(torch.isfinite(other).all() and torch.isfinite(padded).all())
@@ -147,4 +168,5 @@ def probe_cache(adapter, steps: int = STEPS, tolerance: float | None = None, pro
         cached_tokens_ok=tokens[True],
         uncached_tokens_ok=tokens[False],
         finite=finite,
+        media=media,
     )

@@ -2,5 +2,7 @@
 them without loading torch or transformers."""
 
 POLICIES = ("auto", "cache", "no-cache")  # may generation use the KV cache (cache_policy.py)
-FAULTS = ("drop_image", "late_drop", "shift_positions", "reorder_image_cache", "mask_image_attention",
-          "nan_weights")  # the simulated cached-decoding faults (simulated_faults.py)
+# the simulated cached-decoding faults (simulated_faults.py); a video fault is caught by the probe with a video prompt
+IMAGE_FAULTS = ("drop_image", "late_drop", "shift_positions", "reorder_image_cache", "mask_image_attention", "nan_weights")
+VIDEO_FAULTS = ("drop_video",)
+FAULTS = IMAGE_FAULTS + VIDEO_FAULTS

@@ -5,6 +5,8 @@ the prefill; the prefill, uncached generation and the teacher-forced forward are
 excepted, which break every path):
 
 - `drop_image`: the image positions of the KV cache are zeroed (image information lost, the VSR study's quirk);
+- `drop_video`: the video positions of the KV cache are zeroed (the video placeholder's; frames laid out as
+  images use the image placeholder);
 - `late_drop`: the same, but only from decode step `LATE_STEP` on (a probe of few steps misses it);
 - `shift_positions`: cached decode steps get their position ids shifted by one;
 - `reorder_image_cache`: the cached values of the image positions are rolled by one position (each image key
@@ -20,7 +22,7 @@ import functools
 
 import torch
 
-from vlm_grpo.compat.names import FAULTS
+from vlm_grpo.compat.names import FAULTS, IMAGE_FAULTS, VIDEO_FAULTS  # noqa: F401 - names offered here too
 LATE_STEP = 6
 
 
@@ -49,7 +51,8 @@ def simulated_fault(adapter, kind: str = "drop_image"):
         input_ids = kwargs.get("input_ids")
         if not layers:
             if input_ids is not None:
-                state["mask"], state["step"] = input_ids == adapter.image_token_id, 0  # remembered at prefill
+                token = adapter.video_token_id if kind == "drop_video" else adapter.image_token_id
+                state["mask"], state["step"] = input_ids == token, 0  # remembered at prefill
         elif "mask" in state:
             state["step"] += 1
             kwargs = _corrupt(kind, state, layers, kwargs)
@@ -72,7 +75,7 @@ def _image_positions(state: dict, layer) -> torch.Tensor:
 
 
 def _corrupt(kind: str, state: dict, layers: list, kwargs: dict) -> dict:
-    if kind == "drop_image" or (kind == "late_drop" and state["step"] >= LATE_STEP):
+    if kind in ("drop_image", "drop_video") or (kind == "late_drop" and state["step"] >= LATE_STEP):
         for layer in layers:
             keep = ~_image_positions(state, layer)
             layer.keys.mul_(keep[:, None, :, None].to(layer.keys.dtype))

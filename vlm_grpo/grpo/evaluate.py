@@ -104,7 +104,8 @@ def evaluate(
         for start in range(0, len(dataset), batch_size):
             indices = list(range(start, min(start + batch_size, len(dataset))))
             samples = [dataset[i] for i in indices]
-            batch = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples])
+            batch = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples],
+                                   [s.videos for s in samples])
             batch = batch.to(param.device, dtype=param.dtype)
             out = adapter.generate(batch, max_new_tokens=max_new_tokens, do_sample=False)
             ids = out.sequences[:, batch.input_ids.shape[1]:]

@@ -96,7 +96,8 @@ def reference_token_ids(adapter, sample: Sample, max_tokens: int | None = None) 
 
 def build_sft_batch(adapter, samples: Sequence[Sample], max_tokens: int | None = None) -> SFTBatch:
     """Encode the prompts with `adapter.encode_prompts` and append each reference, right-padded."""
-    prompts = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples])
+    prompts = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples],
+                                   [s.videos for s in samples])
     refs = [reference_token_ids(adapter, s, max_tokens) for s in samples]
     width = max(len(r) for r in refs)
     ids = torch.full((len(refs), width), adapter.pad_token_id, dtype=torch.long)

@@ -100,22 +100,15 @@ def eager_attention(model: torch.nn.Module):
         model.set_attn_implementation(before)
 
 
-def answer_attention(
-    adapter: VLMAdapter, image: Image.Image, prompt: str, *, max_new_tokens: int = 24, layer: int | None = None,
-) -> AttentionMaps:
-    """Greedy answer to (image, prompt), then its attention to the image, one heatmap per answer token."""
+def answer_rows(adapter: VLMAdapter, batch, *, max_new_tokens: int, layer: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy answer to a one-prompt batch, then ([T, K] attention of each answer token's query over the prompt +
+    answer keys, mean over heads and over layers or one `layer`; the answer ids [1, T])."""
     model = adapter.model
-    device = next(model.parameters()).device
-    dtype = model.dtype if model.dtype.is_floating_point else None
-    conversation = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
-    image = image.convert("RGB")
-    batch = adapter.encode_prompts([conversation], [[image]]).to(device, dtype)
     out = adapter.generate(batch, max_new_tokens=max_new_tokens)
     prompt_len = batch.input_ids.shape[1]
     completion = out.sequences[:, prompt_len:]
     completion = completion[:, : _answer_length(completion[0].tolist(), adapter)]
-    mask = torch.ones_like(completion)
-    inputs = adapter.completion_inputs(batch, completion, mask)
+    inputs = adapter.completion_inputs(batch, completion, torch.ones_like(completion))
     with eager_attention(model), torch.no_grad():
         outputs = model(**inputs, output_attentions=True)
     attentions = outputs.attentions
@@ -129,13 +122,26 @@ def answer_attention(
         att = attentions[layer][0].float()
     att = att.mean(0)  # [Q, K], mean over heads
     queries = torch.arange(prompt_len - 1, prompt_len - 1 + completion.shape[1], device=att.device)
+    return att[queries], completion
+
+
+def answer_attention(
+    adapter: VLMAdapter, image: Image.Image, prompt: str, *, max_new_tokens: int = 24, layer: int | None = None,
+) -> AttentionMaps:
+    """Greedy answer to (image, prompt), then its attention to the image, one heatmap per answer token."""
+    model = adapter.model
+    device = next(model.parameters()).device
+    dtype = model.dtype if model.dtype.is_floating_point else None
+    conversation = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    image = image.convert("RGB")
+    batch = adapter.encode_prompts([conversation], [[image]]).to(device, dtype)
+    rows, completion = answer_rows(adapter, batch, max_new_tokens=max_new_tokens, layer=layer)
     cells = adapter.image_token_positions(batch, 0, 0, image_size=(image.height, image.width))
-    keys = torch.tensor([c.token_index for c in cells], device=att.device)
-    on_image = att[queries][:, keys]  # [T, n_image_tokens]
-    heatmaps = attention_to_heatmap(on_image, cells)
+    keys = torch.tensor([c.token_index for c in cells], device=rows.device)
+    heatmaps = attention_to_heatmap(rows[:, keys], cells)  # [T, n_image_tokens] -> grid
     # Every image token's share, delimiters and CLS excluded: the image-token positions of the whole span.
-    all_image = torch.tensor(adapter.image_token_indices(batch, 0, 0), device=att.device)
-    share = att[queries][:, all_image].sum(-1).cpu().numpy()
+    all_image = torch.tensor(adapter.image_token_indices(batch, 0, 0), device=rows.device)
+    share = rows[:, all_image].sum(-1).cpu().numpy()
     tokens = [adapter.tokenizer.decode([t]) for t in completion[0].tolist()]
     return AttentionMaps(image=image, prompt=prompt, tokens=tokens, heatmaps=heatmaps, image_share=share, layer=layer)
 

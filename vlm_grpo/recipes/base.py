@@ -25,6 +25,8 @@ class Sample:
     # The prompt as a TRL-format dataset row wrote it (a string or chat messages); None when a recipe wrote the
     # prompt. Rewards are called as TRL calls them: a chat-message prompt gives chat-message completions.
     data_prompt: str | list[dict[str, Any]] | None = None
+    # Video clips for the prompt's {"type": "video"} parts, in order: vlm_grpo.videos.Video or lists of PIL frames.
+    videos: list[Any] = field(default_factory=list)
 
 
 class SampleSource(Protocol):
@@ -49,10 +51,12 @@ class Recipe:
     defaults: dict[str, Any] = field(default_factory=dict)  # config overrides this task needs
     checks_rows: bool = False  # build() reads a dataset's rows and takes on_bad_sample (error | skip), path, hub_id
     takes_columns: bool = False  # build() takes the column names prompt_key, image_key, answer_key
+    takes_video: bool = False  # build() takes the video settings video_frames, video_fps, max_video_frames, video_max_pixels
 
 
-def user_turn(text: str, n_images: int = 1) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": [{"type": "image"}] * n_images + [{"type": "text", "text": text}]}]
+def user_turn(text: str, n_images: int = 1, n_videos: int = 0) -> list[dict[str, Any]]:
+    parts = [{"type": "image"}] * n_images + [{"type": "video"}] * n_videos
+    return [{"role": "user", "content": parts + [{"type": "text", "text": text}]}]
 
 
 def expand(values: Sequence[Any], times: int) -> list[Any]:

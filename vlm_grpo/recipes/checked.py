@@ -7,8 +7,9 @@ from typing import Any
 
 from PIL import Image
 
-from vlm_grpo.adapters.batch import image_parts
+from vlm_grpo.adapters.batch import image_parts, video_parts
 from vlm_grpo.recipes.base import Sample, SampleSource
+from vlm_grpo.videos import Video
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +25,9 @@ def _text(prompt: list[dict[str, Any]]) -> str:
     return "".join(out)
 
 
-def validate_sample(sample: Any, index: int) -> Sample:
-    """Raise ValueError naming the row and field unless `sample` is usable."""
+def validate_sample(sample: Any, index: int, no_video_family: str | None = None) -> Sample:
+    """Raise ValueError naming the row and field unless `sample` is usable (by `no_video_family`'s model, which
+    reads no video, when given)."""
     where = f"row {index}"
     if not isinstance(sample, Sample):
         raise ValueError(f"{where}: expected a Sample, got {type(sample).__name__}")
@@ -38,9 +40,22 @@ def validate_sample(sample: Any, index: int) -> Sample:
     parts = image_parts(sample.prompt)
     if parts != len(sample.images):
         raise ValueError(f"{where}: field 'images' holds {len(sample.images)} images but the prompt has {parts} image parts")
+    if not isinstance(sample.videos, list) or not all(_is_video(v) for v in sample.videos):
+        raise ValueError(f"{where}: field 'videos' must be a list of videos (a Video or a list of PIL frames each)")
+    parts = video_parts(sample.prompt)
+    if parts != len(sample.videos):
+        raise ValueError(f"{where}: field 'videos' holds {len(sample.videos)} videos but the prompt has {parts} video parts")
+    if sample.videos and no_video_family:
+        raise ValueError(f"{where}: field 'videos': {no_video_family} cannot take video (its model reads images only)")
     if not isinstance(sample.fields, dict):
         raise ValueError(f"{where}: field 'fields' must be a mapping")
     return sample
+
+
+def _is_video(value: Any) -> bool:
+    if isinstance(value, Video):
+        return bool(value.frames)
+    return isinstance(value, list) and bool(value) and all(isinstance(f, Image.Image) for f in value)
 
 
 class CheckedSource:
@@ -52,15 +67,21 @@ class CheckedSource:
             raise ValueError(f"on_bad_sample must be error or skip, not {on_bad_sample!r}")
         self.source = source
         self.on_bad_sample = on_bad_sample
+        self.no_video_family: str | None = None  # set by `for_adapter`: its video rows are bad rows
         # rows the loader already left out, then samples that failed when taken
         self.skipped: dict[int | str, str] = {f"source row {i}": m for i, m in getattr(source, "skipped_rows", {}).items()}
 
     def __len__(self) -> int:
         return len(self.source)
 
+    def for_adapter(self, adapter) -> "CheckedSource":
+        """Rows with a video are bad rows for an adapter whose model reads no video."""
+        self.no_video_family = None if getattr(adapter, "takes_video", False) else adapter.family
+        return self
+
     def _take(self, index: int) -> Sample:
         try:
-            return validate_sample(self.source[index], index)
+            return validate_sample(self.source[index], index, self.no_video_family)
         except ValueError as err:
             message = str(err) if f"row {index}" in str(err) else f"row {index}: {err}"
             raise ValueError(message) from None

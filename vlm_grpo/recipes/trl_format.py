@@ -1,15 +1,16 @@
 """`trl`: your own data in TRL's GRPO format, scored by the rewards you name (`--reward`).
 
-A row holds a prompt (a string, or chat messages whose content parts may be `{"type": "image"}`), its images in
-an `images` (a list) or `image` column (PIL images, encoded bytes, `{"bytes", "path"}` records or file paths,
-read as every file recipe reads them), and any other columns: each reaches the rewards under its own name, the
+A row holds a prompt (a string, or chat messages whose content parts may be `{"type": "image"}` or
+`{"type": "video"}`), its images in an `images` (a list) or `image` column (PIL images, encoded bytes,
+`{"bytes", "path"}` records or file paths, read as every file recipe reads them), its videos in a `videos` (a list)
+or `video` column (each a list of frames or a video file, see recipes/video_rows.py), and any other columns: each reaches the rewards under its own name, the
 image column as decoded images. Column names are options, EasyR1's keys: `prompt_key` (default `prompt`),
 `image_key` (default `images`, else `image`), `answer_key`; an answer column named otherwise also reaches the
 rewards as `solution`, the name TRL's reward functions read. A `completion` column is the reference response
 (for `vlm-grpo sft`), not a reward argument, as in TRL.
 
 The prompt the model sees:
-- a string: one user turn, the row's images first, then the text;
+- a string: one user turn, the row's images first, then its videos, then the text;
 - chat messages: kept as written, system turns and earlier turns included; their image parts must be as many
   as the row's images. Messages that are all plain strings get the images in front of the first user turn's
   text, as TRL places them. String contents become text parts (some chat templates read only lists of parts).
@@ -25,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vlm_grpo.adapters.batch import image_parts
+from vlm_grpo.adapters.batch import image_parts, video_parts
 from vlm_grpo.recipes.base import REWARD_ARGUMENTS, Recipe, Sample, user_turn
 from vlm_grpo.recipes.rows import ImageRef, RecordDataset, RowChecker, load_records
+from vlm_grpo.recipes.video_rows import VideoSettings, check_videos
 
 ROLES = ("system", "user", "assistant")
 REFERENCE_COLUMN = "completion"  # TRL's prompt-completion format: the reference answer, never a reward argument
@@ -63,12 +65,16 @@ def check_messages(checker: RowChecker, index: int, key: str, messages: list) ->
                                    "in the image column and leave {\"type\": \"image\"} in the prompt")
             if kind == "text" and not isinstance(part.get("text"), str):
                 raise checker.fail(index, key, f"message {k} part {j}: a text part needs a string 'text'")
-            if kind not in ("text", "image"):
-                raise checker.fail(index, key, f"message {k} part {j} has type {kind!r}; expected text or image")
+            if kind == "video" and part.get("video") is not None:
+                raise checker.fail(index, key, f"message {k} part {j} carries its video inline; put the videos "
+                                   "in the video column and leave {\"type\": \"video\"} in the prompt")
+            if kind not in ("text", "image", "video"):
+                raise checker.fail(index, key, f"message {k} part {j} has type {kind!r}; expected text, image or video")
 
 
-def as_parts(messages: list[dict], n_images: int) -> list[dict[str, Any]]:
-    """Clean messages with list contents. All-string messages get the images before the first user turn's text."""
+def as_parts(messages: list[dict], n_images: int, n_videos: int = 0) -> list[dict[str, Any]]:
+    """Clean messages with list contents. All-string messages get the images, then the videos, before the first user
+    turn's text."""
     placed = any(isinstance(m.get("content"), list) for m in messages)  # structured: image parts say where
     out = []
     for message in messages:
@@ -76,10 +82,11 @@ def as_parts(messages: list[dict], n_images: int) -> list[dict[str, Any]]:
         if isinstance(content, str):
             parts = [{"type": "text", "text": content}]
             if not placed and message["role"] == "user":
-                parts = [{"type": "image"} for _ in range(n_images)] + parts
+                parts = [{"type": "image"}] * n_images + [{"type": "video"}] * n_videos + parts
                 placed = True
         else:
-            parts = [{"type": "image"} if p["type"] == "image" else {"type": "text", "text": p["text"]} for p in content]
+            parts = [{"type": p["type"]} if p["type"] in ("image", "video") else {"type": "text", "text": p["text"]}
+                     for p in content]
         out.append({"role": message["role"], "content": parts})
     return out
 
@@ -113,7 +120,7 @@ def reference_text(checker: RowChecker, index: int, value: Any) -> str | None:
     raise checker.fail(index, REFERENCE_COLUMN, f"must be a string or chat messages, got {type(value).__name__}")
 
 
-def check_row(checker: RowChecker, index: int, row: dict, columns: Columns) -> dict:
+def check_row(checker: RowChecker, index: int, row: dict, columns: Columns, video: VideoSettings = VideoSettings()) -> dict:
     key = columns.prompt
     prompt = row.get(key)
     if prompt is None:
@@ -125,14 +132,18 @@ def check_row(checker: RowChecker, index: int, row: dict, columns: Columns) -> d
     else:
         raise checker.fail(index, key, f"must be a string or a list of chat messages, got {type(prompt).__name__}")
     image_column, images, image_list = check_images(checker, index, row, columns.image)
+    video_column, videos = check_videos(checker, index, row, video)
     if isinstance(prompt, str):
-        messages = user_turn(prompt, len(images))
+        messages = user_turn(prompt, len(images), len(videos))
     else:
-        messages = as_parts(prompt, len(images))
+        messages = as_parts(prompt, len(images), len(videos))
         if image_parts(messages) != len(images):
             raise checker.fail(index, key, f"has {image_parts(messages)} image parts but the row has {len(images)} "
                                f"images (field {image_column or 'images'!r})")
-    fields = {k: v for k, v in row.items() if k not in (key, image_column, REFERENCE_COLUMN)}
+        if video_parts(messages) != len(videos):
+            raise checker.fail(index, key, f"has {video_parts(messages)} video parts but the row has {len(videos)} "
+                               f"videos (field {video_column or 'videos'!r})")
+    fields = {k: v for k, v in row.items() if k not in (key, image_column, video_column, REFERENCE_COLUMN)}
     for name in fields:
         if name in REWARD_ARGUMENTS:
             raise checker.fail(index, name, f"has the name of an argument every reward receives "
@@ -147,7 +158,7 @@ def check_row(checker: RowChecker, index: int, row: dict, columns: Columns) -> d
             fields["solution"] = row[columns.answer]
     return {
         "messages": messages, "data_prompt": prompt, "images": images, "image_column": image_column,
-        "image_list": image_list, "fields": fields, "reference": reference_text(checker, index, row.get(REFERENCE_COLUMN)),
+        "image_list": image_list, "videos": videos, "fields": fields, "reference": reference_text(checker, index, row.get(REFERENCE_COLUMN)),
     }
 
 
@@ -165,11 +176,16 @@ def build(
     on_bad_sample: str = "error",
     dataset_config: str | None = None,
     rows: Any = None,
+    video_frames: int = 8,
+    video_fps: float = 0.0,
+    max_video_frames: int = 16,
+    video_max_pixels: int = 224 * 224,
 ):
     """The first `size` rows (all when 0/None); `seed` is unused (the order is the source's)."""
     columns = Columns(prompt_key or "prompt", image_key, answer_key)
-    records = load_records(lambda c, i, r: check_row(c, i, r, columns), path, hub_id, split, size, image_root, on_bad_sample,
-                           dataset_config=dataset_config, rows=rows)
+    video = VideoSettings(video_frames, video_fps, max_video_frames, video_max_pixels)
+    records = load_records(lambda c, i, r: check_row(c, i, r, columns, video), path, hub_id, split, size, image_root,
+                           on_bad_sample, dataset_config=dataset_config, rows=rows)
 
     def to_sample(record: dict) -> Sample:
         images = [ref.load(image_size) for ref in record["images"]]
@@ -177,7 +193,7 @@ def build(
         if record["image_column"] is not None:  # rewards see the image column as TRL passes it: decoded
             fields[record["image_column"]] = images if record["image_list"] else (images[0] if images else None)
         return Sample(prompt=record["messages"], images=images, fields=fields, reference=record["reference"],
-                      data_prompt=record["data_prompt"])
+                      data_prompt=record["data_prompt"], videos=[ref.load(video) for ref in record["videos"]])
 
     return RecordDataset(records, to_sample)
 
@@ -189,4 +205,5 @@ RECIPE = Recipe(
     accuracy_reward="accuracy",  # a reward named `accuracy` (e.g. my_rewards.py:accuracy) is eval's accuracy
     checks_rows=True,
     takes_columns=True,
+    takes_video=True,
 )

@@ -21,7 +21,7 @@ from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefi
 
 from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.base import ImageTokenMismatch, VLMAdapter
-from vlm_grpo.adapters.batch import PromptBatch
+from vlm_grpo.adapters.batch import PromptBatch, sum_per_sample
 from vlm_grpo.adapters.chat_templates import user_assistant_template
 from vlm_grpo.adapters.features import with_mask_positions
 from vlm_grpo.adapters.image_layout import LayoutFacts, tiled_cells, token_runs
@@ -93,7 +93,10 @@ class TiledImageAdapter(VLMAdapter):
             size={"longest_edge": image["longest_edge"]}, max_image_size={"longest_edge": image["max_image_size"]},
             image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
         )
-        extra = {"video_processor": spec.video_processor_cls()} if spec.video_processor_cls else {}
+        # Frames are resized to one tile (never split), the tile the vision tower takes.
+        frame = {"longest_edge": image["max_image_size"]}
+        extra = {"video_processor": spec.video_processor_cls(size=frame, max_image_size=frame, image_mean=[0.5] * 3,
+                                                             image_std=[0.5] * 3)} if spec.video_processor_cls else {}
         processor = spec.processor_cls(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=seq_len,
                                        chat_template=tokenizer.chat_template, **extra)
         ids = {"bos_token_id": tokenizer.convert_tokens_to_ids(spec.prefix), "eos_token_id": tokenizer.eos_token_id,
@@ -142,7 +145,8 @@ class TiledImageAdapter(VLMAdapter):
         (the processor's padding), so that, not the pixel mask, decides what counts."""
         if "pixel_values" not in batch.mm:
             return [0] * len(batch)
-        return batch.mm["pixel_values"].flatten(2).ne(0).any(dim=2).sum(dim=1).tolist()
+        per_row = batch.mm["pixel_values"].flatten(2).ne(0).any(dim=2).sum(dim=1).tolist()
+        return sum_per_sample(per_row, batch.mm_rows["pixel_values"])  # a row per sample (images) or per video
 
     def feature_counts(self, batch: PromptBatch) -> list[int]:
         return [n * self.image_seq_len for n in self.real_tiles(batch)]

@@ -9,6 +9,7 @@ the image processor's own tiling rule and records it as `mm_rows["pixel_values"]
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from transformers import (
     GotOcr2ImageProcessor,
     InternVLConfig,
@@ -81,6 +82,7 @@ class InternVLAdapter(VLMAdapter):
     module_layout = LLAVA_STYLE
     tiny_architecture = TINY
     presets = {"internvl3_1b": INTERNVL3_1B}
+    takes_video = True  # frames laid out as one-tile images ("FrameN: <img>...</img>"), in pixel_values
 
     @classmethod
     def build(cls, arch, seed=0, dtype=torch.float32):
@@ -129,17 +131,38 @@ class InternVLAdapter(VLMAdapter):
         # The processor's own count (same merged kwargs as its __call__), so the two cannot drift apart.
         return list(self.processor._get_num_multimodal_tokens(image_sizes=sizes)["num_image_patches"])
 
-    def _to_batch(self, features, images) -> PromptBatch:
-        n_images = [len(s) for s in images]
+    def _run_processor(self, texts, images, videos=None):
+        if len({len(v) for sample in videos or [] for v in sample}) <= 1:
+            return super()._run_processor(texts, images, videos)
+        # The processor stacks a call's videos into one tensor, so clips of different lengths go one sample per call,
+        # left-padded together here (only a sample's own videos must agree).
+        parts = []
+        for i, (text, sample_images, sample_videos) in enumerate(zip(texts, images, videos)):
+            if len({len(v) for v in sample_videos}) > 1:
+                raise ValueError(f"sample {i}: {self.family}: the videos of one prompt must have the same number of "
+                                 f"frames (transformers' InternVL processor stacks them); got {[len(v) for v in sample_videos]}")
+            parts.append(super()._run_processor([text], [sample_images], [sample_videos]))
+        width = max(p["input_ids"].shape[1] for p in parts)
+        left = [(width - p["input_ids"].shape[1], 0) for p in parts]
+        out = {"input_ids": torch.cat([F.pad(p["input_ids"], pad, value=self.pad_token_id) for p, pad in zip(parts, left)]),
+               "attention_mask": torch.cat([F.pad(p["attention_mask"], pad) for p, pad in zip(parts, left)])}
+        pixels = [p["pixel_values"] for p in parts if "pixel_values" in p]
+        return {**out, "pixel_values": torch.cat(pixels)} if pixels else out
+
+    def _to_batch(self, features, images, videos=None) -> PromptBatch:
         mm, mm_rows = {}, {}
         if "pixel_values" in features:
-            per_image = self.tiles_for_images([img for sample in images for img in sample])
+            # Each image's tiles, then (a video's frames are one tile each, merged in prompt order) its frames.
+            tiles = sum_per_sample(self.tiles_for_images([img for sample in images for img in sample]),
+                                   [len(s) for s in images])
+            frames = [sum(len(v) for v in sample) for sample in videos or [[] for _ in images]]
+            per_sample = [t + f for t, f in zip(tiles, frames)]
             total = features["pixel_values"].shape[0]
-            if sum(per_image) != total:
-                raise ValueError(f"InternVL processor made {total} tiles; its tiling rule says {sum(per_image)}")
+            if sum(per_sample) != total:
+                raise ValueError(f"InternVL processor made {total} tiles; its tiling rule says {sum(per_sample)}")
             mm["pixel_values"] = features["pixel_values"]
-            mm_rows["pixel_values"] = sum_per_sample(per_image, n_images)
-        return self._batch(features, images, mm, mm_rows)
+            mm_rows["pixel_values"] = per_sample
+        return self._batch(features, images, mm, mm_rows, videos=videos)
 
     def feature_counts(self, batch: PromptBatch) -> list[int]:
         # From the tile rows, never from the tokens, so a tampered prompt shows as a mismatch.

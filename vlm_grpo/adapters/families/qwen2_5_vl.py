@@ -26,8 +26,9 @@ QWEN_SPECIAL_TOKENS = [
     "<|image_pad|>", "<|video_pad|>",
 ]
 # Qwen's ChatML layout with a default system turn; each image part is
-# <|vision_start|><|image_pad|><|vision_end|> (the processor expands the pad).
-QWEN_CHAT_TEMPLATE = chatml_template("<|vision_start|><|image_pad|><|vision_end|>")
+# <|vision_start|><|image_pad|><|vision_end|>, each video part the same with <|video_pad|> (the processor expands it).
+QWEN_VIDEO_PART = "<|vision_start|><|video_pad|><|vision_end|>"
+QWEN_CHAT_TEMPLATE = chatml_template("<|vision_start|><|image_pad|><|vision_end|>", video_part=QWEN_VIDEO_PART)
 QWEN_LAYOUT = ModuleLayout(
     vision=(r"model\.visual\.(?!merger\.)",),
     projector=(r"model\.visual\.merger\.",),
@@ -48,7 +49,8 @@ def qwen_processor(tokenizer, min_pixels: int, max_pixels: int, processor_cls=Qw
     return processor_cls(
         image_processor=image_processor_cls(size=size, **(image_options or {})),
         tokenizer=tokenizer,
-        video_processor=video_processor_cls(size=size, **(video_options or {})),
+        # cap_pixels_per_frame: qwen-vl-utils' budget (each frame an even share of the video's pixel budget)
+        video_processor=video_processor_cls(size=size, cap_pixels_per_frame=True, **(video_options or {})),
         chat_template=tokenizer.chat_template,
     )
 
@@ -112,6 +114,10 @@ class Qwen2_5_VLAdapter(VLMAdapter):
     config_class = Qwen2_5_VLConfig
     module_layout = QWEN_LAYOUT
     tiny_architecture = Architecture(vision=TINY_VISION, text=TINY_TEXT, image=TINY_PIXELS)
+    takes_video = True
+    pixel_keys = (*VLMAdapter.pixel_keys, "pixel_values_videos")
+    video_keys = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+    video_encoder_keys = ("pixel_values_videos", "video_grid_thw")
     presets = {
         "qwen2_5_vl_3b": Architecture(VISION_3B, TEXT_3B, REAL_PIXELS, QWEN_VOCAB, note="Qwen/Qwen2.5-VL-3B-Instruct"),
         # CPU benchmark: ViT 4 x 192 (2.0M) + merger (0.8M) -> LM 4 x 256 (3.2M), 224-px images -> 64 tokens
@@ -141,39 +147,60 @@ class Qwen2_5_VLAdapter(VLMAdapter):
     def merge_size(self) -> int:
         return self.model.config.vision_config.spatial_merge_size
 
-    def _to_batch(self, features, images) -> PromptBatch:
-        n_images = [len(s) for s in images]
+    @property
+    def video_token_id(self) -> int:
+        return self.model.config.video_token_id
+
+    def _to_batch(self, features, images, videos=None) -> PromptBatch:
         mm, mm_rows = {}, {}
-        if "pixel_values" in features:
-            patches = features["image_grid_thw"].prod(dim=1).tolist()
-            mm["pixel_values"] = features["pixel_values"]
-            mm["image_grid_thw"] = features["image_grid_thw"]
-            mm_rows["pixel_values"] = sum_per_sample(patches, n_images)
-            mm_rows["image_grid_thw"] = n_images
+        for kind, pixels, grid, items in (("image", "pixel_values", "image_grid_thw", images),
+                                          ("video", "pixel_values_videos", "video_grid_thw", videos or [])):
+            if pixels in features:  # flat patch rows + one (t, h, w) grid row per image or video
+                per_sample = [len(s) for s in items]
+                mm[pixels], mm[grid] = features[pixels], features[grid]
+                mm_rows[pixels] = sum_per_sample(features[grid].prod(dim=1).tolist(), per_sample)
+                mm_rows[grid] = per_sample
+                if kind == "video" and "second_per_grid_ts" in features:  # Qwen2.5-VL: seconds per temporal patch
+                    mm["second_per_grid_ts"], mm_rows["second_per_grid_ts"] = features["second_per_grid_ts"], per_sample
         token_keys = ()
         if "mm_token_type_ids" in features:
             # M-RoPE positions are built from these; without them the model falls back to 1-D positions.
             mm["mm_token_type_ids"] = features["mm_token_type_ids"]
             mm_rows["mm_token_type_ids"] = [1] * len(images)
             token_keys = ("mm_token_type_ids",)
-        return self._batch(features, images, mm, mm_rows, token_keys)
+        return self._batch(features, images, mm, mm_rows, token_keys, videos=videos)
+
+    def _grid_tokens(self, batch: PromptBatch, grid: str) -> list[int]:
+        if grid not in batch.mm:
+            return [0] * len(batch)
+        per_item = (batch.mm[grid].prod(dim=1) // self.merge_size**2).tolist()
+        return sum_per_sample(per_item, batch.mm_rows[grid])
 
     def feature_counts(self, batch: PromptBatch) -> list[int]:
-        if "image_grid_thw" not in batch.mm:
-            return [0] * len(batch)
-        per_image = (batch.mm["image_grid_thw"].prod(dim=1) // self.merge_size**2).tolist()
-        return sum_per_sample(per_image, batch.mm_rows["image_grid_thw"])
+        return self._grid_tokens(batch, "image_grid_thw")
+
+    def video_feature_counts(self, batch: PromptBatch) -> list[int]:
+        return self._grid_tokens(batch, "video_grid_thw")
+
+    def video_units(self, batch, videos):
+        """Temporal patches (temporal_patch_size frames each) per video, from video_grid_thw."""
+        t = batch.mm["video_grid_thw"][:, 0].tolist()
+        return [t[start : start + n] for start, n in zip(_starts(batch.mm_rows["video_grid_thw"]), batch.mm_rows["video_grid_thw"])]
+
+    def video_unit_cells(self, batch, sample, video, unit):
+        """A temporal patch's merged patches, row-major over the frame."""
+        _, h, w = batch.mm["video_grid_thw"][sum(batch.mm_rows["video_grid_thw"][:sample]) + video].tolist()
+        return grid_cells(self.video_token_indices(batch, sample, video, unit), h // self.merge_size, w // self.merge_size)
 
     # ---------------------------------------------------------------- sharing hooks (M-RoPE)
     def _rope_index(self, inputs: dict, core) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(3-D positions, per-row rope delta) the model's own rope index gives; None without images."""
-        if "image_grid_thw" not in inputs or "mm_token_type_ids" not in inputs:
+        if not {"image_grid_thw", "video_grid_thw"} & set(inputs) or "mm_token_type_ids" not in inputs:
             return None
+        timing = {"second_per_grid_ts": inputs["second_per_grid_ts"]} if "second_per_grid_ts" in inputs else {}
         return core.model.get_rope_index(
-            inputs["input_ids"],
-            mm_token_type_ids=inputs["mm_token_type_ids"],
-            image_grid_thw=inputs["image_grid_thw"],
-            attention_mask=inputs["attention_mask"],
+            inputs["input_ids"], mm_token_type_ids=inputs["mm_token_type_ids"], image_grid_thw=inputs.get("image_grid_thw"),
+            video_grid_thw=inputs.get("video_grid_thw"), attention_mask=inputs["attention_mask"], **timing,
         )
 
     def shared_position_ids(self, full_inputs, core):
@@ -205,3 +232,7 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         """Merged patches row-major over the whole (resized, never cropped) image."""
         rows, cols = self.image_grid(batch, sample, image)
         return grid_cells(self.image_token_indices(batch, sample, image), rows, cols)
+
+
+def _starts(rows: list[int]) -> list[int]:
+    return [sum(rows[:i]) for i in range(len(rows))]

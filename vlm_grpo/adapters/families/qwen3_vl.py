@@ -21,13 +21,17 @@ from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDe
 
 from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.chat_templates import chatml_template
-from vlm_grpo.adapters.families.qwen2_5_vl import Qwen2_5_VLAdapter, qwen_config, qwen_processor, qwen_tokenizer
+from vlm_grpo.adapters.families.qwen2_5_vl import (
+    QWEN_VIDEO_PART, Qwen2_5_VLAdapter, qwen_config, qwen_processor, qwen_tokenizer,
+)
 from vlm_grpo.adapters.features import flatten_pooled
 from vlm_grpo.adapters.module_groups import ModuleLayout
 from vlm_grpo.adapters.seeding import seeded_model
 
-# Qwen3-VL's ChatML without a default system turn; an image part is <|vision_start|><|image_pad|><|vision_end|>.
-QWEN3_CHAT_TEMPLATE = chatml_template("<|vision_start|><|image_pad|><|vision_end|>", default_system=None)
+# Qwen3-VL's ChatML without a default system turn; an image part is <|vision_start|><|image_pad|><|vision_end|>,
+# a video part the same with <|video_pad|> (the processor writes a <t seconds> timestamp before each temporal patch).
+QWEN3_CHAT_TEMPLATE = chatml_template("<|vision_start|><|image_pad|><|vision_end|>", default_system=None,
+                                      video_part=QWEN_VIDEO_PART)
 QWEN3_LAYOUT = ModuleLayout(
     vision=(r"model\.visual\.(?!merger\.)(?!deepstack_merger_list\.)",),  # no `|`: it would split the README table
     # the merger and the DeepStack mergers both project vision features into the language model's width
@@ -105,8 +109,9 @@ class Qwen3VLAdapter(Qwen2_5_VLAdapter):
 
     def inputs_with_features(self, full_inputs, features, core):
         inputs = {k: v for k, v in full_inputs.items() if k not in self.pixel_keys}
-        if features.flat.shape[0]:
-            inputs["mm_encoder_outputs"] = {"image": BaseModelOutputWithDeepstackFeatures(
-                pooler_output=(features.flat,), deepstack_features=[(layer,) for layer in features.extra],
-            )}
+        encoded = {kind: BaseModelOutputWithDeepstackFeatures(
+            pooler_output=(feats.flat,), deepstack_features=[(layer,) for layer in feats.extra],
+        ) for kind, feats in (("image", features), ("video", features.videos)) if feats is not None and feats.flat.shape[0]}
+        if encoded:
+            inputs["mm_encoder_outputs"] = encoded
         return inputs

@@ -27,6 +27,7 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name: a hub repo id (d
 COLUMN_SETTINGS = ("prompt_key", "image_key", "answer_key")
 MEMORY = "memory:"  # data.dataset's prefix for rows given in Python
 _IN_MEMORY: dict[str, InMemoryRows] = {}  # record -> the rows, for this process
+VIDEO_SETTINGS = ("video_frames", "video_fps", "max_video_frames", "video_max_pixels")
 
 
 def resolve_recipe(name: str) -> Recipe:
@@ -120,6 +121,13 @@ def build_options(recipe: Recipe, data, held_out: bool = False) -> dict[str, Any
         if options.get(key, value) != value:
             raise SettingError(f"data.{key}", f"{value!r} differs from data.recipe_options' {options[key]!r}")
         options[key] = value
+    for key in VIDEO_SETTINGS:
+        value = getattr(data, key)
+        if recipe.takes_video:
+            options.setdefault(key, value)
+        elif value != type(data).__dataclass_fields__[key].default:
+            raise SettingError(f"data.{key}", f"recipe {recipe.name!r} reads no videos; the video settings apply to the "
+                               "trl and moving_square recipes (and your own that set takes_video)")
     return options
 
 

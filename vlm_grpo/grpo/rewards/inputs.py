@@ -44,21 +44,23 @@ def trainer_state(global_step: int = 0, max_steps: int = 0):
     return TrainerState(global_step=global_step, max_steps=max_steps)
 
 
-def filled_messages(messages: list[dict[str, Any]], images: Sequence[Any]) -> list[dict[str, Any]]:
-    """Copies of `messages` with the images placed into their image parts, in order (`{"type": "image", "image": img}`)."""
-    pending = iter(images)
+def filled_messages(messages: list[dict[str, Any]], images: Sequence[Any], videos: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    """Copies of `messages` with the images and videos placed into their parts, in order (`{"type": "image", "image":
+    img}`, `{"type": "video", "video": clip}`)."""
+    pending = {"image": iter(images), "video": iter(videos)}
     out = []
     for message in messages:
         content = message.get("content")
         if isinstance(content, list):
-            content = [{**p, "image": next(pending, None)} if p.get("type") == "image" else dict(p) for p in content]
+            content = [{**p, p["type"]: next(pending[p["type"]], None)} if p.get("type") in pending else dict(p)
+                       for p in content]
         out.append({**message, "content": content})
     return out
 
 
 def reward_prompt(sample: Sample) -> Any:
     if isinstance(sample.data_prompt, list):
-        return filled_messages(sample.prompt, sample.images)
+        return filled_messages(sample.prompt, sample.images, sample.videos)
     return sample.prompt if sample.data_prompt is None else sample.data_prompt
 
 

@@ -54,7 +54,8 @@ def check_no_placeholders(adapter, completion_ids: torch.Tensor, mask: torch.Ten
 
 def encode(adapter, samples: list[Sample], device) -> PromptBatch:
     """The samples' prompts, tokenized with their images, on `device` in the model's dtype."""
-    prompts = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples])
+    prompts = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples],
+                                   [s.videos for s in samples])
     return prompts.to(device, dtype=next(adapter.model.parameters()).dtype)
 
 

@@ -56,6 +56,13 @@ class DataConfig:
                                           "data.rewards or the recipe's, then data.reward_models; empty: each reward's own")
     on_bad_sample: str = setting("error", help="a bad row stops the run naming row and field, or is skipped",
                                  choices=("error", "skip"))
+    video_frames: int = setting(8, help="frames sampled (evenly over its length) from each video file", at_least=1)
+    video_fps: float = setting(0.0, help="frames per second sampled from each video file instead of video_frames "
+                               "(0: off); also the rate of a row's list of frames (0: 2 per second)", at_least=0.0)
+    max_video_frames: int = setting(16, help="a video with more frames (a row's list of frames) is a bad row; a file "
+                                    "is never sampled above it", at_least=1)
+    video_max_pixels: int = setting(224 * 224, help="video frames above this many pixels are scaled down (aspect kept) "
+                                    "before the model's processor", at_least=1)
     on_reward_error: str = setting("raise", help="a failing reward stops the run, or scores 0 and is counted",
                                    choices=("raise", "zero"))
 

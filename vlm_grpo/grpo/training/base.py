@@ -98,6 +98,7 @@ class BaseTrainer(Checkpointed):
             self.recipe, cfg, self.accelerator.device, required=self.needs_rewards)
         self.dataset = CheckedSource(self._build_dataset(), cfg.data.on_bad_sample)
         self.adapter = adapter or load_policy(cfg, self.accelerator.device)
+        self.dataset.for_adapter(self.adapter)  # a video row for a model that reads no video is a bad row
         if self.adapter.use_cache is None:  # an adapter built by the caller: decide as the loader would
             apply_cache_policy(self.adapter, cfg.model.cache_policy, probe_steps(cfg.generation.max_new_tokens))
         if self.is_main:  # the cheap pre-flight checks on the first samples, before any training

@@ -51,32 +51,43 @@ class Finding:
 
 def _device_batch(adapter, samples):
     param = next(adapter.model.parameters())
-    batch = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples])
+    batch = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples],
+                                   [s.videos for s in samples])
     return batch.to(param.device, dtype=param.dtype)
 
 
 def check_alignment(adapter, samples) -> tuple[Finding, PromptBatch | None]:
     """The finding, and the samples' batch when they encode (the next checks read it)."""
     try:
-        batch = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples])
+        batch = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples],
+                                   [s.videos for s in samples])
     except (ImageTokenMismatch, ValueError) as err:
         return Finding("image tokens = image features", False, str(err)), None
-    counts = adapter.feature_counts(batch)
+    counts = [a + b for a, b in zip(adapter.feature_counts(batch), adapter.video_feature_counts(batch))]
     return Finding("image tokens = image features", True, f"{len(samples)} samples, {min(counts)}-{max(counts)} image "
-                   f"tokens each (= the features their images give)"), batch
+                   f"and video tokens each (= the features their images and videos give)"), batch
 
 
 def check_budget(adapter, batch: PromptBatch, max_new_tokens: int) -> Finding:
     lengths = batch.attention_mask.sum(dim=1).tolist()
-    images = (batch.input_ids == adapter.image_token_id).sum(dim=1).tolist()
     longest = int(max(lengths)) + max_new_tokens
     limit = getattr(adapter.model.config.get_text_config(), "max_position_embeddings", None)
-    per_image = [n // max(1, k) for n, k in zip(images, batch.images_per_sample) if k]
-    detail = (f"prompts of {int(min(lengths))}-{int(max(lengths))} tokens, images cost {min(per_image, default=0)}-"
-              f"{max(per_image, default=0)} tokens each; with {max_new_tokens} new tokens the longest sequence is {longest}")
+    per_image = [len(adapter.image_token_indices(batch, i, k)) for i, n in enumerate(batch.images_per_sample)
+                 for k in range(n)]
+    detail = f"prompts of {int(min(lengths))}-{int(max(lengths))} tokens, "
+    if per_image:
+        detail += f"images cost {min(per_image)}-{max(per_image)} tokens each; "
+    per_video = [(len(adapter.video_token_indices(batch, i, k)), len(batch.video_spans[i][k]))
+                 for i, n in enumerate(batch.videos_per_sample) for k in range(n)]
+    if per_video:
+        tokens, units = [t for t, _ in per_video], [u for _, u in per_video]
+        detail += (f"videos cost {min(tokens)}-{max(tokens)} tokens each ({min(units)}-{max(units)} frame units of "
+                   f"{min(t // u for t, u in per_video)}-{max(t // u for t, u in per_video)}); ")
+    detail += f"with {max_new_tokens} new tokens the longest sequence is {longest}"
     if limit is not None and longest > limit:
         return Finding("sequence budget", False, f"{detail}, above the model's {limit} positions: use smaller images "
-                       "(fewer image tokens: the recipe's image size or the processor's max pixels) or fewer new tokens")
+                       "or fewer video frames (the recipe's image size, data.video_frames, data.video_max_pixels) or "
+                       "fewer new tokens")
     return Finding("sequence budget", True, detail + (f" of the model's {limit}" if limit else ""))
 
 
