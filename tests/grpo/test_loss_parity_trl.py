@@ -336,12 +336,20 @@ def test_a_loss_defined_at_one_level_refuses_the_other_naming_both(loss_type, le
     # TRL warns for luspo at token level and vespo at sequence level; the issue asks for a refusal naming both.
     with pytest.raises(SettingError, match=rf"importance_sampling_level.*{level}.*loss_type '{loss_type}'"):
         LossConfig(loss_type=loss_type, importance_sampling_level=level)
+    from vlm_grpo.grpo.settings.sources import load_config
+
+    with pytest.raises(SettingError) as err:  # from the command line: the setting named once, with its section
+        load_config(overrides=["--loss-type", loss_type, "--importance-sampling-level", level])
+    assert str(err.value).startswith(f"setting 'loss.importance_sampling_level': '{level}' with loss_type")
 
 
 def test_sync_ref_model_is_refused_where_trl_refuses_it():
     with pytest.raises(SettingError, match="sync_ref_model.*beta is 0"):
         LossConfig(sync_ref_model=True)
     from vlm_grpo.grpo.settings.sources import load_config
+
+    with pytest.raises(SettingError, match="^setting 'loss.sync_ref_model': needs a reference"):
+        load_config(overrides=["--sync-ref-model", "true", "--beta", "0"])
 
     with pytest.raises(SettingError, match="sync_ref_model.*LoRA"):
         load_config(overrides=["--sync-ref-model", "true", "--beta", "0.04", "--lora.r", "4"])
