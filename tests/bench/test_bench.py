@@ -24,3 +24,28 @@ def test_bench_runs_both_frameworks_and_counts_images(tmp_path):
         "step_throughput (trl step time / vlm-grpo step time)", "rollout_tokens_per_s (vlm-grpo / trl)",
         "peak_memory (vlm-grpo / trl)",
     }
+
+
+def _bench_parser():
+    from vlm_grpo.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return sub.choices["bench"]
+
+
+def test_the_bench_offers_the_registered_losses():
+    from vlm_grpo.grpo.algorithm.losses import LOSSES
+
+    actions = {a.dest: a for a in _bench_parser()._actions}
+    assert list(actions["loss_type"].choices) == sorted(LOSSES)
+    assert list(actions["importance_sampling_level"].choices) == ["token", "sequence"]
+
+
+def test_a_loss_trl_lacks_is_refused_before_anything_runs(tmp_path, capsys):
+    from vlm_grpo.bench.runners import TRL_LOSS_TYPES
+    from vlm_grpo.grpo.algorithm.losses import LOSSES
+
+    assert set(LOSSES) - set(TRL_LOSS_TYPES) == {"gmpo"}
+    assert main(["bench", "--model", "tiny:qwen2_5_vl", "--loss-type", "gmpo", "--json", str(tmp_path / "r.json")]) == 2
+    assert "--loss-type gmpo: TRL 1.16 has no such loss" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()

@@ -70,3 +70,31 @@ def test_softcapped_heads_are_scored_with_the_cap():
     logits = torch.tanh(head(hidden) / 2.0) * 2.0
     want = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
     assert torch.allclose(logps, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("share_prompt", [False, True], ids=["one_forward", "shared_prompt"])
+def test_entropy_carries_the_full_logits_gradient_when_asked(share_prompt):
+    """An entropy bonus trains on the entropy (TRL's entropy has a gradient): with entropy_grad, the chunked entropy's
+    gradient equals the full logits' entropy gradient, on both scoring paths; without it, the entropy has none."""
+    from vlm_grpo.grpo.logprobs.completions import group_scores
+
+    adapter, batch, ids, mask = _setup("qwen2_5_vl")
+    index = list(range(len(batch)))
+    weights = torch.linspace(-1.0, 1.0, ids.numel()).view_as(ids)
+    head = adapter.model.get_output_embeddings().weight
+    plain = group_scores(adapter, batch, index, ids, mask, share_prompt=share_prompt, with_entropy=True,
+                         temperature=0.7, chunk_bytes=4 * 700 * 3)
+    assert not plain.entropy.requires_grad
+    got = group_scores(adapter, batch, index, ids, mask, share_prompt=share_prompt, with_entropy=True,
+                       entropy_grad=True, temperature=0.7, chunk_bytes=4 * 700 * 3)
+    torch.testing.assert_close(got.entropy, plain.entropy, rtol=0, atol=1e-6)
+    adapter.model.zero_grad(set_to_none=True)
+    (got.entropy * weights * mask).sum().backward()
+    grad_got = head.grad.clone()
+    adapter.model.zero_grad(set_to_none=True)
+    full = torch.log_softmax(completion_logits(adapter, batch, ids, mask).float() / 0.7, -1)
+    want = -(full.exp() * full).sum(-1)
+    (want * weights * mask).sum().backward()
+    assert (got.entropy - want).abs().max().item() <= 1e-4
+    assert head.grad.norm() > 0
+    assert ((grad_got - head.grad).norm() / head.grad.norm()).item() <= 1e-4

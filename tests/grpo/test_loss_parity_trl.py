@@ -1,19 +1,21 @@
-"""Parity with TRL 1.16's GRPO math, driven through TRL's own code.
+"""Parity with TRL 1.16's GRPO loss, driven through TRL's own code, in float64.
 
-Loss: `GRPOTrainer._compute_loss` runs unbound on a stand-in `self` that holds only the attributes it
-reads; its one model call, `_get_per_token_logps_and_entropies`, is stubbed to return log-probs computed
-from a trainable logits tensor, so all of TRL's loss arithmetic (ratios, clipping, KL, aggregation,
-metrics) is TRL's. Our `grpo_loss` gets the same log-probs; losses, gradients w.r.t. the logits and the
-clip/KL metrics must agree to 1e-5.
+`GRPOTrainer._compute_loss` runs on a bare `GRPOTrainer` instance (`object.__new__`, no `__init__`) holding only the
+attributes it reads; its one model call, `_get_per_token_logps_and_entropies`, is replaced by log-probs and
+entropies computed from a trainable float64 logits tensor, so all of TRL's loss arithmetic (entropy mask, off-policy
+mask, ratios, clipping, KL, every loss type, aggregation, the entropy bonus and its adaptive coefficient, metrics) is
+TRL's. Our `policy_loss` gets the same tensors; losses, gradients w.r.t. the logits and every metric TRL logs must
+agree within 1e-10.
 
-Advantages: TRL computes them inline in `_generate_and_score_completions` (a method that also generates
-and scores, so not callable on a stub). The reference below restates grpo_trainer.py lines 2765-2788
-(sum_then_normalize branch) using TRL's own `nanstd`.
+Advantages: TRL computes them inline in `_generate_and_score_completions` (a method that also generates and scores,
+so not callable on a stand-in). The references below restate grpo_trainer.py's two branches (sum_then_normalize,
+normalize_then_sum) with TRL's own `nanstd`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections import defaultdict
 from types import SimpleNamespace
@@ -25,18 +27,25 @@ trl = pytest.importorskip("trl")
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from trl.trainer.utils import nanstd  # noqa: E402
 
-from vlm_grpo.grpo.algorithm.advantages.group import group_advantages  # noqa: E402
-from vlm_grpo.grpo.algorithm.losses import LossConfig, policy_loss as grpo_loss  # noqa: E402
+from vlm_grpo.grpo.algorithm.advantages import reward_scores  # noqa: E402
+from vlm_grpo.grpo.algorithm.advantages.group import GroupRelative, group_advantages  # noqa: E402
+from vlm_grpo.grpo.algorithm.losses import LOSSES, EntropyControl, LossConfig, policy_loss  # noqa: E402
+from vlm_grpo.grpo.settings.fields import SettingError  # noqa: E402
 
-TOL = 1e-5
-B, T, V = 6, 7, 11
+TOL = 1e-10
+TRL_LOSSES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+B, T, V, G = 6, 7, 11, 3
 MAX_COMPLETION_LENGTH = 9  # > T, so dr_grpo's constant differs from the padded width
-LENGTHS = [7, 3, 5, 1, 0, 6]  # ragged, with a full row and an empty one
+LENGTHS = [7, 3, 5, 1, 0, 6]  # ragged: a row cut at the limit (no EOS), an empty one
+EOS, PAD = 0, 1
 
 
 class _Accelerator:
+    """One process: TRL's collectives are identities; sync_gradients marks the last micro-batch of an update."""
+
     num_processes = 1
     process_index = 0
+    sync_gradients = True
 
     @staticmethod
     def gather(x):
@@ -46,211 +55,414 @@ class _Accelerator:
     def reduce(x, reduction="sum"):
         return x
 
+    @staticmethod
+    def pad_across_processes(x, dim=0, pad_index=0):
+        return x
+
     gather_for_metrics = gather
 
 
-def _trl_self(cfg: LossConfig, logps_fn):
-    def per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, **kwargs):
-        logps = logps_fn()
-        assert logps.shape[1] == logits_to_keep
-        return logps, torch.zeros_like(logps).detach(), None
-
-    args = SimpleNamespace(
-        use_bias_correction_kl=cfg.use_bias_correction_kl,
-        delta=cfg.delta,
-        steps_per_generation=1,
+def _trl_trainer(cfg: LossConfig, accumulation: int = 1) -> GRPOTrainer:
+    """A GRPOTrainer without __init__, holding what `_compute_loss` reads (set as TRL's __init__ sets it)."""
+    fake = object.__new__(GRPOTrainer)
+    fake.args = SimpleNamespace(
+        use_bias_correction_kl=cfg.use_bias_correction_kl, delta=cfg.delta, steps_per_generation=accumulation,
+        sapo_temperature_pos=cfg.sapo_temperature_pos, sapo_temperature_neg=cfg.sapo_temperature_neg,
+        vespo_k_pos=cfg.vespo_k_pos, vespo_lambda_pos=cfg.vespo_lambda_pos, vespo_k_neg=cfg.vespo_k_neg,
+        vespo_lambda_neg=cfg.vespo_lambda_neg, entropy_target=cfg.entropy_target,
+        entropy_coef_delta=cfg.entropy_coef_delta, entropy_coef_min=cfg.entropy_coef_min,
+        entropy_coef_max=cfg.entropy_coef_max,
     )
-    return SimpleNamespace(
-        _get_per_token_logps_and_entropies=per_token_logps_and_entropies,
-        aux_loss_enabled=False,
-        top_entropy_quantile=1.0,
-        off_policy_mask_threshold=None,
-        importance_sampling_level=cfg.importance_sampling_level,
-        beta=cfg.beta,
-        loss_type=cfg.loss_type,
-        epsilon_low=cfg.epsilon,
-        epsilon_high=cfg.epsilon_high,
-        max_completion_length=cfg.max_completion_length,
-        args=args,
-        use_vllm=False,
-        vllm_importance_sampling_correction=False,
-        model=SimpleNamespace(training=True),
-        current_gradient_accumulation_steps=1,
-        accelerator=_Accelerator(),
-        _entropy_bonus_enabled=False,
-        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
-    )
+    fake.aux_loss_enabled = False
+    fake.top_entropy_quantile = cfg.top_entropy_quantile
+    fake.off_policy_mask_threshold = cfg.off_policy_mask_threshold
+    fake.importance_sampling_level = cfg.importance_sampling_level
+    fake.beta = cfg.beta
+    fake.loss_type = cfg.loss_type
+    fake.epsilon_low, fake.epsilon_high = cfg.epsilon, cfg.epsilon_high
+    fake.max_completion_length = cfg.max_completion_length
+    fake.use_vllm = False
+    fake.vllm_importance_sampling_correction = False
+    fake.model = SimpleNamespace(training=True)
+    fake.current_gradient_accumulation_steps = accumulation
+    fake.accelerator = _Accelerator()
+    fake.entropy_coef = cfg.entropy_coef
+    fake.use_adaptive_entropy = cfg.use_adaptive_entropy
+    fake._entropy_bonus_enabled = cfg.entropy_coef != 0.0 or cfg.use_adaptive_entropy
+    fake._last_world_entropy = float("inf")
+    fake._entropy_window_stats = None
+    fake._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+    return fake
 
 
-def _case(seed: int, off_policy: bool):
+def trl_truncated(completion_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """TRL's mask_truncated_completions rule (grpo_trainer.py, `_generate_and_score_completions`): a completion whose
+    last kept token is neither EOS nor pad was cut at the length limit. (An empty row has no last token: kept.)"""
+    eos_and_pad = [EOS, PAD]
+    ids = [row[m.bool()].tolist() for row, m in zip(completion_ids, mask)]
+    return torch.tensor([bool(r) and r[-1] not in eos_and_pad for r in ids])
+
+
+@dataclasses.dataclass
+class Case:
+    logits: torch.Tensor  # [B, T, V] float64, the parameters
+    completion_ids: torch.Tensor
+    mask: torch.Tensor
+    old: torch.Tensor | None
+    ref: torch.Tensor
+    advantages: torch.Tensor
+
+    def logps(self) -> torch.Tensor:
+        return torch.log_softmax(self.logits, -1).gather(-1, self.completion_ids.unsqueeze(-1)).squeeze(-1)
+
+    def entropy(self) -> torch.Tensor:  # with gradient, as TRL's fused head returns it
+        logp = torch.log_softmax(self.logits, -1)
+        return -(logp.exp() * logp).sum(-1)
+
+
+def make_case(seed: int, off_policy: bool = True, truncate: bool = False, scale: float = 1.0) -> Case:
     g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(B, T, V, generator=g, dtype=torch.float32).requires_grad_(True)
-    completion_ids = torch.randint(0, V, (B, T), generator=g)
-    mask = (torch.arange(T)[None, :] < torch.tensor(LENGTHS)[:, None]).long()
-
-    def logps_fn():
-        return torch.log_softmax(logits, dim=-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
-
-    base = logps_fn().detach()
+    logits = (scale * torch.randn(B, T, V, generator=g, dtype=torch.float64)).requires_grad_(True)
+    completion_ids = torch.randint(2, V, (B, T), generator=g)
+    lengths = torch.tensor(LENGTHS)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
+    ends = (lengths > 0) & (lengths < T)  # these stopped: EOS is their last token, pad after it
+    completion_ids[ends, lengths[ends] - 1] = EOS
+    completion_ids[mask == 0] = PAD
+    if truncate:  # TRL zeroes the completion mask of truncated rows before anything else sees it
+        mask = mask * (~trl_truncated(completion_ids, mask)).unsqueeze(1).long()
+    base = torch.log_softmax(logits.detach(), -1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
     # Sampling-policy log-probs off by ~0.3 nats so both clip bounds are hit; ref further off for a visible KL.
-    old = base + 0.3 * torch.randn(B, T, generator=g) if off_policy else None
-    ref = base + 0.5 * torch.randn(B, T, generator=g)
-    rewards = torch.randn(B, generator=g)
-    advantages, _ = group_advantages(rewards, num_generations=3)
-    return logits, logps_fn, completion_ids, mask, old, ref, advantages
+    old = base + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64) if off_policy else None
+    ref = base + 0.5 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    advantages, _ = group_advantages(torch.randn(B, generator=g, dtype=torch.float64), num_generations=G)
+    advantages[2] = 0.0  # as in a group without spread: the sign-dependent branches see A = 0 too
+    return Case(logits, completion_ids, mask, old, ref, advantages)
 
 
-def _trl_loss(cfg, logps_fn, completion_ids, mask, old, ref, advantages, num_items_in_batch):
-    fake = _trl_self(cfg, logps_fn)
+def trl_loss(fake: GRPOTrainer, case: Case, num_items: float) -> tuple[torch.Tensor, dict[str, float]]:
+    def per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, **kwargs):
+        assert logits_to_keep == T
+        return case.logps(), case.entropy(), None
+
+    fake._get_per_token_logps_and_entropies = per_token_logps_and_entropies
     inputs = {
         "prompt_ids": torch.zeros(B, 2, dtype=torch.long),
         "prompt_mask": torch.ones(B, 2, dtype=torch.long),
-        "completion_ids": completion_ids,
-        "completion_mask": mask,
-        "advantages": advantages,
-        "num_items_in_batch": torch.tensor(float(num_items_in_batch)),
+        "completion_ids": case.completion_ids,
+        "completion_mask": case.mask,
+        "advantages": case.advantages,
+        "num_items_in_batch": torch.tensor(float(num_items), dtype=torch.float64),
+        "ref_per_token_logps": case.ref,
     }
-    if old is not None:
-        inputs["old_per_token_logps"] = old
-    if cfg.beta != 0.0:
-        inputs["ref_per_token_logps"] = ref
+    if case.old is not None:
+        inputs["old_per_token_logps"] = case.old
+    before = {k: len(v) for k, v in fake._metrics["train"].items()}
     loss = GRPOTrainer._compute_loss(fake, None, inputs)
-    metrics = {k: v[-1] for k, v in fake._metrics["train"].items()}
-    return loss, metrics
+    logged = {k: v[-1] for k, v in fake._metrics["train"].items() if len(v) > before.get(k, 0)}
+    return loss, logged
 
 
-def _config(**kw) -> LossConfig:
+def our_loss(cfg, case: Case, control: EntropyControl, normalizer=None, share: float = 1.0):
+    return policy_loss(case.logps(), case.old, case.ref if cfg.beta else None, case.advantages, case.mask, cfg,
+                       entropy=case.entropy(), normalizer=normalizer, share=share, entropy_control=control)
+
+
+def config(**kw) -> LossConfig:
+    kw.setdefault("importance_sampling_level", "sequence" if kw.get("loss_type") == "luspo" else "token")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("ignore")  # TRL's advice (sequence level with token sums, cispo's cap) is tested below
         return LossConfig(max_completion_length=MAX_COMPLETION_LENGTH, **kw)
 
 
-def _compare(cfg: LossConfig, off_policy: bool, seed: int = 0, normalizer=None):
-    logits, logps_fn, completion_ids, mask, old, ref, advantages = _case(seed, off_policy)
-    num_items = int(mask.sum()) if normalizer is None else normalizer
+def assert_same(ours, theirs, grad_ours, grad_theirs, metrics, trl_metrics, control):
+    assert ours.dim() == 0 and torch.isfinite(ours)
+    assert abs(ours.item() - theirs.item()) <= TOL, (ours.item(), theirs.item())
+    assert (grad_ours - grad_theirs).abs().max().item() <= TOL
+    assert grad_theirs.abs().max().item() > 1e-3  # a real gradient, not two zeros agreeing
+    for key, value in trl_metrics.items():  # every metric TRL logs, ours under the same name
+        mine = control.coef if key == "entropy_coef" else metrics[key]  # stepped by the trainer after the update
+        tol = 1e-7 if "clip_ratio" in key else TOL  # TRL averages these 0/1 flags in float32 (`.float()`)
+        assert mine == pytest.approx(value, abs=tol, nan_ok=True), key
+    assert set(trl_metrics) - {"entropy_coef"} <= set(metrics)
 
-    trl_loss, trl_metrics = _trl_loss(cfg, logps_fn, completion_ids, mask, old, ref, advantages, num_items)
-    (trl_grad,) = torch.autograd.grad(trl_loss, logits)
 
-    ours, metrics = grpo_loss(
-        logps_fn(), old, ref if cfg.beta else None, advantages, mask, cfg, normalizer=normalizer
-    )
-    (our_grad,) = torch.autograd.grad(ours, logits)
+def compare(cfg: LossConfig, case: Case, normalizer=None) -> dict[str, float]:
+    num_items = int(case.mask.sum()) if normalizer is None else normalizer
+    theirs, trl_metrics = trl_loss(_trl_trainer(cfg), case, num_items)
+    (grad_theirs,) = torch.autograd.grad(theirs, case.logits)
+    control = EntropyControl(cfg)
+    ours, metrics = our_loss(cfg, case, control, normalizer=normalizer)
+    (grad_ours,) = torch.autograd.grad(ours, case.logits)
+    assert_same(ours, theirs, grad_ours, grad_theirs, metrics, trl_metrics, control)
+    return metrics
 
-    assert torch.isfinite(ours) and ours.dim() == 0
-    assert abs(ours.item() - trl_loss.item()) <= TOL, (ours.item(), trl_loss.item())
-    assert (our_grad - trl_grad).abs().max().item() <= TOL
-    assert trl_grad.abs().max().item() > 1e-3  # a real gradient, not two zeros agreeing
 
-    keys = ["clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"]
-    keys += ["clip_ratio/low_min", "clip_ratio/high_max"] + (["kl"] if cfg.beta else [])
-    for key in keys:
-        assert metrics[key] == pytest.approx(trl_metrics[key], abs=TOL, nan_ok=True), key
-    assert ("kl" in metrics) == bool(cfg.beta)
-    return metrics, trl_grad
+def _epsilon_high(loss_type: str) -> float:
+    return 1.2 if loss_type == "cispo" else 0.28  # cispo's cap is on the ratio itself (ScaleRL: 5.0)
+
+
+def test_the_registry_holds_trl_s_losses_and_gmpo():
+    assert set(LOSSES) == set(TRL_LOSSES) | {"gmpo"}
+    for name, cls in LOSSES.items():
+        assert cls.name == name and cls.summary and cls.paper
 
 
 @pytest.mark.parametrize("off_policy", [True, False], ids=["off_policy", "on_policy"])
-@pytest.mark.parametrize("level", ["token", "sequence"])
 @pytest.mark.parametrize("beta", [0.0, 0.04])
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
-def test_loss_and_grad_match_trl(loss_type, beta, level, off_policy):
-    cfg = _config(loss_type=loss_type, beta=beta, importance_sampling_level=level, epsilon_high=0.28)
-    metrics, _ = _compare(cfg, off_policy)
-    if off_policy:  # the case must exercise clipping, or the clip branch is untested
-        assert metrics["clip_ratio/region_mean"] > 0
-    else:
-        assert metrics["clip_ratio/region_mean"] == 0
+@pytest.mark.parametrize("loss_type", TRL_LOSSES)
+def test_loss_and_grad_match_trl(loss_type, beta, off_policy):
+    cfg = config(loss_type=loss_type, beta=beta, epsilon_high=_epsilon_high(loss_type))
+    metrics = compare(cfg, make_case(0, off_policy))
+    if LOSSES[loss_type].clips:  # the case must exercise clipping, or the clip branch is untested
+        assert (metrics["clip_ratio/region_mean"] > 0) == off_policy
+    assert ("kl" in metrics) == bool(beta)
 
 
-@pytest.mark.parametrize("level", ["token", "sequence"])
-@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
-def test_kl_without_bias_correction_matches_trl(loss_type, level):
-    cfg = _config(loss_type=loss_type, beta=0.1, importance_sampling_level=level, use_bias_correction_kl=False)
-    _compare(cfg, off_policy=True, seed=1)
+OPTIONS = {
+    "delta": dict(delta=1.1),
+    "top_entropy_quantile": dict(top_entropy_quantile=0.5),
+    "mask_truncated_completions": dict(mask_truncated_completions=True),
+    "off_policy_mask_threshold": dict(off_policy_mask_threshold=0.01),
+    "entropy_coef": dict(entropy_coef=0.1),
+    "sequence_level": dict(importance_sampling_level="sequence"),
+    "no_bias_correction_kl": dict(use_bias_correction_kl=False),
+    "everything": dict(delta=1.1, top_entropy_quantile=0.5, mask_truncated_completions=True,
+                       off_policy_mask_threshold=0.01, entropy_coef=0.1),
+}
 
 
-def test_two_sided_delta_matches_trl():
-    _compare(_config(loss_type="grpo", delta=1.25), off_policy=True, seed=2)
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+@pytest.mark.parametrize("loss_type", TRL_LOSSES)
+def test_every_option_matches_trl(loss_type, option):
+    kw = dict(OPTIONS[option])
+    if loss_type == "vespo" and kw.get("importance_sampling_level") == "sequence":
+        pytest.skip("vespo forms its own sequence weight: token level only (refused, tested below)")
+    cfg = config(loss_type=loss_type, beta=0.04, epsilon_high=_epsilon_high(loss_type), **kw)
+    case = make_case(1, truncate=cfg.mask_truncated_completions)
+    if cfg.mask_truncated_completions:  # the case has a row cut at the limit, and it trains on nothing
+        whole = make_case(1)
+        assert trl_truncated(whole.completion_ids, whole.mask).tolist() == [True] + [False] * (B - 1)
+        assert case.mask[0].sum() == 0 and torch.equal(case.mask[1:], whole.mask[1:])
+    if cfg.off_policy_mask_threshold is not None:  # some negative-advantage rows dropped, not all
+        keep = GRPOTrainer.get_off_policy_mask(case.advantages.unsqueeze(1), case.logps(), case.old, case.mask,
+                                               cfg.off_policy_mask_threshold)
+        negative = (case.advantages < 0) & (case.mask.sum(1) > 0)
+        assert 0 < int((keep.squeeze(1) == 0).sum()) < int(negative.sum())
+    metrics = compare(cfg, case)
+    if cfg.entropy_coef:
+        assert "policy_loss" in metrics
 
 
-def test_dapo_global_normalizer_matches_trl():
-    # A global token count (e.g. summed over processes/accumulation) larger than the local mask sum.
-    _, grad_local = _compare(_config(loss_type="dapo"), off_policy=True, seed=3)
-    _, grad_global = _compare(_config(loss_type="dapo"), off_policy=True, seed=3, normalizer=3 * sum(LENGTHS))
-    torch.testing.assert_close(grad_global * 3, grad_local)
+@pytest.mark.parametrize("loss_type", TRL_LOSSES)
+def test_adaptive_entropy_coefficient_evolves_as_trl_s(loss_type):
+    """Four updates of two micro-batches each: TRL's controller and ours see the same entropies; each micro-batch's
+    loss and gradient, the coefficient after each update (clamped at both ends) and the gating by the last measured
+    entropy agree. Logits scaled by 1 have a mean entropy above the target (1.5 nats), scaled by 3 below it."""
+    cfg = config(loss_type=loss_type, beta=0.04, epsilon_high=_epsilon_high(loss_type), use_adaptive_entropy=True,
+                 entropy_coef=0.04, entropy_coef_delta=0.03, entropy_coef_min=0.0, entropy_coef_max=0.05,
+                 entropy_target=1.5)
+    fake, control = _trl_trainer(cfg, accumulation=2), EntropyControl(cfg)
+    coefficients, applied = [], []
+    for update, scale in enumerate([3.0, 1.0, 1.0, 3.0]):
+        cases = [make_case(10 + 2 * update + k, scale=scale) for k in range(2)]
+        tokens = sum(int(c.mask.sum()) for c in cases)
+        applied.append(control.applied())
+        for k, case in enumerate(cases):
+            fake.accelerator.sync_gradients = k == 1
+            theirs, trl_metrics = trl_loss(fake, case, tokens)
+            (grad_theirs,) = torch.autograd.grad(theirs, case.logits)
+            ours, metrics = our_loss(cfg, case, control, normalizer=tokens, share=0.5)
+            (grad_ours,) = torch.autograd.grad(ours, case.logits)
+            if k == 1:
+                control.end_update(lambda x: x)
+            assert_same(ours, theirs, grad_ours, grad_theirs, metrics, trl_metrics, control)
+        assert control.coef == pytest.approx(fake.entropy_coef, abs=TOL)
+        assert control.last_entropy == pytest.approx(fake._last_world_entropy, abs=TOL)
+        coefficients.append(control.coef)
+    assert coefficients == pytest.approx([0.05, 0.02, 0.0, 0.03], abs=1e-12)  # up to the cap, down, to the floor, up
+    # none before a measurement; then applied while the last entropy is at or below the target, else gated
+    assert applied == pytest.approx([0.0, 0.05, 0.0, 0.0], abs=1e-12)
+
+
+def test_entropy_mask_equals_trl_s_with_ties():
+    """float32 entropies with repeated values (the quantile lands on a tie): the same tokens train."""
+    from vlm_grpo.grpo.algorithm.losses.objective import ONE_PROCESS, high_entropy_mask
+
+    fake = _trl_trainer(config())
+    entropy = torch.tensor([[0.5, 1.0, 1.0, 2.0, 0.1], [1.0, 1.0, 3.0, 0.0, 0.0], [0.2, 0.2, 0.2, 0.2, 0.2]])
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0]])
+    for quantile in (0.2, 0.5, 0.6, 0.8, 1.0 - 1e-9):
+        theirs = GRPOTrainer.get_high_entropy_mask(fake, entropy, mask, 1 - quantile)
+        ours = high_entropy_mask(entropy, mask.float(), 1 - quantile, ONE_PROCESS)
+        assert torch.equal(ours, theirs), quantile
+    assert high_entropy_mask(entropy, mask.float(), 0.5, ONE_PROCESS).sum() == 6  # the median 1.0 (four ties) kept
+
+
+def test_a_step_wide_normaliser_matches_trl():
+    # A token count of the whole step (accumulation, processes) larger than the micro-batch's: dapo, cispo, vespo.
+    for loss_type in ("dapo", "cispo", "vespo"):
+        cfg = config(loss_type=loss_type, epsilon_high=_epsilon_high(loss_type))
+        compare(cfg, make_case(3), normalizer=3 * sum(LENGTHS))
 
 
 def test_defaults_match_trl_config():
     trl_defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
     ours = LossConfig()
-    for name in ("loss_type", "epsilon", "beta", "importance_sampling_level", "use_bias_correction_kl", "delta"):
+    shared = [f.name for f in dataclasses.fields(LossConfig) if f.name in trl_defaults]
+    shared = [n for n in shared if n not in ("epsilon_high", "max_completion_length")]  # resolved / derived
+    assert len(shared) == 24  # every TRL name the loss section takes, loss-specific ones included
+    for name in shared:
         assert getattr(ours, name) == trl_defaults[name], name
     assert trl_defaults["epsilon_high"] is None and ours.epsilon_high == ours.epsilon
+    for name in ("scale_rewards", "multi_objective_aggregation"):
+        from vlm_grpo.grpo.settings.sections import TrainConfig
+
+        assert getattr(TrainConfig(), name) == trl_defaults[name], name
 
 
 def test_sequence_level_with_token_sum_losses_warns_like_trl():
-    # TRL 1.16 accepts importance_sampling_level="sequence" with dapo/dr_grpo and only logs a warning.
-    for loss_type in ("dapo", "dr_grpo"):
+    # TRL 1.16 accepts importance_sampling_level="sequence" with these and only logs a warning.
+    for loss_type in ("bnpo", "dr_grpo", "dapo", "cispo"):
         with pytest.warns(UserWarning, match="weights each sequence by its completion length"):
-            LossConfig(loss_type=loss_type, importance_sampling_level="sequence")
+            LossConfig(loss_type=loss_type, importance_sampling_level="sequence", epsilon_high=5.0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         LossConfig(loss_type="grpo", importance_sampling_level="sequence")
 
 
-def _trl_advantages(rewards: torch.Tensor, G: int, scale_rewards: str) -> tuple[torch.Tensor, float]:
-    """grpo_trainer.py L2765-2788 (TRL 1.16, sum_then_normalize), with TRL's nanstd."""
-    mean = torch.nanmean(rewards.view(-1, G), dim=1).repeat_interleave(G, dim=0)
-    if scale_rewards in ("group", "none"):
-        std = nanstd(rewards.view(-1, G), dim=1).repeat_interleave(G, dim=0)
+@pytest.mark.parametrize("loss_type, level", [("luspo", "token"), ("vespo", "sequence"), ("gmpo", "sequence")])
+def test_a_loss_defined_at_one_level_refuses_the_other_naming_both(loss_type, level):
+    # TRL warns for luspo at token level and vespo at sequence level; the issue asks for a refusal naming both.
+    with pytest.raises(SettingError, match=rf"importance_sampling_level.*{level}.*loss_type '{loss_type}'"):
+        LossConfig(loss_type=loss_type, importance_sampling_level=level)
+    from vlm_grpo.grpo.settings.sources import load_config
+
+    with pytest.raises(SettingError) as err:  # from the command line: the setting named once, with its section
+        load_config(overrides=["--loss-type", loss_type, "--importance-sampling-level", level])
+    assert str(err.value).startswith(f"setting 'loss.importance_sampling_level': '{level}' with loss_type")
+
+
+def test_sync_ref_model_is_refused_where_trl_refuses_it():
+    with pytest.raises(SettingError, match="sync_ref_model.*beta is 0"):
+        LossConfig(sync_ref_model=True)
+    from vlm_grpo.grpo.settings.sources import load_config
+
+    with pytest.raises(SettingError, match="^setting 'loss.sync_ref_model': needs a reference"):
+        load_config(overrides=["--sync-ref-model", "true", "--beta", "0"])
+
+    with pytest.raises(SettingError, match="sync_ref_model.*LoRA"):
+        load_config(overrides=["--sync-ref-model", "true", "--beta", "0.04", "--lora.r", "4"])
+    assert load_config(overrides=["--sync-ref-model", "true", "--beta", "0.04"]).loss.sync_ref_model
+
+
+def test_cispo_warns_when_its_cap_is_below_one():
+    with pytest.warns(UserWarning, match="epsilon_high"):
+        LossConfig(loss_type="cispo")
+
+
+# ---------------------------------------------------------------- advantages (restated from TRL's code)
+
+
+def trl_advantages(rewards_per_func: torch.Tensor, weights: torch.Tensor, num_generations: int, scale_rewards: str,
+                   aggregation: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """grpo_trainer.py, `_generate_and_score_completions` (TRL 1.16): both multi_objective_aggregation branches."""
+    unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)
+    if aggregation == "sum_then_normalize":
+        rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
+        rewards[unscorable_mask] = torch.nan
+        mean_grouped_rewards = torch.nanmean(rewards.view(-1, num_generations), dim=1)
+        mean_grouped_rewards = mean_grouped_rewards.repeat_interleave(num_generations, dim=0)
+        if scale_rewards in ["group", "none"]:
+            std_rewards = nanstd(rewards.view(-1, num_generations), dim=1).repeat_interleave(num_generations, dim=0)
+        else:
+            std_rewards = nanstd(rewards).expand_as(rewards)
+        advantages = rewards - mean_grouped_rewards
+        if scale_rewards != "none":
+            advantages = advantages / (std_rewards + 1e-4)
     else:
-        std = nanstd(rewards).expand_as(rewards)
-    adv = rewards - mean
-    if scale_rewards != "none":
-        adv = adv / (std + 1e-4)
-    is_std_zero = torch.isclose(std, torch.zeros_like(std))
-    return torch.nan_to_num(adv, nan=0.0), is_std_zero.float().mean().item()
+        grouped = rewards_per_func.view(-1, num_generations, rewards_per_func.shape[1])
+        mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+        std_k = nanstd(grouped, dim=1, keepdim=True)
+        reward_k = ((grouped - mean_k) / (std_k + 1e-4)).view(-1, rewards_per_func.shape[1])
+        rewards = (reward_k * weights.unsqueeze(0)).nansum(dim=1)
+        rewards[unscorable_mask] = torch.nan
+        std_rewards = nanstd(rewards).expand_as(rewards)
+        advantages = (rewards - torch.nanmean(rewards)) / (std_rewards + 1e-4)
+    is_std_zero = torch.isclose(std_rewards, torch.zeros_like(std_rewards))
+    return torch.nan_to_num(advantages, nan=0.0), is_std_zero
 
 
 @pytest.mark.parametrize("scale_rewards", ["group", "batch", "none"])
-def test_advantages_match_trl_formula(scale_rewards):
+def test_group_advantages_match_trl(scale_rewards):
     g = torch.Generator().manual_seed(4)
-    G = 4
-    rewards = torch.randn(5 * G, generator=g)
-    rewards[G : 2 * G] = 1.0  # one flat group
-    rewards[2 * G + 1] = float("nan")  # one unscorable completion
-    ours, metrics = group_advantages(rewards, G, scale_rewards)
-    ref, ref_frac = _trl_advantages(rewards, G, scale_rewards)
+    n = 4
+    rewards = torch.randn(5 * n, generator=g, dtype=torch.float64)
+    rewards[n : 2 * n] = 1.0  # one flat group
+    rewards[2 * n + 1] = float("nan")  # one unscorable completion
+    ours, metrics = group_advantages(rewards, n, scale_rewards)
+    ref, zero_std = trl_advantages(rewards.unsqueeze(1), torch.ones(1, dtype=torch.float64), n, scale_rewards,
+                                   "sum_then_normalize")
     torch.testing.assert_close(ours, ref, atol=TOL, rtol=0)
-    assert ours[2 * G + 1] == 0
-    assert torch.all(ours[G : 2 * G] == 0)
-    assert metrics["reward_mean"] == pytest.approx(torch.nanmean(rewards).item(), abs=1e-6)
-    assert metrics["reward_std"] == pytest.approx(nanstd(rewards).item(), abs=1e-6)
+    assert ours[2 * n + 1] == 0 and torch.all(ours[n : 2 * n] == 0)
+    assert metrics["reward_mean"] == pytest.approx(torch.nanmean(rewards).item(), abs=TOL)
+    assert metrics["reward_std"] == pytest.approx(nanstd(rewards).item(), abs=TOL)
     if scale_rewards != "batch":  # TRL's batch-mode flag is about the batch std; ours always counts groups
-        assert metrics["frac_reward_zero_std"] == pytest.approx(ref_frac)
+        assert metrics["frac_reward_zero_std"] == pytest.approx(zero_std.double().mean().item())
     assert metrics["frac_reward_zero_std"] == pytest.approx(1 / 5)
 
 
+def test_normalize_then_sum_matches_trl():
+    """GDPO: each reward normalised in its group, the weighted sum normalised over the batch, as TRL does; with
+    rewards on very different scales, a missing component, a completion no reward applies to and a flat group."""
+    g = torch.Generator().manual_seed(5)
+    n = 4
+    accuracy = (torch.rand(5 * n, generator=g) > 0.5).double()
+    length = 300.0 * torch.rand(5 * n, generator=g, dtype=torch.float64)
+    fmt = torch.randn(5 * n, generator=g, dtype=torch.float64)
+    fmt[3] = float("nan")  # this reward does not apply to one completion
+    accuracy[9] = length[9] = fmt[9] = float("nan")  # no reward applies to this one
+    accuracy[12:16] = 1.0  # a flat component in one group
+    components = {"accuracy": accuracy, "length": length, "format": fmt}
+    weights = [1.0, 0.5, 2.0]
+    scores = reward_scores(components, weights, n, "normalize_then_sum")
+    cfg = SimpleNamespace(scale_rewards="group", multi_objective_aggregation="normalize_then_sum")
+    ours, _ = GroupRelative().estimate(scores, torch.ones(5 * n, 3), cfg)
+    stacked = torch.stack(list(components.values()), dim=1)
+    ref, _ = trl_advantages(stacked, torch.tensor(weights, dtype=torch.float64), n, "group", "normalize_then_sum")
+    assert ours.dtype == torch.float64
+    torch.testing.assert_close(ours, ref, atol=TOL, rtol=0)
+    assert ours[9] == 0 and ours.abs().max() > 0.5
+    # and the plain sum differs: the 300-scale reward would drown the others
+    summed, _ = trl_advantages(stacked, torch.tensor(weights, dtype=torch.float64), n, "group", "sum_then_normalize")
+    assert (summed - ref).abs().max() > 0.1
+
+
 def test_on_policy_loss_values_by_hand():
-    # On-policy with beta=0 the ratio is 1, so each token contributes -A: the three aggregations differ
-    # only in their denominators.
+    # On-policy with beta=0 the ratio is 1, so each token contributes -A: the aggregations differ only in their
+    # denominators.
     lengths = torch.tensor(LENGTHS)
-    mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
-    adv = torch.tensor([1.0, -2.0, 0.5, 3.0, 7.0, -1.0])
-    logps = torch.zeros(B, T, requires_grad=True)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).double()
+    adv = torch.tensor([1.0, -2.0, 0.5, 3.0, 7.0, -1.0], dtype=torch.float64)
+    logps = torch.zeros(B, T, dtype=torch.float64, requires_grad=True)
     weighted = -(adv * lengths).sum()
+    per_sequence = -(adv * (lengths > 0)).sum() / B  # the empty row contributes 0
+    gate = torch.where(adv > 0, 2 / 1.0, 2 / 1.05).double()  # sapo: sigmoid(0) x 4 / tau, tau by the sign of A
     expected = {
-        "grpo": -(adv * (lengths > 0)).sum() / B,  # the empty row contributes 0
+        "grpo": per_sequence,
+        "sapo": -(gate * adv * (lengths > 0)).sum() / B,
+        "bnpo": weighted / lengths.sum(),
         "dr_grpo": weighted / (B * MAX_COMPLETION_LENGTH),
         "dapo": weighted / lengths.sum(),
+        "luspo": weighted / B,
     }
     for loss_type, value in expected.items():
-        loss, metrics = grpo_loss(logps, None, None, adv, mask, _config(loss_type=loss_type))
-        assert loss.item() == pytest.approx(value.item(), abs=1e-6), loss_type
-        assert metrics["clip_ratio/region_mean"] == 0 and "kl" not in metrics
-    loss, _ = grpo_loss(logps, None, None, adv, mask, _config(loss_type="dapo"), normalizer=100)
-    assert loss.item() == pytest.approx(weighted.item() / 100, abs=1e-6)
+        loss, metrics = policy_loss(logps, None, None, adv, mask, config(loss_type=loss_type))
+        tol = 1e-7 if loss_type == "sapo" else 1e-12  # TRL and ours hold sapo's temperatures as float32
+        assert loss.item() == pytest.approx(value.item(), abs=tol), loss_type
+        assert "kl" not in metrics
+    loss, _ = policy_loss(logps, None, None, adv, mask, config(loss_type="dapo"), normalizer=100)
+    assert loss.item() == pytest.approx(weighted.item() / 100, abs=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -265,6 +477,14 @@ def test_on_policy_loss_values_by_hand():
         ({"beta": float("nan")}, "beta"),
         ({"max_completion_length": 0}, "max_completion_length"),
         ({"delta": 1.0}, "delta"),
+        ({"top_entropy_quantile": 1.5}, "top_entropy_quantile"),
+        ({"off_policy_mask_threshold": 0.0}, "off_policy_mask_threshold"),
+        ({"entropy_coef_min": 0.5, "entropy_coef_max": 0.1}, "entropy_coef_min"),
+        ({"ref_model_mixup_alpha": 1.5}, "ref_model_mixup_alpha"),
+        ({"ref_model_sync_steps": 0}, "ref_model_sync_steps"),
+        ({"sapo_temperature_pos": 0.0}, "sapo_temperature_pos"),
+        ({"vespo_k_neg": -1.0}, "vespo_k_neg"),
+        ({"gmpo_clip": 0.0}, "gmpo_clip"),
     ],
 )
 def test_config_rejects(kwargs, match):
@@ -281,26 +501,29 @@ def test_loss_rejects_bad_arguments():
     x = torch.zeros(2, 3)
     adv, mask = torch.zeros(2), torch.ones(2, 3)
     with pytest.raises(ValueError, match="ref_logps is required"):
-        grpo_loss(x, None, None, adv, mask, LossConfig(beta=0.04))
+        policy_loss(x, None, None, adv, mask, LossConfig(beta=0.04))
     with pytest.raises(ValueError, match="completion_mask must have shape"):
-        grpo_loss(x, None, None, adv, torch.ones(2, 4), LossConfig())
+        policy_loss(x, None, None, adv, torch.ones(2, 4), LossConfig())
     with pytest.raises(ValueError, match="advantages"):
-        grpo_loss(x, None, None, torch.zeros(3), mask, LossConfig())
+        policy_loss(x, None, None, torch.zeros(3), mask, LossConfig())
     with pytest.raises(ValueError, match="normalizer"):
-        grpo_loss(x, None, None, adv, mask, LossConfig(), normalizer=-1)
+        policy_loss(x, None, None, adv, mask, LossConfig(), normalizer=-1)
+    with pytest.raises(ValueError, match="entropy is required"):
+        policy_loss(x, None, None, adv, mask, LossConfig(entropy_coef=0.1))
 
 
-def test_normalizer_is_dapo_only_and_clamped():
+def test_normalizer_is_step_tokens_only_and_clamped():
     logps = torch.zeros(2, 3, requires_grad=True)
     adv, mask = torch.tensor([1.0, -3.0]), torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    for loss_type in ("grpo", "dr_grpo"):
-        cfg = LossConfig(loss_type=loss_type)
-        plain, _ = grpo_loss(logps, None, None, adv, mask, cfg)
-        given, _ = grpo_loss(logps, None, None, adv, mask, cfg, normalizer=torch.tensor(50.0))
-        assert given.item() == plain.item()
+    for loss_type in ("grpo", "dr_grpo", "bnpo", "sapo", "luspo"):
+        cfg = config(loss_type=loss_type)
+        plain, _ = policy_loss(logps, None, None, adv, mask, cfg)
+        given, _ = policy_loss(logps, None, None, adv, mask, cfg, normalizer=torch.tensor(50.0))
+        assert given.item() == plain.item(), loss_type
     # An all-empty batch: a zero token count is clamped to 1 (TRL: num_items_in_batch.clamp(min=1.0)), not 0/0.
     for normalizer in (None, 0, torch.tensor(0.0)):
-        loss, _ = grpo_loss(logps, None, None, adv, torch.zeros(2, 3), LossConfig(), normalizer=normalizer)
+        loss, _ = policy_loss(logps, None, None, adv, torch.zeros(2, 3), LossConfig(), normalizer=normalizer)
         assert loss.item() == 0.0
-    loss, _ = grpo_loss(logps, None, None, adv, mask, LossConfig(), normalizer=torch.tensor(0.5))
+    loss, _ = policy_loss(logps, None, None, adv, mask, LossConfig(), normalizer=torch.tensor(0.5))
     assert loss.item() == pytest.approx(1.0)  # -(2*1 + 1*(-3)) / max(0.5, 1)
+    assert not math.isnan(loss.item())

@@ -11,11 +11,12 @@ from typing import Any
 import torch
 
 from vlm_grpo.bench.measure import FrameworkResult, describe_device, versions
-from vlm_grpo.bench.runners import build_source, run_trl, run_vlm_grpo
+from vlm_grpo.bench.runners import build_source, check_frameworks, run_trl, run_vlm_grpo
 from vlm_grpo.bench.settings import DEFAULT_THREADS, BenchSettings
 
 
 def run_benchmark(settings: BenchSettings) -> dict[str, Any]:
+    check_frameworks(settings)
     device = torch.device(settings.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     threads = settings.threads or DEFAULT_THREADS.get(settings.model, 1)
     if device.type == "cpu":
@@ -50,7 +51,8 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [
         (
             f"model {s['model']}: B={s['batch_size']} G={s['num_generations']} T={s['max_new_tokens']} (fixed), "
-            f"beta={s['beta']} loss={s['loss_type']} image {s['image_size']} px, "
+            f"beta={s['beta']} loss={s['loss_type']} ({s['importance_sampling_level']} level) "
+            f"image {s['image_size']} px, "
             f"{s['steps']} measured step(s) after {s['warmup']} warm-up"
         ),
         f"device: {report['device']}",

@@ -24,6 +24,17 @@ from vlm_grpo.grpo.training.freeze import apply_freeze
 from vlm_grpo.loader import load_model
 
 
+# GRPOConfig.loss_type values of TRL 1.16 (the registry's other losses run through vlm-grpo only)
+TRL_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+
+
+def check_frameworks(settings: BenchSettings) -> None:
+    """Refuse, before anything is built, a loss that one of the frameworks asked for does not have."""
+    if "trl" in settings.frameworks and settings.loss_type not in TRL_LOSS_TYPES:
+        raise ValueError(f"--loss-type {settings.loss_type}: TRL 1.16 has no such loss (it has "
+                         f"{', '.join(TRL_LOSS_TYPES)}); benchmark it alone with --frameworks vlm-grpo")
+
+
 def letter_share(completions, **_) -> list[float]:
     """A cheap, varying reward used by both frameworks: the share of ASCII letters in the completion."""
     texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
@@ -60,6 +71,7 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
         "--train-size", str(max(64, settings.batch_size * total)), "--batch-size", str(settings.batch_size),
         "--num-generations", str(settings.num_generations), "--max-new-tokens", str(settings.max_new_tokens),
         "--min-new-tokens", str(settings.max_new_tokens), "--beta", str(settings.beta), "--loss-type", settings.loss_type,
+        "--importance-sampling-level", settings.importance_sampling_level,
         "--learning-rate", str(settings.learning_rate), "--max-steps", str(total), "--seed", str(settings.seed),
         "--output-dir", str(work / "vlm-grpo"), "--log-completions", "false", "--progress", "false",
         "--data.rewards", "letters=vlm_grpo.bench.runners:letter_share",
@@ -117,6 +129,7 @@ def run_trl(settings: BenchSettings, source: str, device: torch.device, work: Pa
         top_k=0,
         beta=settings.beta,
         loss_type=settings.loss_type,
+        importance_sampling_level=settings.importance_sampling_level,
         learning_rate=settings.learning_rate,
         lr_scheduler_type="constant",
         max_grad_norm=1.0,

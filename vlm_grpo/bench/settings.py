@@ -16,7 +16,8 @@ class BenchSettings:
     num_generations: int = 8  # completions per prompt (G)
     max_new_tokens: int = 64  # every completion has exactly this many tokens (EOS ignored)
     beta: float = 0.04
-    loss_type: str = "dapo"
+    loss_type: str = "dapo"  # a registered loss; with "trl" in frameworks, one of TRL's (runners.TRL_LOSS_TYPES)
+    importance_sampling_level: str = "token"  # or "sequence" (GSPO)
     learning_rate: float = 1e-5
     image_size: int = 224
     steps: int = 3  # measured steps per framework

@@ -27,7 +27,11 @@ def add_parser(sub) -> None:
     p.add_argument("--num-generations", type=int, default=8, help="completions per prompt (G)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="completion length (EOS ignored)")
     p.add_argument("--beta", type=float, default=0.04)
-    p.add_argument("--loss-type", default="dapo", choices=["grpo", "dr_grpo", "dapo"])
+    # choices are the registry's, checked when the command runs: listing them here would load torch for --help
+    p.add_argument("--loss-type", default="dapo",
+                   help="a registered loss (README, 'Losses'); with TRL in --frameworks, one TRL 1.16 has")
+    p.add_argument("--importance-sampling-level", default="token",
+                   help="importance ratio per token or per sequence (GSPO; luspo needs sequence)")
     p.add_argument("--learning-rate", type=float, default=1e-5)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--steps", type=int, default=3, help="measured steps per framework")
@@ -51,10 +55,19 @@ def run(args) -> int:
         raise RuntimeError(f"vlm-grpo bench needs {' and '.join(missing)}: pip install 'vlm-grpo[bench]'")
     from vlm_grpo.bench.run import format_report, run_benchmark
     from vlm_grpo.bench.settings import BenchSettings
+    from vlm_grpo.grpo.algorithm.losses import LOSSES
+    from vlm_grpo.grpo.algorithm.losses.config import IMPORTANCE_SAMPLING_LEVELS
+
+    if args.loss_type not in LOSSES:
+        raise ValueError(f"--loss-type {args.loss_type!r} is not a registered loss: {', '.join(sorted(LOSSES))}")
+    if args.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(f"--importance-sampling-level {args.importance_sampling_level!r} is not one of "
+                         f"{', '.join(IMPORTANCE_SAMPLING_LEVELS)}")
 
     settings = BenchSettings(
         model=args.model, batch_size=args.batch_size, num_generations=args.num_generations,
-        max_new_tokens=args.max_new_tokens, beta=args.beta, loss_type=args.loss_type, learning_rate=args.learning_rate,
+        max_new_tokens=args.max_new_tokens, beta=args.beta, loss_type=args.loss_type,
+        importance_sampling_level=args.importance_sampling_level, learning_rate=args.learning_rate,
         image_size=args.image_size, steps=args.steps, warmup=args.warmup, threads=args.threads, seed=args.seed,
         frameworks=tuple(f for f in args.frameworks.split(",") if f),
         freeze=tuple(g for g in args.freeze.split(",") if g),

@@ -248,6 +248,8 @@ class GRPOTrainer(BaseTrainer):
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.entropy_control.end_update(self.collective.reduce_sum)
+            if self.entropy_control.enabled:  # TRL logs the coefficient as it stands after the update
+                sums["entropy_coef"] = sums.get("entropy_coef", 0.0) + self.entropy_control.coef / cfg.num_iterations
             self.updates += 1
             if cfg.loss.sync_ref_model and self.updates % cfg.loss.ref_model_sync_steps == 0:
                 reference_sync.mix(self.reference, self.adapter.model, cfg.loss.ref_model_mixup_alpha)
@@ -291,6 +293,7 @@ class GRPOTrainer(BaseTrainer):
                     traj.completion_mask[rows], inner, share_features=perf.share_image_features, features=features,
                     context=context, share_prompt=perf.share_prompt and not perf.gradient_checkpointing,
                     temperature=self.cfg.generation.temperature, with_entropy=with_entropy,
+                    entropy_grad=with_entropy and self.entropy_control.enabled,  # the bonus trains on the entropy
                     chunk_bytes=perf.logprob_chunk_mb * 2**20,
                 )
             return out.logps, out.entropy

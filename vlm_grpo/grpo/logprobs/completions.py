@@ -94,7 +94,7 @@ def group_scores(
     share_prompt (with share_features): each distinct prompt runs once and its KV cache serves its rows
     (shared_prompt.py).
     `context`: entered around the feature and embedding computation (e.g. the accelerator's autocast).
-    `options`: temperature, with_entropy, chunk_bytes (see head_logprobs.chunked_scores).
+    `options`: temperature, with_entropy, entropy_grad, chunk_bytes (see lm_head.chunked_scores).
     """
     import contextlib
 

@@ -1,7 +1,7 @@
 """Log-probabilities of given tokens taken straight from the last hidden states, one chunk of positions at a time.
 
-The model's own LM head is applied to a chunk, the chunk is reduced to log p(token) (plus entropy and whether
-the token is the argmax, both without gradient) and dropped; in backward the chunk is recomputed (activation
+The model's own LM head is applied to a chunk, the chunk is reduced to log p(token) (plus the entropy, with gradient
+only when asked for, and whether the token is the argmax) and dropped; in backward the chunk is recomputed (activation
 checkpointing). So no [rows, T, vocab] logits tensor exists in the forward or in the backward: with a 152k
 vocabulary that tensor is 2.5 GB in bf16 at 8 rows x 1024 tokens, and its fp32 gradient twice that.
 
@@ -26,33 +26,37 @@ CHUNK_BYTES = 256 * 2**20  # fp32 logits of one chunk
 @dataclass
 class TokenScores:
     logps: torch.Tensor  # [B, T] fp32, carries the gradient
-    entropy: torch.Tensor  # [B, T] fp32, no gradient (zeros unless asked for)
+    entropy: torch.Tensor  # [B, T] fp32 (zeros unless asked for); a gradient only with entropy_grad
     hits: torch.Tensor  # [B, T] bool: the token is the most likely one (greedy agrees), no gradient
 
 
-def logit_scores(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False):
-    """(log p(target), entropy, argmax hit) per row of `logits` [N, V] under softmax(logits / T), in fp32; only
-    the log-probs carry a gradient."""
+def logit_scores(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False,
+                 entropy_grad: bool = False):
+    """(log p(target), entropy, argmax hit) per row of `logits` [N, V] under softmax(logits / T), in fp32. The
+    log-probs carry a gradient; the entropy only with `entropy_grad` (an entropy bonus trains on it, as in TRL;
+    otherwise it is a metric or a mask, and its graph would cost a softmax per chunk)."""
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     norm = torch.logsumexp(logits, dim=-1)
     logps = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - norm
-    with torch.no_grad():
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = norm - (torch.softmax(logits, dim=-1) * logits).sum(-1) if with_entropy else torch.zeros_like(norm)
+    with torch.no_grad():
         hits = logits.argmax(dim=-1) == targets
     return logps, entropy, hits
 
 
-def _chunk_scores(head, hidden, targets, temperature: float, softcap: float | None, with_entropy: bool):
+def _chunk_scores(head, hidden, targets, temperature: float, softcap: float | None, with_entropy: bool,
+                  entropy_grad: bool):
     logits = head(hidden).float()
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
-    return logit_scores(logits, targets, temperature, with_entropy)
+    return logit_scores(logits, targets, temperature, with_entropy, entropy_grad)
 
 
 def chunked_scores(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
-                   softcap: float | None = None, with_entropy: bool = False,
+                   softcap: float | None = None, with_entropy: bool = False, entropy_grad: bool = False,
                    chunk_bytes: int = CHUNK_BYTES) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """log p(target), entropy and argmax hits for hidden states [N, H] and targets [N] under softmax(head(h) / T)."""
     if temperature <= 0:
@@ -62,7 +66,8 @@ def chunked_scores(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.T
     recompute = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
     parts = []
     for start in range(0, hidden.shape[0], rows):
-        args = (head, hidden[start : start + rows], targets[start : start + rows], temperature, softcap, with_entropy)
+        args = (head, hidden[start : start + rows], targets[start : start + rows], temperature, softcap, with_entropy,
+                entropy_grad)
         parts.append(checkpoint(_chunk_scores, *args, use_reentrant=False) if recompute else _chunk_scores(*args))
     if not parts:
         empty = hidden.new_zeros(0, dtype=torch.float32)
@@ -94,14 +99,14 @@ class _ScoringHead(torch.nn.Module):
 
 @contextlib.contextmanager
 def scoring_head(model: torch.nn.Module, targets: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
-                 chunk_bytes: int = CHUNK_BYTES) -> Iterator[_ScoringHead]:
+                 entropy_grad: bool = False, chunk_bytes: int = CHUNK_BYTES) -> Iterator[_ScoringHead]:
     """Within the block, `model`'s LM head scores `targets` [B, T] at the last T+1 hidden positions it sees
     (position t predicts token t) instead of returning logits; read `.scores` after the forward."""
     core = hf_core(model)
     head = core.get_output_embeddings()
     softcap = getattr(core.config.get_text_config(), "final_logit_softcapping", None)
     scorer = _ScoringHead(head, targets, softcap, temperature=temperature, with_entropy=with_entropy,
-                          chunk_bytes=chunk_bytes)
+                          entropy_grad=entropy_grad, chunk_bytes=chunk_bytes)
     core.set_output_embeddings(scorer)
     try:
         yield scorer

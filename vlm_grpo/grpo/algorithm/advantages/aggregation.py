@@ -21,7 +21,8 @@ def reward_scores(components: dict[str, torch.Tensor], weights: list[float], num
     """components: each reward's raw scores [N] (NaN: not applicable), in the order of `weights`."""
     if aggregation not in MULTI_OBJECTIVE:
         raise ValueError(f"multi_objective_aggregation must be one of {MULTI_OBJECTIVE}, got {aggregation!r}")
-    stacked = torch.stack(list(components.values()), dim=1).float()  # [N, K]
+    stacked = torch.stack(list(components.values()), dim=1)  # [N, K]
+    stacked = stacked if stacked.is_floating_point() else stacked.float()  # float64 scores stay float64
     w = torch.tensor(weights, dtype=stacked.dtype)
     unscorable = torch.isnan(stacked).all(dim=1)
     values = stacked

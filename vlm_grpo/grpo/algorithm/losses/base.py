@@ -97,5 +97,5 @@ def register(cls: type[PolicyLoss]) -> type[PolicyLoss]:
 def require_level(loss: str, level: str, cfg: Any) -> None:
     """A loss defined only at one importance-sampling level refuses the other, naming both settings."""
     if cfg.importance_sampling_level != level:
-        raise SettingError("loss.importance_sampling_level", f"{cfg.importance_sampling_level!r} with loss_type "
+        raise SettingError("importance_sampling_level", f"{cfg.importance_sampling_level!r} with loss_type "
                            f"{loss!r}: {loss} is defined with importance_sampling_level {level!r}")

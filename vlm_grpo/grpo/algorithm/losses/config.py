@@ -82,7 +82,7 @@ def _post_init(self) -> None:
     if self.entropy_coef_min > self.entropy_coef_max:
         raise SettingError("entropy_coef_min", f"{self.entropy_coef_min} is above entropy_coef_max ({self.entropy_coef_max})")
     if self.sync_ref_model and self.beta == 0.0:
-        raise SettingError("loss.sync_ref_model", "needs a reference to sync: beta is 0 (set loss.beta > 0, as TRL "
+        raise SettingError("sync_ref_model", "needs a reference to sync: beta is 0 (set loss.beta > 0, as TRL "
                            "requires)")
     LOSSES[self.loss_type].check(self)
     if self.importance_sampling_level == "sequence" and self.loss_type in SEQUENCE_LEVEL_SUMS:

@@ -30,11 +30,11 @@ class GMPO(PolicyLoss):
 
     def per_token(self, terms: LossTerms, cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask, log_ratio = terms.mask, terms.log_ratio
-        tokens = mask.sum(-1, keepdim=True)
-        advantage = (terms.advantages * mask).sum(-1, keepdim=True) / (tokens + 1e-8)  # the sequence's advantage
+        tokens = mask.sum(-1, keepdim=True).clamp(min=1.0)  # an empty row: advantage 0 (exact means otherwise)
+        advantage = (terms.advantages * mask).sum(-1, keepdim=True) / tokens  # the sequence's advantage
         sign = torch.sign(advantage)
         clipped = torch.clamp(log_ratio, -cfg.gmpo_clip, cfg.gmpo_clip)
         kept = sign * torch.min(sign * log_ratio, sign * clipped)
-        ratio = torch.exp((kept * mask).sum(-1, keepdim=True) / (tokens + 1e-8))  # [R, 1]
+        ratio = torch.exp((kept * mask).sum(-1, keepdim=True) / tokens)  # [R, 1]
         was_clipped = ((kept != log_ratio) & (sign != 0) & mask.bool()).float()
         return -advantage * ratio, {"gmpo/clip_fraction": was_clipped}

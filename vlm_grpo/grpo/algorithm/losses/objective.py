@@ -94,8 +94,8 @@ def policy_loss(
     """The scalar loss of one micro-batch, and its metrics (plain floats, averaged over processes).
 
     logps [R, T] (with gradient), old_logps and ref_logps [R, T] (None: on-policy / no reference), advantages [R]
-    or [R, T], mask [R, T] (1 on the tokens that train), entropy [R, T] (no gradient; needed for the entropy mask
-    and bonus). normalizer: the step's completion-token count per process (`step_tokens` losses; None: this
+    or [R, T], mask [R, T] (1 on the tokens that train), entropy [R, T] (needed for the entropy mask and bonus;
+    with an entropy bonus it carries the policy's gradient, as TRL's does, so the bonus raises the entropy). normalizer: the step's completion-token count per process (`step_tokens` losses; None: this
     micro-batch's). share: this micro-batch's fraction of the step's rows. entropy_control: the bonus's
     coefficient (an EntropyControl, which also records this micro-batch's entropy; None: `cfg.entropy_coef`).
     """
@@ -166,8 +166,7 @@ def policy_loss(
         mean_entropy = (entropy * effective).sum() / effective.sum().clamp(min=1.0)
         loss = loss - coef * mean_entropy * share
         unscaled = policy - coef * mean_entropy
-        metrics["policy_loss"] = policy.item()
-        metrics["entropy_coef"] = coef
+        metrics["policy_loss"] = policy.item()  # (the coefficient is logged by whoever steps it: the trainer)
         if entropy_control is not None:
             entropy_control.observe(entropy, effective)
     if per_token_kl is not None:
