@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from vlm_grpo.adapters.architecture import Architecture
-from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch, image_parts
+from vlm_grpo.adapters.batch import ImageSources, ImageTokenMismatch, PromptBatch, combine_rows, image_parts
 from vlm_grpo.adapters.features import ImageFeatures
 from vlm_grpo.adapters.image_layout import ImageCell, LayoutFacts, token_runs
 from vlm_grpo.adapters.module_groups import ModuleLayout, group_parameters
@@ -141,20 +141,33 @@ class VLMAdapter(ABC):
         return self.tokenizer.pad_token_id
 
     # ================================================================ provided: encoding
-    def encode_prompts(self, conversations: Sequence[Conversation], images: Sequence[Sequence[Image.Image]]) -> PromptBatch:
-        """Chat messages + each sample's images -> one left-padded PromptBatch, checked for alignment."""
+    def encode_prompts(self, conversations: Sequence[Conversation], images: Sequence[Sequence[Image.Image]],
+                       tools: Sequence[list | None] | None = None) -> PromptBatch:
+        """Chat messages + each sample's images -> one left-padded PromptBatch, checked for alignment.
+        `tools`: per sample, the tools (functions or JSON schemas) its chat template describes to the model."""
         if len(conversations) != len(images):
             raise ValueError(f"{len(conversations)} conversations but {len(images)} image lists")
         for i, (conv, sample) in enumerate(zip(conversations, images)):
             parts = image_parts(conv)
             if parts != len(sample):
                 raise ImageTokenMismatch(f"sample {i}: the prompt has {parts} image parts but {len(sample)} images")
+        tools = tools or [None] * len(conversations)
         texts = [
-            self.processor.apply_chat_template(list(conv), add_generation_prompt=True, tokenize=False)
-            for conv in conversations
+            self.processor.apply_chat_template(list(conv), add_generation_prompt=True, tokenize=False,
+                                               **({"tools": list(t)} if t else {}))
+            for conv, t in zip(conversations, tools)
         ]
         images = [[prepare_sample_image(img, i) for img in sample] for i, sample in enumerate(images)]
         batch = self._to_batch(self._run_processor(texts, images), images)
+        self.check_alignment(batch)
+        return batch
+
+    def encode_turns(self, texts: Sequence[str], images: Sequence[Sequence[Image.Image]]) -> PromptBatch:
+        """Text that continues conversations (a tool turn's rendering, up to the next assistant header) with the
+        images it shows, one sample each: encoded like prompts (the processor expands each image's tokens), without
+        the tokenizer's own special tokens, left-padded and checked for alignment."""
+        images = [[prepare_sample_image(img, i) for img in sample] for i, sample in enumerate(images)]
+        batch = self._to_batch(self._run_processor(list(texts), images, add_special_tokens=False), images)
         self.check_alignment(batch)
         return batch
 
@@ -197,15 +210,18 @@ class VLMAdapter(ABC):
         """Model kwargs for a prompt batch; the one place a family can adjust them (generate and forward)."""
         return batch.model_inputs()
 
-    def completion_inputs(self, batch: PromptBatch, completion_ids: torch.Tensor,
-                          completion_mask: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Model kwargs for one teacher-forced forward over prompt + completion."""
+    def completion_inputs(self, batch: PromptBatch, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                          completion_types: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Model kwargs for one teacher-forced forward over prompt + completion. `completion_types`: token-shaped
+        values over the completion ([N, T] per key) where it shows images (tool turns); otherwise text (0)."""
         inputs = self.model_inputs(batch)
         inputs["input_ids"] = torch.cat([batch.input_ids, completion_ids], dim=1)
         inputs["attention_mask"] = torch.cat([batch.attention_mask, completion_mask.to(batch.attention_mask.dtype)], dim=1)
-        for key in batch.token_keys:  # token-shaped tensors: completion tokens are text (0)
-            t = batch.mm[key]
-            inputs[key] = torch.cat([t, t.new_zeros(t.shape[0], completion_ids.shape[1])], dim=1)
+        types = completion_types or {}
+        for key in dict.fromkeys([*batch.token_keys, *types]):
+            prompt = batch.mm[key] if key in batch.mm else batch.input_ids.new_zeros(batch.input_ids.shape)
+            tail = types[key].to(prompt) if key in types else prompt.new_zeros(prompt.shape[0], completion_ids.shape[1])
+            inputs[key] = torch.cat([prompt, tail], dim=1)
         return inputs
 
     def generate(self, batch: PromptBatch, **settings: Any):
@@ -251,9 +267,15 @@ class VLMAdapter(ABC):
         """Delimiter and layout tokens beside the image placeholder that the policy must not emit."""
         return []
 
-    def _run_processor(self, texts: list[str], images: list[list[Image.Image]]):
+    def _run_processor(self, texts: list[str], images: list[list[Image.Image]], **text_options):
         flat = [img for sample in images for img in sample]
-        return self.processor(text=texts, images=flat or None, padding=True, return_tensors="pt")
+        return self.processor(text=texts, images=flat or None, padding=True, return_tensors="pt", **text_options)
+
+    def combine_images(self, sources: ImageSources, keys: Sequence[str]) -> tuple[dict[str, torch.Tensor], dict[str, list[int]]]:
+        """(mm, mm_rows) of new samples for `keys`: sample k shows the images of samples `sources[k]` ((batch,
+        index) pairs: a row's prompt, then its tool turns) in order. Default: leading rows per sample (flat
+        layouts); a family whose tensors pad per sample overrides it."""
+        return combine_rows(sources, keys)
 
     def _group_runs(self, runs: list[tuple[int, int]], n_images: int) -> list[tuple[int, int]]:
         """Runs of placeholder tokens -> one [start, end) per image (default: a run is an image)."""
