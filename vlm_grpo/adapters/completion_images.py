@@ -23,6 +23,7 @@ class CompletionImages:
     rows: list[list[int]]  # [N] the turns (samples of `turns`) each completion row shows, in order
     token_types: dict[str, torch.Tensor]  # token-shaped key -> [N, T] its values over the completions (0: text)
     features: ImageFeatures | None = None  # the turns' image features (detached), when the rollout computed them
+    policy_features: ImageFeatures | None = None  # the same with gradient (the policy's, taken once for the update)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -41,6 +42,7 @@ class CompletionImages:
             rows=[[where[t] for t in self.rows[r]] for r in rows],
             token_types={k: v[index.to(v.device)] for k, v in self.token_types.items()},
             features=None if self.features is None else self.features.select(used),
+            policy_features=None if self.policy_features is None else self.policy_features.select(used),
         )
 
     def row_features(self, prompt_features: ImageFeatures, turn_features: ImageFeatures) -> ImageFeatures:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from vlm_grpo.recipes.base import Recipe, Reward, Sample
-from vlm_grpo.recipes import clevr_count, cryptogram, mm_math, shapes, trl_format, vsr
+from vlm_grpo.recipes import clevr_count, count_price, cryptogram, mm_math, shapes, trl_format, vsr, zoom
 
 RECIPES: dict[str, Recipe] = {
     r.name: r
-    for r in (shapes.RECIPE, cryptogram.RECIPE, vsr.RECIPE, clevr_count.RECIPE, mm_math.RECIPE, trl_format.RECIPE)
+    for r in (shapes.RECIPE, cryptogram.RECIPE, vsr.RECIPE, clevr_count.RECIPE, mm_math.RECIPE, trl_format.RECIPE,
+              zoom.RECIPE, count_price.RECIPE)
 }
 
 

@@ -84,6 +84,15 @@ def transcript(messages: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def loggable_messages(messages: list[dict]) -> list[dict]:
+    """A completion's messages as completions.jsonl holds them: images become {"type": "image", "size": [w, h]}."""
+    def part(p: dict) -> dict:
+        return {"type": "image", "size": list(p["image"].size)} if p.get("type") == "image" else dict(p)
+
+    return [{**m, "content": [part(p) for p in m["content"]]} if isinstance(m.get("content"), list) else dict(m)
+            for m in messages]
+
+
 class ToolRollout:
     """Builds one batch's multi-turn completions. `encode_images(batch) -> ImageFeatures`: the tool images' encoder
     (the trainer's keeps the gradient when the policy's features are taken once for the update)."""
@@ -99,6 +108,16 @@ class ToolRollout:
         self.turn_features: list[ImageFeatures] = []  # per round with images: their features
         self.where: list[tuple[int, int]] = []  # image turn -> (round batch, sample in it)
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0}
+
+    @classmethod
+    def sample(cls, adapter, samples, gen, num_generations: int, device, session: ToolSession, fmt: ChatFormat,
+               prompts: PromptBatch, *, features: ImageFeatures | None = None, encoder: torch.nn.Module | None = None,
+               **options) -> Rollout:
+        """One batch's multi-turn completions; `encoder`: the model whose tool-image features keep their gradient
+        (the policy, when its features are taken once for the update), else they are encoded without."""
+        encode = None if encoder is None else (lambda batch: image_features(adapter, batch, model=encoder))
+        return cls(adapter, session, fmt, gen, device, encode_images=encode, **options).run(
+            samples, num_generations, prompts, features=features)
 
     def _no_grad_features(self, batch: PromptBatch) -> ImageFeatures:
         with torch.no_grad():

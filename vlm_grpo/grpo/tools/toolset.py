@@ -37,6 +37,18 @@ def load_environment(spec: str) -> Any:
     return factory
 
 
+def run_toolset(recipe, specs=(), environment: str | None = None, *, recipe_tools: bool = True,
+                timeout: float | None = None, tools=(), environment_factory=None) -> "Toolset":
+    """A run's tools: the recipe's (unless `recipe_tools` is off), those named in the settings (`specs`), those
+    passed in Python (`tools`); the environment passed in Python wins over the one named, which wins over the
+    recipe's."""
+    functions = [*(getattr(recipe, "tools", []) if recipe_tools else []), *(load_tool(s) for s in specs), *tools]
+    if environment_factory is None:
+        environment_factory = load_environment(environment) if environment else \
+            (getattr(recipe, "environment", None) if recipe_tools else None)
+    return Toolset(functions, environment_factory, timeout=timeout or None)
+
+
 def _methods(instance: Any) -> list[Callable]:
     """An environment's tools: its public functions other than reset and get_reward (listed on the class, so no
     property is evaluated)."""
