@@ -34,3 +34,19 @@ def family(request) -> str:
 @pytest.fixture
 def adapter(family):
     return tiny_adapter(family)
+
+
+# Markers whose tests run only when asked for by name (`pytest -m NAME`): full matrices too slow for `make test`,
+# each with a fast representative subset in the default run.
+OPT_IN_MARKERS = ("tools_matrix",)
+
+
+def pytest_collection_modifyitems(config, items):
+    chosen = config.getoption("-m") or ""
+    for name in OPT_IN_MARKERS:
+        if name in chosen:
+            continue
+        skip = pytest.mark.skip(reason=f"opt-in matrix: run it with `pytest -m {name}`")
+        for item in items:
+            if name in item.keywords:
+                item.add_marker(skip)

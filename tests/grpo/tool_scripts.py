@@ -55,3 +55,68 @@ def script_first_turns(adapter, script: Callable[[int], str | None], later: Call
 
     model.generate = generate
     return lambda: setattr(model, "generate", original)
+
+
+# ---------------------------------------------------------------- shared cases
+FAST_FAMILIES = ("qwen2_5_vl", "gemma3", "idefics3")  # M-RoPE, two-way image attention, tiles padded per sample
+
+
+def every_family(fast=FAST_FAMILIES):
+    """Every registered family; those outside `fast` only under `pytest -m tools_matrix`."""
+    import pytest
+
+    from vlm_grpo.adapters.registry import families
+
+    return [pytest.param(f, marks=() if f in fast else pytest.mark.tools_matrix) for f in sorted(families())]
+
+
+class CropEnvironment:
+    """A TRL-style environment over the sample's image: `crop` returns a region, enlarged to 56 x 56."""
+
+    def reset(self, images, **kwargs):
+        self.image = images[0]
+
+    def crop(self, x: int, y: int, width: int, height: int):
+        """Crop a region of the image and return it enlarged.
+
+        Args:
+            x: left edge in pixels
+            y: top edge in pixels
+            width: width in pixels
+            height: height in pixels
+        """
+        return self.image.crop((x, y, x + width, y + height)).resize((56, 56))
+
+
+def picture(seed: int):
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", (112, 112), "white")
+    ImageDraw.Draw(img).rectangle([10 + seed * 7, 20, 40 + seed * 5, 60], fill=(200, 30 * seed, 40))
+    return img
+
+
+def scripted_rollout(adapter, first, later=None, *, tools=(), environment=CropEnvironment, samples=None,
+                     num_generations: int = 2, max_new_tokens: int = 200, **options):
+    """A multi-turn rollout of 2 picture samples whose turns are scripted (see `script_first_turns`):
+    (session, chat format, encoded prompts, Rollout)."""
+    from types import SimpleNamespace
+
+    from vlm_grpo.grpo.rollout.sampling import encode
+    from vlm_grpo.grpo.rollout.turns import ToolRollout
+    from vlm_grpo.grpo.tools.chat_format import ChatFormat
+    from vlm_grpo.grpo.tools.toolset import Toolset
+    from vlm_grpo.recipes.base import Sample, user_turn
+
+    samples = samples or [Sample(user_turn("What is in the box?"), [picture(i)], {}) for i in range(2)]
+    fmt = ChatFormat(adapter)
+    session = Toolset(tools, environment, timeout=options.pop("timeout", None)).start(samples, num_generations).format(fmt)
+    prompts = encode(adapter, samples, "cpu", session)
+    gen = SimpleNamespace(max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, min_new_tokens=0)
+    undo = script_first_turns(adapter, first, later)
+    try:
+        torch.manual_seed(0)
+        ro = ToolRollout(adapter, session, fmt, gen, "cpu", **options).run(samples, num_generations, prompts)
+    finally:
+        undo()
+    return session, fmt, prompts, ro

@@ -87,7 +87,6 @@ class Toolset:
         self.factories = ({} if environment_factory is None else
                           dict(environment_factory) if self.multi else {None: environment_factory})
         self.pool: dict[Any, list[Any]] = {}
-        self.env_tools: dict[Any, list[Callable]] = {}
         self.reward_classes: list[type] = []
         for name, factory in self.factories.items():
             instance = factory()
@@ -96,7 +95,6 @@ class Toolset:
                 raise ValueError(f"environment {getattr(factory, '__name__', name)!r}: it must define reset() "
                                  "(TRL's environment contract)")
             self.pool[name] = [instance]
-            self.env_tools[name] = _methods(instance)
             if "get_reward" in members and type(instance) not in self.reward_classes:
                 self.reward_classes.append(type(instance))
         names = [t.__name__ for t in self.tools]
@@ -150,9 +148,8 @@ class Toolset:
             prompts.append(prompt)
             shown = first if isinstance(first, list) else []  # an observation's own image parts follow the sample's
             images.append([*sample.images, *(p["image"] for p in shown if isinstance(p, dict) and p.get("type") == "image")])
-        rows = len(samples) * num_generations
-        tools = [self.tools + (self.env_tools[names[r // num_generations]] if self.factories else [])
-                 for r in range(rows)]
+        rows = len(samples) * num_generations  # each rollout calls the methods of its own instance
+        tools = [self.tools + (_methods(environments[r]) if self.factories else []) for r in range(rows)]
         return ToolSession(prompts, images, tools, environments or None, self.timeout, num_generations)
 
 
