@@ -44,7 +44,7 @@ def script_first_turns(adapter, script: Callable[[int], str | None], later: Call
 
     def generate(*args, **kwargs):
         ids = kwargs["input_ids"]
-        first = RESULT_OPEN not in tokenizer.decode(ids[0]) and "tool_response" not in tokenizer.decode(ids[0])
+        first = RESULT_OPEN not in tokenizer.decode(ids[0])  # no tool turn in the input yet
         chooser = script if first else later
         if chooser is not None:
             texts = [chooser(r) for r in range(ids.shape[0])]

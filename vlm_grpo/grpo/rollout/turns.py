@@ -151,7 +151,7 @@ class ToolRollout:
             rounds += 1
         return self._finish(first, rows)
 
-    def _read_turns(self, rows: list[_Row]) -> list[tuple[_Row, list[dict]]]:
+    def _read_turns(self, rows: list[_Row]) -> list[tuple[int, _Row, list[dict]]]:
         """Parse every active row's latest turn; the rows that call tools, with their calls."""
         calling = []
         for r, row in enumerate(rows):
@@ -177,33 +177,27 @@ class ToolRollout:
             row.counts["timeouts"] += sum(x.timed_out for x in results[-1])
         texts = [self.fmt.tool_turn([x.message() for x in res]) for res in results]
         images = [[img for x in res for img in x.images] for res in results]
-        shown = [k for k, imgs in enumerate(images) if imgs]
-        encoded = {}  # turn k -> (batch, sample): images and text-only turns encode apart (processors refuse mixes)
-        for group in (shown, [k for k in range(len(texts)) if not images[k]]):
-            if group:
-                batch = self.adapter.encode_turns([texts[k] for k in group], [images[k] for k in group])
-                encoded.update({k: (batch, j) for j, k in enumerate(group)})
-        kept, kept_images = [], []
+        batch = self.adapter.encode_turns(texts, images)  # every tool turn of the round, one processor call
+        kept, shown = [], []
         for k, ((r, row, _), res) in enumerate(zip(calling, results)):
-            batch, j = encoded[k]
-            keep = batch.attention_mask[j].bool()
-            ids = batch.input_ids[j][keep].tolist()
+            keep = batch.attention_mask[k].bool()
+            ids = batch.input_ids[k][keep].tolist()
             if len(row.ids) + len(ids) > self.gen.max_new_tokens:  # the result does not fit: the completion ends
                 row.active = False
                 continue
             row.messages += [x.message() for x in res]
-            row.add(ids, 0, {key: batch.mm[key][j][keep].tolist() for key in batch.token_keys})
+            row.add(ids, 0, {key: batch.mm[key][k][keep].tolist() for key in batch.token_keys})
             kept.append(row)
             if images[k]:
                 row.counts["images"] += len(images[k])
-                row.turns.append(len(self.where) + len(kept_images))
-                kept_images.append(j)
-        if kept_images:
+                row.turns.append(len(self.where) + len(shown))
+                shown.append(k)
+        if shown:  # the round's images, encoded once, all completions' together
             dtype = next(self.adapter.model.parameters()).dtype
-            batch = encoded[shown[0]][0].select(kept_images).to(self.device, dtype=dtype)
-            self.where += [(len(self.image_batches), j) for j in range(len(kept_images))]
-            self.image_batches.append(batch)
-            self.turn_features.append(self.encode_images(batch))
+            shown_batch = batch.select(shown).to(self.device, dtype=dtype)
+            self.where += [(len(self.image_batches), j) for j in range(len(shown))]
+            self.image_batches.append(shown_batch)
+            self.turn_features.append(self.encode_images(shown_batch))
         return [row for row in kept if len(row.ids) < self.gen.max_new_tokens]
 
     def _prompt_ids(self, row: _Row) -> list[int]:

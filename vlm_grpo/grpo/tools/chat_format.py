@@ -169,15 +169,16 @@ class ChatFormat:
         """The model's turn (its tokens, end-of-turn token included) as an assistant message and its tool calls."""
         text = self.tokenizer.decode(turn_ids, skip_special_tokens=False)
         plain = self.tokenizer.decode(turn_ids, skip_special_tokens=True)
-        try:
-            parsed = self.tokenizer.parse_response(turn_ids, schema=self.response_template,
+        try:  # the tokenizer's own template reads its special tokens; the default format reads the text (as one
+            # turn's completions are: no special tokens in the messages rewards get)
+            parsed = self.tokenizer.parse_response(turn_ids if self.parses_with_prefix else plain,
+                                                   schema=self.response_template,
                                                    prefix=prefix_ids if self.parses_with_prefix else "",
                                                    tools=[t for t in tools if callable(t)] or None)
         except (ValueError, TypeError, KeyError):
             parsed = None
         if not isinstance(parsed, dict):  # unreadable: counted, and the completion ends here (as text)
-            malformed = max(1, text.count(CALL_OPEN)) if CALL_OPEN in text or self.native else 0
-            return ParsedTurn({"role": "assistant", "content": plain}, malformed=malformed)
+            return ParsedTurn({"role": "assistant", "content": plain}, malformed=max(1, text.count(CALL_OPEN)))
         message = {"role": "assistant", "content": parsed.get("content") or ""}
         raw = parsed.get("tool_calls") or []
         calls = [c for c in (_valid_call(c) for c in raw) if c is not None]
