@@ -311,7 +311,8 @@ class GRPOTrainer(BaseTrainer):
                 out = group_scores(
                     self.adapter, traj.prompts, traj.prompt_index(rows), traj.completion_ids[rows],
                     traj.completion_mask[rows], inner, share_features=perf.share_image_features, features=features,
-                    turns=turns, turn_features=turn_features, context=context, share_prompt=perf.share_prompt and not perf.gradient_checkpointing,
+                    turns=turns, turn_features=turn_features, context=context,
+                    share_prompt=perf.share_prompt and not perf.gradient_checkpointing,
                     temperature=self.cfg.generation.temperature, with_entropy=with_entropy,
                     chunk_bytes=perf.logprob_chunk_mb * 2**20,
                 )

@@ -108,7 +108,8 @@ class ChatFormat:
         name, key, value, result = "probe_tool_a8f3", "probe_key_b9d4", "probe_val_d6e7", "probe_result_c4f9"
         call = {"type": "function", "function": {"name": name, "arguments": {key: value}}}
         for text in (lambda t: [{"type": "text", "text": t}], lambda t: t):  # VLM templates read parts, LMs text
-            messages = [{"role": "user", "content": text("hi")}, {"role": "assistant", "content": text(""), "tool_calls": [call]},
+            messages = [{"role": "user", "content": text("hi")},
+                        {"role": "assistant", "content": text(""), "tool_calls": [call]},
                         {"role": "tool", "name": name, "content": text(result)}]
             try:
                 rendered = self._render(messages)
@@ -131,7 +132,8 @@ class ChatFormat:
         if conversation and conversation[0].get("role") == "system":
             first, rest = conversation[0], conversation[1:]
             content = first["content"]
-            content = content + "\n\n" + text if isinstance(content, str) else [*content, {"type": "text", "text": "\n\n" + text}]
+            content = (content + "\n\n" + text if isinstance(content, str)
+                       else [*content, {"type": "text", "text": "\n\n" + text}])
             return [{**first, "content": content}, *rest], None
         return [{"role": "system", "content": [{"type": "text", "text": text}]}, *conversation], None
 
@@ -144,7 +146,8 @@ class ChatFormat:
         parts: list[dict] = []
         for r in results:
             body = r["content"] if isinstance(r["content"], list) else [{"type": "text", "text": r["content"]}]
-            parts += [{"type": "text", "text": RESULT_OPEN + "\n"}, *[{"type": "image"} if _image_part(p) else p for p in body],
+            parts += [{"type": "text", "text": RESULT_OPEN + "\n"},
+                      *[{"type": "image"} if _image_part(p) else p for p in body],
                       {"type": "text", "text": "\n" + RESULT_CLOSE}]
         return [{"role": "user", "content": parts}]
 
