@@ -36,11 +36,17 @@ def adapter(family):
     return tiny_adapter(family)
 
 
+# Markers whose tests run only when asked for by name (`pytest -m NAME`): full matrices too slow for `make test`,
+# each with a fast representative subset in the default run.
+OPT_IN_MARKERS = ("tools_matrix", "multinode")
+
+
 def pytest_collection_modifyitems(config, items):
-    """`multinode` tests (the full matrix of simulated machines, minutes) run only when `-m` names them."""
-    if "multinode" in (config.getoption("markexpr") or ""):
-        return
-    deselected = [item for item in items if item.get_closest_marker("multinode") is not None]
-    if deselected:
-        config.hook.pytest_deselected(items=deselected)
-        items[:] = [item for item in items if item.get_closest_marker("multinode") is None]
+    chosen = config.getoption("-m") or ""
+    for name in OPT_IN_MARKERS:
+        if name in chosen:
+            continue
+        deselected = [item for item in items if name in item.keywords]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if name not in item.keywords]

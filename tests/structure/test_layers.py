@@ -30,7 +30,8 @@ INNER_FLOORS = {
          "vlm_grpo.adapters.image_layout", "vlm_grpo.adapters.module_groups", "vlm_grpo.adapters.quantization",
          "vlm_grpo.adapters.seeding", "vlm_grpo.adapters.chat_templates", "vlm_grpo.adapters.tiny_tokenizer",
          "vlm_grpo.adapters.model_dirs", "vlm_grpo.adapters.teacher_forcing",
-         "vlm_grpo.adapters.visual_spans"),  # parts of the contract
+         "vlm_grpo.adapters.visual_spans", "vlm_grpo.adapters.completion_images"),  # parts of the contract
+        ("vlm_grpo.adapters.video_hooks",),  # the contract's video side
         ("vlm_grpo.adapters.base", "vlm_grpo.adapters.sharing"),  # the contract, the sharing engine
         ("vlm_grpo.adapters.families", "vlm_grpo.adapters.assembly"),  # one file per family
         ("vlm_grpo.adapters.registry", "vlm_grpo.adapters.model_spec", "vlm_grpo.adapters.families_table",
@@ -40,7 +41,8 @@ INNER_FLOORS = {
         ("vlm_grpo.grpo.settings.fields", "vlm_grpo.grpo.user_code",
          "vlm_grpo.grpo.safe_loading"),  # how a setting is declared; user modules; checkpoint state read as data
         ("vlm_grpo.grpo.algorithm", "vlm_grpo.grpo.logprobs", "vlm_grpo.grpo.rollout", "vlm_grpo.grpo.rewards",
-         "vlm_grpo.grpo.distributed", "vlm_grpo.grpo.data", "vlm_grpo.grpo.training.freeze"),  # the algorithm, its inputs
+         "vlm_grpo.grpo.distributed", "vlm_grpo.grpo.data", "vlm_grpo.grpo.training.freeze",
+         "vlm_grpo.grpo.tools"),  # the algorithm, its inputs (tools: what a multi-turn rollout calls)
         ("vlm_grpo.grpo.settings",),  # the run's sections, and how files and flags become them
         ("vlm_grpo.grpo.run", "vlm_grpo.grpo.evaluate", "vlm_grpo.grpo.training"),  # the run dir; a stage's parts
         ("vlm_grpo.grpo.trainer", "vlm_grpo.grpo.sft", "vlm_grpo.grpo"),  # the stages

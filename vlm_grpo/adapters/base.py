@@ -24,11 +24,11 @@ import torch
 from PIL import Image
 
 from vlm_grpo.adapters.architecture import Architecture
-from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch, visual_parts
+from vlm_grpo.adapters.batch import ImageSources, ImageTokenMismatch, PromptBatch, combine_rows, visual_parts
 from vlm_grpo.adapters.features import ImageFeatures
-from vlm_grpo.adapters.image_layout import ImageCell, LayoutFacts, grid_cells, token_runs
+from vlm_grpo.adapters.image_layout import ImageCell, LayoutFacts, token_runs
 from vlm_grpo.adapters.module_groups import ModuleLayout, group_parameters
-from vlm_grpo.adapters.visual_spans import split_layouts, video_token_spans
+from vlm_grpo.adapters.video_hooks import VideoHooks
 from vlm_grpo.images import prepare_sample_image
 from vlm_grpo.videos import Video, prepare_sample_video
 
@@ -40,7 +40,7 @@ class VideoNotSupported(ValueError):
     """A video for a family whose model cannot take one."""
 
 
-class VLMAdapter(ABC):
+class VLMAdapter(VideoHooks, ABC):
     # ================================================================ MUST declare
     family: ClassVar[str]  # the name used in `--model family:PATH` and `tiny:family`
     model_types: ClassVar[tuple[str, ...]]  # config.model_type values this adapter serves
@@ -155,9 +155,11 @@ class VLMAdapter(ABC):
 
     # ================================================================ provided: encoding
     def encode_prompts(self, conversations: Sequence[Conversation], images: Sequence[Sequence[Image.Image]],
-                       videos: Sequence[Sequence[Video | list[Image.Image]]] | None = None) -> PromptBatch:
+                       videos: Sequence[Sequence[Video | list[Image.Image]]] | None = None,
+                       tools: Sequence[list | None] | None = None) -> PromptBatch:
         """Chat messages + each sample's images (and videos: a Video or a list of frames each) -> one left-padded
-        PromptBatch, checked for alignment. Image and video parts of the messages take them in order."""
+        PromptBatch, checked for alignment. Image and video parts of the messages take them in order.
+        `tools`: per sample, the tools (functions or JSON schemas) its chat template describes to the model."""
         videos = [[] for _ in conversations] if videos is None else videos
         if not len(conversations) == len(images) == len(videos):
             raise ValueError(f"{len(conversations)} conversations but {len(images)} image and {len(videos)} video lists")
@@ -172,9 +174,11 @@ class VLMAdapter(ABC):
             if sample_videos and not self.takes_video:
                 raise VideoNotSupported(f"sample {i}: {self.family} cannot take video (its model reads images only); "
                                         "use a family that reads video (vlm-grpo families)")
+        tools = tools or [None] * len(conversations)
         texts = [
-            self.processor.apply_chat_template(list(conv), add_generation_prompt=True, tokenize=False)
-            for conv in conversations
+            self.processor.apply_chat_template(list(conv), add_generation_prompt=True, tokenize=False,
+                                               **({"tools": list(t)} if t else {}))
+            for conv, t in zip(conversations, tools)
         ]
         images = [[prepare_sample_image(img, i) for img in sample] for i, sample in enumerate(images)]
         if not any(videos):  # the image-only path every family has
@@ -183,6 +187,15 @@ class VLMAdapter(ABC):
             videos = [[prepare_sample_video(v, i) for v in sample] for i, sample in enumerate(videos)]
             batch = self._to_batch(self._run_processor(texts, images, videos=videos), images, videos=videos)
             batch.image_spans, batch.video_spans = self._visual_spans(batch, kinds, videos)
+        self.check_alignment(batch)
+        return batch
+
+    def encode_turns(self, texts: Sequence[str], images: Sequence[Sequence[Image.Image]]) -> PromptBatch:
+        """Text that continues conversations (a tool turn's rendering, up to the next assistant header) with the
+        images it shows, one sample each: encoded like prompts (the processor expands each image's tokens), without
+        the tokenizer's own special tokens, left-padded and checked for alignment."""
+        images = [[prepare_sample_image(img, i) for img in sample] for i, sample in enumerate(images)]
+        batch = self._to_batch(self._run_processor(list(texts), images, add_special_tokens=False), images)
         self.check_alignment(batch)
         return batch
 
@@ -200,18 +213,6 @@ class VLMAdapter(ABC):
             image_spans=[] if videos and any(videos) else self.image_token_spans(input_ids, [len(s) for s in images]),
             token_keys=token_keys,
         )
-
-    def _visual_spans(self, batch: PromptBatch, kinds: list[list[str]], videos: list[list[Video]]):
-        """(image spans, per-video frame-unit spans) of every sample (see visual_spans.py)."""
-        units = self.video_units(batch, videos)
-        rows = batch.input_ids.tolist()
-        if self.video_token_id == self.image_token_id:  # frames laid out as images
-            layouts = self.image_token_spans(batch.input_ids, [k.count("image") + sum(u) for k, u in zip(kinds, units)])
-            split = [split_layouts(lay, k, u, i, self.family) for i, (lay, k, u) in enumerate(zip(layouts, kinds, units))]
-            return [s[0] for s in split], [s[1] for s in split]
-        image_spans = self.image_token_spans(batch.input_ids, [k.count("image") for k in kinds])
-        return image_spans, [video_token_spans(row, self.video_token_id, u, i, self.family)
-                             for i, (row, u) in enumerate(zip(rows, units))]
 
     def check_alignment(self, batch: PromptBatch) -> None:
         tokens = (batch.input_ids == self.image_token_id).sum(dim=1).tolist()
@@ -241,29 +242,23 @@ class VLMAdapter(ABC):
         ids = batch.input_ids[sample, start:end].tolist()
         return [start + k for k, tok in enumerate(ids) if tok == self.image_token_id]
 
-    def video_token_indices(self, batch: PromptBatch, sample: int, video: int, unit: int | None = None) -> list[int]:
-        """Positions of a video's placeholder tokens (of one frame unit, or all of them), delimiters skipped."""
-        spans = batch.video_spans[sample][video]
-        out = []
-        for start, end in spans if unit is None else [spans[unit]]:
-            ids = batch.input_ids[sample, start:end].tolist()
-            out += [start + k for k, tok in enumerate(ids) if tok == self.video_token_id]
-        return out
-
     # ================================================================ provided: forward and generation
     def model_inputs(self, batch: PromptBatch) -> dict[str, torch.Tensor]:
         """Model kwargs for a prompt batch; the one place a family can adjust them (generate and forward)."""
         return batch.model_inputs()
 
-    def completion_inputs(self, batch: PromptBatch, completion_ids: torch.Tensor,
-                          completion_mask: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Model kwargs for one teacher-forced forward over prompt + completion."""
+    def completion_inputs(self, batch: PromptBatch, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                          completion_types: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Model kwargs for one teacher-forced forward over prompt + completion. `completion_types`: token-shaped
+        values over the completion ([N, T] per key) where it shows images (tool turns); otherwise text (0)."""
         inputs = self.model_inputs(batch)
         inputs["input_ids"] = torch.cat([batch.input_ids, completion_ids], dim=1)
         inputs["attention_mask"] = torch.cat([batch.attention_mask, completion_mask.to(batch.attention_mask.dtype)], dim=1)
-        for key in batch.token_keys:  # token-shaped tensors: completion tokens are text (0)
-            t = batch.mm[key]
-            inputs[key] = torch.cat([t, t.new_zeros(t.shape[0], completion_ids.shape[1])], dim=1)
+        types = completion_types or {}
+        for key in dict.fromkeys([*batch.token_keys, *types]):
+            prompt = batch.mm[key] if key in batch.mm else batch.input_ids.new_zeros(batch.input_ids.shape)
+            tail = types[key].to(prompt) if key in types else prompt.new_zeros(prompt.shape[0], completion_ids.shape[1])
+            inputs[key] = torch.cat([prompt, tail], dim=1)
         return inputs
 
     def generate(self, batch: PromptBatch, **settings: Any):
@@ -302,31 +297,6 @@ class VLMAdapter(ABC):
     # ================================================================ optional hooks (defaults)
     # tensors read only by the vision encoder: dropped once features are computed (sharing.text_side)
     pixel_keys: ClassVar[tuple[str, ...]] = ("pixel_values", "pixel_attention_mask")
-    # ---- video. A family whose model reads video sets `takes_video`, accepts `videos=` in `_run_processor` and
-    # `_to_batch`, and (when videos have tensors and a token of their own) overrides the video hooks below.
-    takes_video: ClassVar[bool] = False
-    video_keys: ClassVar[tuple[str, ...]] = ()  # mm keys of videos only (never given to get_image_features)
-    video_encoder_keys: ClassVar[tuple[str, ...]] = ()  # those `get_video_features` takes
-
-    @property
-    def video_token_id(self) -> int:
-        """The placeholder video features replace (default: the image token: frames are laid out as images)."""
-        return self.image_token_id
-
-    def video_feature_counts(self, batch: PromptBatch) -> list[int]:
-        """Video features per sample for families with a video token of their own (default: none; frames laid out
-        as images are counted by `feature_counts`)."""
-        return [0] * len(batch)
-
-    def video_units(self, batch: PromptBatch, videos: list[list[Video]]) -> list[list[int]]:
-        """Frame units (token groups along time) of each video of each sample (default: one per frame)."""
-        return [[len(v) for v in sample] for sample in videos]
-
-    def video_unit_cells(self, batch: PromptBatch, sample: int, video: int, unit: int) -> list[ImageCell]:
-        """One ImageCell per placeholder token of one frame unit, over the frame (default: a square grid)."""
-        tokens = self.video_token_indices(batch, sample, video, unit)
-        side = int(round(len(tokens) ** 0.5))
-        return grid_cells(tokens, side, side)
     # token-shaped inputs the forward still needs beside `inputs_embeds` (e.g. token types behind the mask)
     embedding_forward_keys: ClassVar[tuple[str, ...]] = ()
 
@@ -334,12 +304,20 @@ class VLMAdapter(ABC):
         """Delimiter and layout tokens beside the image placeholder that the policy must not emit."""
         return []
 
-    def _run_processor(self, texts: list[str], images: list[list[Image.Image]], videos: list[list[Video]] | None = None):
+    def _run_processor(self, texts: list[str], images: list[list[Image.Image]], videos: list[list[Video]] | None = None,
+                       **text_options):
         flat = [img for sample in images for img in sample]
         clips = [v for sample in videos or [] for v in sample]
         video_args = {"videos": [v.frames for v in clips], "video_metadata": [v.metadata() for v in clips],
                       "do_sample_frames": False} if clips else {}  # frames were sampled when the data was read
-        return self.processor(text=texts, images=flat or None, padding=True, return_tensors="pt", **video_args)
+        return self.processor(text=texts, images=flat or None, padding=True, return_tensors="pt", **video_args,
+                              **text_options)
+
+    def combine_images(self, sources: ImageSources, keys: Sequence[str]) -> tuple[dict[str, torch.Tensor], dict[str, list[int]]]:
+        """(mm, mm_rows) of new samples for `keys`: sample k shows the images of samples `sources[k]` ((batch,
+        index) pairs: a row's prompt, then its tool turns) in order. Default: leading rows per sample (flat
+        layouts); a family whose tensors pad per sample overrides it."""
+        return combine_rows(sources, keys)
 
     def _group_runs(self, runs: list[tuple[int, int]], n_images: int) -> list[tuple[int, int]]:
         """Runs of placeholder tokens -> one [start, end) per image (default: a run is an image)."""

@@ -89,6 +89,29 @@ class PromptBatch:
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, **self.mm}
 
 
+# New samples made of the images of existing ones: per new sample, (batch, sample index) pairs in order.
+ImageSources = Sequence[Sequence[tuple["PromptBatch", int]]]
+
+
+def sample_rows(batch: PromptBatch, key: str, index: int) -> torch.Tensor:
+    """The leading rows of `batch.mm[key]` that sample `index` owns."""
+    rows = batch.mm_rows[key]
+    start = sum(rows[:index])
+    return batch.mm[key][start : start + rows[index]]
+
+
+def combine_rows(sources: ImageSources, keys: Sequence[str]) -> tuple[dict[str, torch.Tensor], dict[str, list[int]]]:
+    """(mm, mm_rows) for `keys` of samples made of the sources' leading rows, in order (flat layouts)."""
+    mm, mm_rows = {}, {}
+    for key in keys:
+        parts = [[sample_rows(b, key, i) for b, i in group if key in b.mm] for group in sources]
+        if not any(parts):
+            continue
+        mm_rows[key] = [sum(p.shape[0] for p in group) for group in parts]
+        mm[key] = torch.cat([p for group in parts for p in group])
+    return mm, mm_rows
+
+
 def sum_per_sample(per_item: list[int], items_per_sample: list[int]) -> list[int]:
     """Per-item counts (e.g. patches per image) summed over each sample's consecutive items."""
     out, pos = [], 0

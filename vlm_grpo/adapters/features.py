@@ -66,6 +66,25 @@ class ImageFeatures:
         videos = None if self.videos is None else self.videos.detach()
         return ImageFeatures(self.flat.detach(), list(self.counts), tuple(t.detach() for t in self.extra), videos)
 
+    @staticmethod
+    def concat(parts: Sequence["ImageFeatures"]) -> "ImageFeatures":
+        """The samples of `parts`, one after another (e.g. the prompts' features, then the tool turns')."""
+        parts = [p for p in parts if p is not None]
+        flat = torch.cat([p.flat for p in parts]) if len(parts) > 1 else parts[0].flat
+        extra = tuple(torch.cat(layers) for layers in zip(*(p.extra for p in parts))) if len(parts) > 1 else parts[0].extra
+        return ImageFeatures(flat, [n for p in parts for n in p.counts], extra)
+
+    def gather(self, groups: Sequence[Sequence[int]]) -> "ImageFeatures":
+        """New samples, sample k holding the features of samples `groups[k]` in that order (a row's prompt, then
+        the tool turns that showed it images)."""
+        starts = self.offsets()
+        rows = [r for group in groups for i in group for r in range(starts[i], starts[i] + self.counts[i])]
+        counts = [sum(self.counts[i] for i in group) for group in groups]
+        if rows == list(range(self.flat.shape[0])):
+            return ImageFeatures(self.flat, counts, self.extra)
+        index = torch.tensor(rows, dtype=torch.long, device=self.flat.device)
+        return ImageFeatures(self.flat.index_select(0, index), counts, tuple(t.index_select(0, index) for t in self.extra))
+
 
 def hf_core(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers model inside wrappers: DDP/accelerate (`.module`) and peft (`get_base_model()`).

@@ -69,15 +69,17 @@ def embed_with_features(
     completion_ids: torch.Tensor,
     completion_mask: torch.Tensor,
     model: torch.nn.Module | None = None,
+    completion_types: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Model kwargs for prompt + completion with `features` in place of the pixels.
 
     `features` holds the image features of `batch`'s rows in order (e.g. `ImageFeatures.select` of each row's
-    prompt); they go to the image-token positions, as the model's own forward puts them. `batch` may lack the
-    pixel tensors (`text_side`).
+    prompt, then the images its tool turns showed); they go to the image-token positions, as the model's own
+    forward puts them. `batch` may lack the pixel tensors (`text_side`). `completion_types`: token-shaped values
+    over completions that show images (see `VLMAdapter.completion_inputs`).
     """
     core = hf_core(adapter.model if model is None else model)
-    full = adapter.completion_inputs(batch, completion_ids, completion_mask)
+    full = adapter.completion_inputs(batch, completion_ids, completion_mask, completion_types)
     n_tokens = int((full["input_ids"] == adapter.image_token_id).sum())
     if n_tokens != features.flat.shape[0]:
         raise ImageTokenMismatch(f"{adapter.family}: {n_tokens} image tokens but {features.flat.shape[0]} image features to place")

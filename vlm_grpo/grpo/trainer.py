@@ -9,7 +9,6 @@ registered loss, each over whole-group micro-batches.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import time
 from typing import Any
@@ -23,20 +22,22 @@ from vlm_grpo.grpo.algorithm.losses import Collective, EntropyControl, policy_lo
 from vlm_grpo.grpo.algorithm.trajectory import Trajectory
 from vlm_grpo.grpo.data.order import step_seed
 from vlm_grpo.grpo.distributed import fsdp
-from vlm_grpo.grpo.evaluate import format_report, heldout_metrics, side_by_side, write_report
 from vlm_grpo.grpo.logprobs.completions import group_scores
 from vlm_grpo.grpo.rewards.inputs import RewardInputs, trainer_state
 from vlm_grpo.grpo.rewards.scoring import nan_mean, nan_std, score
 from vlm_grpo.grpo.rollout.sampling import Rollout, encode, rollout
+from vlm_grpo.grpo.rollout.turns import ToolRollout, loggable_messages
 from vlm_grpo.grpo.settings.sections import TrainConfig
+from vlm_grpo.grpo.tools.chat_format import ChatFormat
+from vlm_grpo.grpo.tools.toolset import run_toolset
 from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
 from vlm_grpo.grpo.training.base import BaseTrainer
+from vlm_grpo.grpo.training.before_after import BeforeAfter
 from vlm_grpo.grpo.training.lora import is_lora_wrapped, reference_disabled
 from vlm_grpo.grpo.training.optimizer import update_step
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
 
 log = logging.getLogger(__name__)
-SIDE_BY_SIDE_SHOWN = 6  # held-out pairs printed at the end of a run with eval.before_after
 
 
 def _loggable(value: Any) -> Any:
@@ -53,70 +54,28 @@ def _row_means(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum(1) / mask.sum(1).clamp(min=1)
 
 
-class GRPOTrainer(BaseTrainer):
-    """The run plumbing (run dir, policy, freeze/LoRA, optimizer, checkpoints, loop) is BaseTrainer's."""
+class GRPOTrainer(BeforeAfter, BaseTrainer):
+    """The run plumbing (run dir, policy, freeze/LoRA, optimizer, checkpoints, loop) is BaseTrainer's. `tools` /
+    `environment_factory`: TRL 1.16's arguments, added to the settings' tools / replacing their environment."""
 
     stage = "grpo"
 
-    def __init__(self, cfg: TrainConfig, adapter=None, recipe=None, after_run=(), **parts):
+    def __init__(self, cfg: TrainConfig, adapter=None, recipe=None, after_run=(), tools=(), environment_factory=None,
+                 **parts):
         cfg.loss.max_completion_length = cfg.generation.max_new_tokens
         self.reference = None
         self.timings: dict[str, float] = {}  # seconds of the last step's phases (kept out of the metrics)
         self.updates = 0  # optimizer updates so far (the reference sync counts them)
         self.entropy_control = EntropyControl(cfg.loss)
         super().__init__(cfg, adapter=adapter, recipe=recipe, after_run=after_run, **parts)
+        t = cfg.tools
+        self.toolset = run_toolset(self.recipe, t.tools, t.environment, recipe_tools=t.recipe_tools,
+                                   timeout=t.tool_timeout, tools=tools, environment_factory=environment_factory)
+        self.rewards += self.toolset.rewards()  # an environment's get_reward (TRL: named after its class)
+        self.chat_format = ChatFormat(self.adapter) if self.toolset.enabled else None
+        self.session = None  # the step's tool session (environments, tools per rollout)
         self.collective = Collective(reduce_sum=lambda x: self.accelerator.reduce(x, reduction="sum"),
                                      gather=self._gather_tensor)
-
-    # ---------------------------------------------------------------- held-out evaluation around the run
-    def _heldout(self, when: str, step: int) -> dict[str, Any]:
-        """Greedy evaluation (eval section) written to eval-<when>.json and logged as a metrics row."""
-        report = self.evaluate(step)
-        if self.is_main:
-            report["model"] = self.cfg.model.init_from or self.cfg.model.name
-            report["step"] = step
-            write_report(report, self.run_dir / f"eval-{when}.json")
-            self.log.metrics({"step": step, "stage": f"eval-{when}", **heldout_metrics(report)})
-            print(f"\nheld-out evaluation {when} GRPO (step {step}):\n{format_report(report)}")
-        self.heldout[when] = report
-        self.track(heldout_metrics(report), step)
-        return report
-
-    def train(self) -> list[dict[str, Any]]:
-        """The GRPO loop; with eval.before_after, a held-out evaluation before the first and after the last step."""
-        from vlm_grpo.grpo.run.checkpoints import latest_checkpoint
-
-        cfg = self.cfg
-        if not cfg.eval.before_after:
-            return super().train()
-        resuming = cfg.resume_from is not None or (cfg.resume and latest_checkpoint(self.run_dir) is not None)
-        self.start_trackers()
-        if not resuming:
-            before = self._heldout("before", 0)
-        elif (self.run_dir / "eval-before.json").is_file():  # a resumed run evaluated it the first time
-            before = self.heldout["before"] = json.loads((self.run_dir / "eval-before.json").read_text())
-        else:
-            before = None
-        history = super().train(finish=False)
-        if history and history[-1]["step"] == cfg.max_steps:
-            after = self._heldout("after", cfg.max_steps)
-            if before is not None and self.is_main:
-                self._report_before_after(before, after)
-            self.run_after_hooks()  # again, now with the after point
-            self.finish()
-        return history
-
-    def _report_before_after(self, before: dict[str, Any], after: dict[str, Any]) -> None:
-        """The same held-out samples answered before and after GRPO: all in the run directory, a few on screen."""
-        path = self.run_dir / "before-after.txt"
-        path.write_text(side_by_side(before, after) + "\n")
-        print(f"\nthe same held-out samples, greedy, before and after GRPO (all {after['size']} in {path}):\n")
-        print(side_by_side(before, after, limit=SIDE_BY_SIDE_SHOWN))
-        if before["accuracy"] is not None:
-            print(
-                f"\nheld-out accuracy ({after['size']} {self.cfg.eval.split} samples): "
-                f"{before['accuracy']:.1%} before -> {after['accuracy']:.1%} after {self.cfg.max_steps} GRPO steps"
-            )
 
     # ---------------------------------------------------------------- hooks
     def _after_freeze(self) -> None:
@@ -185,15 +144,18 @@ class GRPOTrainer(BaseTrainer):
     def sample(self, samples) -> tuple[Rollout, Any]:
         """B prompts, encoded once, and G sampled completions each; with encode-once, the policy's own image features
         (with gradient) taken first, which the rollout samples from (detached) and the single update reuses."""
-        cfg = self.cfg
+        cfg, g, device = self.cfg, self.cfg.data.num_generations, self.accelerator.device
+        self.session = self.toolset.start(samples, g).format(self.chat_format) if self.toolset.enabled else None
         with self.accelerator.autocast():  # sample in the precision the policy forward runs in
-            prompts = encode(self.adapter, samples, self.accelerator.device)
+            prompts = encode(self.adapter, samples, device, self.session)
             policy_features = image_features(self.adapter, prompts, model=self.model) if self._encode_once() else None
             sampled_from = None if policy_features is None else policy_features.detach()
+            args, turns = (self.adapter, samples, cfg.generation, g, device), cfg.tools.max_tool_calling_iterations
             ro = self.with_full_weights(lambda: rollout(
-                self.adapter, samples, cfg.generation, cfg.data.num_generations, self.accelerator.device,
-                shared_prefix=cfg.perf.shared_prefix, prompts=prompts, features=sampled_from,
-            ))
+                *args, shared_prefix=cfg.perf.shared_prefix, prompts=prompts, features=sampled_from,
+            ) if self.session is None else ToolRollout.sample(  # multi-turn: tool images encoded once each
+                *args, self.session, self.chat_format, prompts, features=sampled_from, max_iterations=turns,
+                shared_prefix=cfg.perf.shared_prefix, encoder=self.model if policy_features is not None else None))
         return ro, policy_features
 
     def score(self, samples, indices, ro: Rollout, step: int):
@@ -201,9 +163,11 @@ class GRPOTrainer(BaseTrainer):
         cfg, g = self.cfg, self.cfg.data.num_generations
         inputs = RewardInputs.from_samples(samples, g, ro.completions, ro.completion_ids, ro.completion_mask,
                                            trainer_state(step, cfg.max_steps))
+        if ro.conversations is not None:  # rewards get the whole conversation, as TRL passes it
+            inputs.with_tools(self.session, ro.conversations)
         reward_errors: dict[str, int] = {}
         total, components = score(self.rewards, inputs, on_error=cfg.data.on_reward_error, errors=reward_errors)
-        loss_mask = ro.completion_mask
+        loss_mask = ro.completion_mask if ro.tool_mask is None else ro.completion_mask * ro.tool_mask  # model tokens
         if cfg.loss.mask_truncated_completions:  # a completion cut at the length limit trains on no token
             loss_mask = loss_mask * (~ro.truncated).unsqueeze(1).to(loss_mask.dtype)
         scores = reward_scores(components, [r.weight for r in self.rewards], g, cfg.multi_objective_aggregation)
@@ -214,7 +178,11 @@ class GRPOTrainer(BaseTrainer):
             rewards=total, reward_components=components, advantages=advantages.to(self.accelerator.device),
             num_generations=g, features=ro.features, stats=ro.stats,
             extra={k: v for k, v in inputs.extra_columns.items() if len(v) == len(ro.completions)},
+            tool_mask=ro.tool_mask, completion_images=ro.completion_images, conversations=ro.conversations,
+            tool_metrics=ro.tool_metrics,
         )
+        if traj.completion_images is not None and self._encode_once():
+            traj.completion_images.policy_features = ro.turn_features  # with gradient, for the single update
         metrics["logged"] = inputs.logged_metrics
         return traj, reward_errors, metrics
 
@@ -284,6 +252,9 @@ class GRPOTrainer(BaseTrainer):
         None: the step's reusable ones, or else encoded in the forward."""
         perf = self.cfg.perf
         context = self.accelerator.autocast if model is self.model else None
+        turns = None if traj.completion_images is None else traj.completion_images.select(rows)
+        turn_features = None if turns is None else turns.policy_features if features is not None \
+            else turns.features if self._reuse_features() else None  # None: encoded in the forward
         features = self._step_features(traj) if features is None else features
 
         def scores(inner):  # returns tensors: a sharded root registers its backward hooks on them
@@ -291,7 +262,8 @@ class GRPOTrainer(BaseTrainer):
                 out = group_scores(
                     self.adapter, traj.prompts, traj.prompt_index(rows), traj.completion_ids[rows],
                     traj.completion_mask[rows], inner, share_features=perf.share_image_features, features=features,
-                    context=context, share_prompt=perf.share_prompt and not perf.gradient_checkpointing,
+                    turns=turns, turn_features=turn_features, context=context,
+                    share_prompt=perf.share_prompt and not perf.gradient_checkpointing,
                     temperature=self.cfg.generation.temperature, with_entropy=with_entropy,
                     entropy_grad=with_entropy and self.entropy_control.enabled,  # the bonus trains on the entropy
                     chunk_bytes=perf.logprob_chunk_mb * 2**20,
@@ -321,7 +293,8 @@ class GRPOTrainer(BaseTrainer):
             **{f"rewards/{name}": nan_mean(v) for name, v in traj.reward_components.items()},
             **{f"reward_metrics/{name}": sum(v) / len(v) for name, v in logged.items() if v},
             **{k: float(v) for k, v in metrics.items() if k not in ("reward_mean", "reward_std")},
-            "completion_length": traj.completion_mask.sum(1).float().mean().item(),
+            "completion_length": traj.model_tokens().sum(1).float().mean().item(),  # the model's own tokens
+            **{f"tools/{k}": v for k, v in traj.tool_metrics.items()},
             **{f"reward_errors/{r.name}": errors.get(r.name, 0) for r in self.rewards
                if self.cfg.data.on_reward_error == "zero"},
         }
@@ -353,6 +326,7 @@ class GRPOTrainer(BaseTrainer):
                     "rewards": {name: v[i].item() for name, v in traj.reward_components.items()},
                     "advantage": advantages[i].item(),
                     **({"extra": {k: _loggable(v[i]) for k, v in traj.extra.items()}} if traj.extra else {}),
+                    **({"turns": loggable_messages(traj.conversations[i])} if traj.conversations else {}),
                 }
             )
         self.log.completions(self._gather_rows(rows))

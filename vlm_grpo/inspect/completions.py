@@ -60,6 +60,17 @@ def printable(text: str) -> str:
     return "".join(out)
 
 
+def tool_summary(turns: list[dict[str, Any]]) -> str:
+    """'tools: 2 calls (1 failed), 1 image, 3 model turns' for a completion's logged messages."""
+    calls = sum(len(m.get("tool_calls") or []) for m in turns if m.get("role") == "assistant")
+    results = [m for m in turns if m.get("role") == "tool"]
+    failed = sum(isinstance(m.get("content"), str) and m["content"].startswith('{"error"') for m in results)
+    images = sum(p.get("type") == "image" for m in results if isinstance(m.get("content"), list) for p in m["content"])
+    said = sum(m.get("role") == "assistant" for m in turns)
+    return (f"tools: {calls} call{'s' * (calls != 1)}" + (f" ({failed} failed)" if failed else "")
+            + f", {images} image{'s' * (images != 1)}, {said} model turn{'s' * (said != 1)}")
+
+
 def _num(v: Any) -> str:
     return "-" if v is None else f"{float(v):+.3f}" if isinstance(v, (int, float)) else str(v)
 
@@ -77,6 +88,8 @@ def format_rows(rows: Iterable[dict[str, Any]], *, width: int | None = None, max
             f"reward {_num(r.get('reward'))}  adv {_num(r.get('advantage'))}"
         )
         lines = textwrap.wrap(head, width) + textwrap.wrap("   " + comps, width, subsequent_indent="   ")
+        if r.get("turns"):  # a multi-turn rollout with tools: what it did, before the trajectory itself
+            lines += textwrap.wrap("   " + tool_summary(r["turns"]), width, subsequent_indent="   ")
         if show_prompt:
             lines += textwrap.wrap(printable(str(r.get("prompt", ""))), width, initial_indent="   prompt: ",
                                    subsequent_indent="           ")

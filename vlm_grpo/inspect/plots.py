@@ -244,6 +244,12 @@ def charts(data: RunData, *, accuracy_component: str | None = None, length_unit:
         _line_chart(data, "entropy", "Policy entropy", [("entropy", "entropy")], "nats / token"),
         _line_chart(data, "frac_reward_zero_std", "Groups with no signal",
                     [("frac_reward_zero_std", "zero-std groups")], "fraction of groups"),
+        _line_chart(data, "tool_use", "Tool use (per completion)",
+                    [("tools/call_frequency", "calls"), ("tools/turns", "model turns"), ("tools/images", "images returned")],
+                    "per completion"),
+        _line_chart(data, "tool_failures", "Tool failures",
+                    [("tools/failure_frequency", "failed share of calls"), ("tools/malformed_calls", "malformed / completion"),
+                     ("tools/timeouts", "timed out / completion")], "rate"),
         _length_accuracy_chart(data, component, length_unit, threshold),
     ]
     return [c for c in candidates if c is not None]

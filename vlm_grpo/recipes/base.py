@@ -13,7 +13,7 @@ from PIL import Image
 # A reward scores completions; every other sample field arrives as a keyword list aligned with them.
 RewardFn = Callable[..., list[float]]
 # The keyword arguments the loop passes every reward itself (TRL's names); a sample field must not take one.
-REWARD_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+REWARD_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments")
 
 
 @dataclass
@@ -52,6 +52,10 @@ class Recipe:
     checks_rows: bool = False  # build() reads a dataset's rows and takes on_bad_sample (error | skip), path, hub_id
     takes_columns: bool = False  # build() takes the column names prompt_key, image_key, answer_key
     takes_video: bool = False  # build() takes the video settings video_frames, video_fps, max_video_frames, video_max_pixels
+    # Multi-turn rollouts (TRL 1.16's contract): functions the model may call, and an environment class whose
+    # public methods are tools (reset(**row) per rollout, optional get_reward()).
+    tools: list[Callable] = field(default_factory=list)
+    environment: Any = None
 
 
 def user_turn(text: str, n_images: int = 1, n_videos: int = 0) -> list[dict[str, Any]]:

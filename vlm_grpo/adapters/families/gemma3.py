@@ -121,11 +121,11 @@ class Gemma3Adapter(VLMAdapter):
         """Image tokens per side of the pooled square grid."""
         return int(round(self.tokens_per_image**0.5))
 
-    def _run_processor(self, texts, images):
+    def _run_processor(self, texts, images, **text_options):
         # The chat template already opens with <bos>: a tokenizer that adds one too (the real Gemma tokenizer
         # does) would double it.
         return self.processor(text=texts, images=images if any(images) else None, padding=True,
-                              return_tensors="pt", add_special_tokens=False)
+                              return_tensors="pt", **{**text_options, "add_special_tokens": False})
 
     def _to_batch(self, features, images) -> PromptBatch:
         mm, mm_rows = {}, {}

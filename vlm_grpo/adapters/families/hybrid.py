@@ -142,9 +142,9 @@ class LlavaHybridAdapter(VLMAdapter):
         k = self.tokens_per_image
         return [(s, min(s + k, end)) for start, end in runs for s in range(start, end, k)]
 
-    def completion_inputs(self, batch, completion_ids, completion_mask):
+    def completion_inputs(self, batch, completion_ids, completion_mask, completion_types=None):
         # generate() derives positions from the attention mask; a plain forward counts pads unless told.
-        return with_mask_positions(super().completion_inputs(batch, completion_ids, completion_mask))
+        return with_mask_positions(super().completion_inputs(batch, completion_ids, completion_mask, completion_types))
 
     # ---------------------------------------------------------------- attention-map layout
     def layout_facts(self, batch, sample, image):

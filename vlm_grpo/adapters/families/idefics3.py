@@ -125,11 +125,11 @@ class TiledImageAdapter(VLMAdapter):
         return (cfg.vision_config.image_size // cfg.vision_config.patch_size) ** 2 // cfg.scale_factor**2
 
     # ---------------------------------------------------------------- encoding
-    def _run_processor(self, texts, images):
+    def _run_processor(self, texts, images, **text_options):
         # Nested per-sample lists: SmolVLM's processor needs them, Idefics3's accepts them.
         if not any(images):
-            return self.processor(text=texts, padding=True, return_tensors="pt")
-        return self.processor(text=texts, images=images, padding=True, return_tensors="pt")
+            return self.processor(text=texts, padding=True, return_tensors="pt", **text_options)
+        return self.processor(text=texts, images=images, padding=True, return_tensors="pt", **text_options)
 
     def _to_batch(self, features, images) -> PromptBatch:
         mm, mm_rows = {}, {}
@@ -181,10 +181,24 @@ class TiledImageAdapter(VLMAdapter):
             batch = replace(batch, mm={}, mm_rows={})
         return batch.model_inputs()
 
-    def completion_inputs(self, batch, completion_ids, completion_mask):
+    def completion_inputs(self, batch, completion_ids, completion_mask, completion_types=None):
         # The positions generate() used (counted from each row's first real token). RoPE makes a
         # per-row shift harmless in exact arithmetic; passing them keeps the rounding identical too.
-        return with_mask_positions(super().completion_inputs(batch, completion_ids, completion_mask))
+        return with_mask_positions(super().completion_inputs(batch, completion_ids, completion_mask, completion_types))
+
+    def combine_images(self, sources, keys):
+        # Each sample owns one row of tiles, padded to the batch's most: join a sample's tiles, then pad again.
+        mm, mm_rows = {}, {}
+        for key in keys:
+            parts = [[b.mm[key][i] for b, i in group if key in b.mm] for group in sources]
+            if not any(parts):
+                continue
+            like = next(p[0] for p in parts if p)
+            tiles = [torch.cat(p) if p else like[:0] for p in parts]
+            most = max(t.shape[0] for t in tiles)
+            mm[key] = torch.stack([torch.cat([t, t.new_zeros(most - t.shape[0], *t.shape[1:])]) for t in tiles])
+            mm_rows[key] = [1] * len(sources)
+        return mm, mm_rows
 
     # ---------------------------------------------------------------- attention-map layout
     def image_grid(self, batch: PromptBatch, sample: int, image: int) -> TileGrid:

@@ -131,9 +131,9 @@ class InternVLAdapter(VLMAdapter):
         # The processor's own count (same merged kwargs as its __call__), so the two cannot drift apart.
         return list(self.processor._get_num_multimodal_tokens(image_sizes=sizes)["num_image_patches"])
 
-    def _run_processor(self, texts, images, videos=None):
+    def _run_processor(self, texts, images, videos=None, **text_options):
         if len({len(v) for sample in videos or [] for v in sample}) <= 1:
-            return super()._run_processor(texts, images, videos)
+            return super()._run_processor(texts, images, videos, **text_options)
         # The processor stacks a call's videos into one tensor, so clips of different lengths go one sample per call,
         # left-padded together here (only a sample's own videos must agree).
         parts = []
@@ -141,7 +141,7 @@ class InternVLAdapter(VLMAdapter):
             if len({len(v) for v in sample_videos}) > 1:
                 raise ValueError(f"sample {i}: {self.family}: the videos of one prompt must have the same number of "
                                  f"frames (transformers' InternVL processor stacks them); got {[len(v) for v in sample_videos]}")
-            parts.append(super()._run_processor([text], [sample_images], [sample_videos]))
+            parts.append(super()._run_processor([text], [sample_images], [sample_videos], **text_options))
         width = max(p["input_ids"].shape[1] for p in parts)
         left = [(width - p["input_ids"].shape[1], 0) for p in parts]
         out = {"input_ids": torch.cat([F.pad(p["input_ids"], pad, value=self.pad_token_id) for p, pad in zip(parts, left)]),

@@ -52,15 +52,15 @@ class SmolVLMAdapter(TiledImageAdapter):
 
     takes_video = True
 
-    def _run_processor(self, texts, images, videos=None):
+    def _run_processor(self, texts, images, videos=None, **text_options):
         if not videos or not any(videos):
-            return super()._run_processor(texts, images)
+            return super()._run_processor(texts, images, **text_options)
         if any(images):
             raise ValueError(f"{self.family}: a batch mixing images and videos cannot be encoded (transformers' SmolVLM "
                              "processor returns both as pixel_values, one overwriting the other); batch them apart")
         clips = [v for sample in videos for v in sample]
         return self.processor(text=texts, videos=[v.frames for v in clips], video_metadata=[v.metadata() for v in clips],
-                              do_sample_frames=False, padding=True, return_tensors="pt")
+                              do_sample_frames=False, padding=True, return_tensors="pt", **text_options)
 
     def _to_batch(self, features, images, videos=None):
         if not videos or not any(videos):

@@ -1,7 +1,9 @@
 """The trajectory record: one GRPO step's experience, built once and read by every update of the step.
 
 Rows are group-contiguous: prompt i's G completions are rows i*G .. i*G+G-1 (N = B*G rows, T = the longest
-completion). The record carries what the updates need and nothing they would have to recompute: the encoded
+completion). A multi-turn rollout with tools (rollout/turns.py) makes a completion the model's turns and the tool
+turns between them: `tool_mask` says which tokens are the model's own (the only ones `loss_mask` keeps, so tool
+results are in no loss, ratio or KL term) and `completion_images` carries the images the tools returned. The record carries what the updates need and nothing they would have to recompute: the encoded
 prompts, the sampled tokens and which of them train, the rewards and advantages, the sampling policy's and the
 reference's log-probs, and the prompts' image features when they stay valid for the whole step.
 """
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vlm_grpo.adapters.batch import PromptBatch
+from vlm_grpo.adapters.completion_images import CompletionImages
 from vlm_grpo.adapters.features import ImageFeatures
 
 
@@ -24,7 +27,7 @@ class Trajectory:
     completions: list[str]  # [N] decoded completions
     completion_ids: torch.Tensor  # [N, T] sampled tokens (pad after the first EOS)
     completion_mask: torch.Tensor  # [N, T] 1 up to and including the first EOS
-    loss_mask: torch.Tensor  # [N, T] the tokens that train: completion_mask, less what the loss settings drop
+    loss_mask: torch.Tensor  # [N, T] the tokens that train: completion_mask x tool_mask, less what the loss drops
     rewards: torch.Tensor  # [N] the weighted total (NaN: no reward applies)
     reward_components: dict[str, torch.Tensor]  # name -> [N] each reward's raw score (NaN: not applicable)
     advantages: torch.Tensor  # [N] one per completion, or [N, T] one per token
@@ -35,9 +38,17 @@ class Trajectory:
     policy_features: ImageFeatures | None = None  # the policy's own, with gradient, for a single update (encode once)
     extra: dict[str, list] = field(default_factory=dict)  # columns rewards logged (log_extra), one value per row
     stats: dict[str, int] = field(default_factory=dict)  # rollout cost: prefill_tokens, decode_tokens
+    tool_mask: torch.Tensor | None = None  # [N, T] 1 at the model's own tokens, 0 at tool turns'; None: one turn
+    completion_images: CompletionImages | None = None  # images tool turns showed, per row (each encoded once)
+    conversations: list[list[dict]] | None = None  # [N] the messages after the prompt (tool rollouts), TRL's form
+    tool_metrics: dict[str, float] = field(default_factory=dict)  # calls, failures, turns, images per completion
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
+
+    def model_tokens(self) -> torch.Tensor:
+        """[N, T] 1 at the tokens the model generated (all completion tokens unless tools answered in between)."""
+        return self.completion_mask if self.tool_mask is None else self.completion_mask * self.tool_mask
 
     def prompt_index(self, rows: list[int]) -> list[int]:
         """The prompt each completion row belongs to."""

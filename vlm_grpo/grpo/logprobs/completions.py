@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from vlm_grpo.adapters.completion_images import CompletionImages, with_turn_images
 from vlm_grpo.adapters.sharing import embed_with_features, image_features, text_side
 from vlm_grpo.adapters.teacher_forcing import completion_logits
 from vlm_grpo.grpo.logprobs.lm_head import CHUNK_BYTES, TokenScores, score_completions
@@ -82,6 +83,8 @@ def group_scores(
     share_features: bool = True,
     share_prompt: bool = False,
     features=None,
+    turns: CompletionImages | None = None,
+    turn_features=None,
     context=None,
     **options,
 ) -> TokenScores:
@@ -93,24 +96,33 @@ def group_scores(
     Otherwise every row's prompt is repeated, pixels included, and the model encodes each copy.
     share_prompt (with share_features): each distinct prompt runs once and its KV cache serves its rows
     (shared_prompt.py).
+    `turns`: the images tool turns showed inside these rows' completions (multi-turn rollouts), placed after the
+    prompt's in each row; `turn_features` (of `turns.turns`, e.g. the rollout's) skips encoding them.
     `context`: entered around the feature and embedding computation (e.g. the accelerator's autocast).
     `options`: temperature, with_entropy, entropy_grad, chunk_bytes (see lm_head.chunked_scores).
     """
     import contextlib
 
     model = adapter.model if model is None else model
+    types = None if turns is None else turns.token_types
     if not share_features:
-        return score_completions(adapter, prompts.select(prompt_index), completion_ids, completion_mask, model=model,
-                                 **options)
+        rows = with_turn_images(adapter, prompts.select(prompt_index), turns)
+        inputs = adapter.completion_inputs(rows, completion_ids, completion_mask, types)
+        return score_completions(adapter, rows, completion_ids, completion_mask, model=model, inputs=inputs, **options)
     distinct = sorted(set(prompt_index))
     where = {p: k for k, p in enumerate(distinct)}
     with context() if context is not None else contextlib.nullcontext():
         encoded = image_features(adapter, prompts.select(distinct), model=model) if features is None \
             else features.select(distinct)
+        if turns is not None and turn_features is None:
+            turn_features = image_features(adapter, turns.turns, model=model)
         if share_prompt:
             return shared_prompt_scores(adapter, prompts, prompt_index, encoded, completion_ids, completion_mask, model,
-                                        **options)
+                                        turns=turns, turn_features=turn_features, **options)
         row_features = encoded.select([where[p] for p in prompt_index])
-        text = text_side(adapter, prompts).select(prompt_index)
-        inputs = embed_with_features(adapter, text, row_features, completion_ids, completion_mask, model=model)
+        if turns is not None:
+            row_features = turns.row_features(row_features, turn_features)
+        text = with_turn_images(adapter, text_side(adapter, prompts).select(prompt_index), turns, pixels=False)
+        inputs = embed_with_features(adapter, text, row_features, completion_ids, completion_mask, model=model,
+                                     completion_types=types)
     return score_completions(adapter, text, completion_ids, completion_mask, model=model, inputs=inputs, **options)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from vlm_grpo.adapters.batch import ImageTokenMismatch
+from vlm_grpo.adapters.completion_images import CompletionImages, with_turn_images
 from vlm_grpo.adapters.features import ImageFeatures, hf_core
 from vlm_grpo.adapters.sharing import embed_with_features, text_side
 from vlm_grpo.grpo.logprobs.lm_head import TokenScores, logit_scores, scoring_head
@@ -34,16 +36,19 @@ def _full_positions(adapter, full: dict[str, torch.Tensor], core) -> torch.Tenso
 
 def shared_prompt_scores(adapter, prompts, prompt_index: list[int], features: ImageFeatures,
                          completion_ids: torch.Tensor, completion_mask: torch.Tensor, model: torch.nn.Module, *,
+                         turns: CompletionImages | None = None, turn_features: ImageFeatures | None = None,
                          temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
                          **options) -> TokenScores:
     """TokenScores of rows `k` = (prompt `prompt_index[k]`, completion k); `features`: the image features of the
-    distinct prompts in sorted order (`sorted(set(prompt_index))`)."""
+    distinct prompts in sorted order (`sorted(set(prompt_index))`). `turns` / `turn_features`: images tool turns
+    showed inside the completions and their features; the completion pass places them at their tokens."""
     core = hf_core(model)
     distinct = sorted(set(prompt_index))
     where = {p: k for k, p in enumerate(distinct)}
     rows = [where[p] for p in prompt_index]
     text = text_side(adapter, prompts)
-    full = adapter.completion_inputs(text.select(prompt_index), completion_ids, completion_mask)
+    rows_text = with_turn_images(adapter, text.select(prompt_index), turns, pixels=False)
+    full = adapter.completion_inputs(rows_text, completion_ids, completion_mask, turns and turns.token_types)
     length, steps = prompts.input_ids.shape[1], completion_ids.shape[1]
     positions = _full_positions(adapter, full, core)
     first_rows = torch.tensor([prompt_index.index(p) for p in distinct], device=positions.device)
@@ -61,8 +66,23 @@ def shared_prompt_scores(adapter, prompts, prompt_index: list[int], features: Im
 
     cache = out.past_key_values
     cache.batch_select_indices(torch.tensor(rows, device=completion_ids.device))  # one cache row per completion
+    inputs = {"input_ids": completion_ids, "attention_mask": full["attention_mask"]}
+    if turns is not None:  # the tool turns' images go to their tokens, as the prefix pass placed the prompt's
+        inputs = _with_turn_features(adapter, inputs, full, turns.completion_only(turn_features), core)
     with scoring_head(model, completion_ids[:, 1:], temperature=temperature, with_entropy=with_entropy,
                       entropy_grad=entropy_grad, **options) as scorer:
-        model(input_ids=completion_ids, attention_mask=full["attention_mask"], position_ids=positions[..., length:],
-              past_key_values=cache, use_cache=True, logits_to_keep=steps)
+        model(**inputs, position_ids=positions[..., length:], past_key_values=cache, use_cache=True,
+              logits_to_keep=steps)
     return TokenScores(*(torch.cat([a.unsqueeze(1), b], dim=1) for a, b in zip(first, scorer.scores)))
+
+
+def _with_turn_features(adapter, inputs: dict, full: dict, features: ImageFeatures, core) -> dict:
+    """The completion pass's kwargs with the tool images' features in place (the adapter's own hook, as for a
+    prompt); token-shaped inputs the forward reads beside the embeddings (e.g. which tokens form an image block)
+    go in whole, since masks built from them index the full sequence."""
+    n_tokens = int((inputs["input_ids"] == adapter.image_token_id).sum())
+    if n_tokens != features.flat.shape[0]:
+        raise ImageTokenMismatch(f"{adapter.family}: the completions hold {n_tokens} image tokens but their tool "
+                                 f"turns give {features.flat.shape[0]} image features")
+    kept = {k: full[k] for k in adapter.embedding_forward_keys if k in full}
+    return adapter.inputs_with_features({**inputs, **kept}, features, core)

@@ -5,6 +5,10 @@ log_metric=, **columns)`; so does this loop:
 - `completions`: the text of each completion, or, when the sample's dataset prompt was chat messages,
   `[{"role": "assistant", "content": text}]` (TRL's rule: conversational data, conversational completions).
   The built-in recipes write their prompts themselves; their data is not TRL-format, so their rewards get text.
+  With tools (multi-turn rollouts) every completion is the whole conversation after the prompt, as TRL hands it
+  over: assistant messages (with `tool_calls`) and tool messages (`{"role": "tool", "name", "content"}`, images
+  as `{"type": "image", "image": <PIL>}` parts); `prompts` then hold the environments' reset observations and
+  `environments` each rollout's environment instance.
 - `prompts`: a TRL-format row's prompt as the dataset wrote it; a conversational one as TRL hands it over, every
   content a list of parts with the row's images filled into its image parts. Built-in recipes: the sample's messages.
 - `completion_ids`: each completion's token ids up to and including its first end-of-sequence token.
@@ -88,6 +92,8 @@ class RewardInputs:
     state: Any = None  # a TrainerState; a fresh one (step 0) when None
     extra_columns: dict[str, list[Any]] = field(default_factory=dict)  # from log_extra
     logged_metrics: dict[str, list[float]] = field(default_factory=dict)  # from log_metric
+    conversations: list[list[dict]] | None = None  # multi-turn rollouts: each completion's messages (TRL's form)
+    environments: list[Any] | None = None  # each rollout's environment instance
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -106,7 +112,17 @@ class RewardInputs:
             state=state,
         )
 
+    def with_tools(self, session, conversations: list[list[dict]]) -> "RewardInputs":
+        """These inputs for a multi-turn rollout: conversations as completions, the prompts as the tool session
+        wrote them (reset observations included, images filled in) and its environments."""
+        g = len(self) // len(session.prompts)
+        self.conversations, self.environments = conversations, session.environments
+        self.prompts = expand([filled_messages(p, imgs) for p, imgs in zip(session.prompts, session.images)], g)
+        return self
+
     def reward_completions(self) -> list[Any]:
+        if self.conversations is not None:
+            return list(self.conversations)
         flags = self.conversational or [False] * len(self)
         return [[{"role": "assistant", "content": t}] if conv else t for t, conv in zip(self.completions, flags)]
 
@@ -118,6 +134,8 @@ class RewardInputs:
             kwargs["prompts"] = self.prompts
         if self.completion_ids is not None:
             kwargs["completion_ids"] = self.completion_ids
+        if self.environments is not None:
+            kwargs["environments"] = self.environments
         return fn(**_accepted(fn, kwargs))
 
     def one(self, i: int) -> "RewardInputs":
@@ -126,7 +144,8 @@ class RewardInputs:
             return None if values is None else [values[i]]
 
         return RewardInputs([self.completions[i]], {k: [v[i]] for k, v in self.fields.items()}, pick(self.prompts),
-                            pick(self.completion_ids), pick(self.conversational), self.state)
+                            pick(self.completion_ids), pick(self.conversational), self.state,
+                            conversations=pick(self.conversations), environments=pick(self.environments))
 
     def log_extra(self, column: str, values: list[Any]) -> None:
         self.extra_columns.setdefault(column, []).extend(values)

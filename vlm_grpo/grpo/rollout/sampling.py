@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch
+from vlm_grpo.adapters.completion_images import CompletionImages
 from vlm_grpo.adapters.features import ImageFeatures
 from vlm_grpo.adapters.sharing import generate_shared
 from vlm_grpo.recipes.base import Sample
@@ -28,6 +29,12 @@ class Rollout:
     num_generations: int = 1
     features: ImageFeatures | None = None  # the prompts' image features (detached), when the rollout computed them
     stats: dict[str, int] = field(default_factory=dict)  # prefill_tokens, decode_tokens
+    # multi-turn rollouts with tools (rollout/turns.py); None / empty for one turn
+    tool_mask: torch.Tensor | None = None  # [B*G, T] 1 at the model's own tokens, 0 at tool turns' (and padding)
+    completion_images: CompletionImages | None = None  # images the tools returned, each encoded once
+    conversations: list[list[dict]] | None = None  # [B*G] the messages after the prompt, as TRL hands them on
+    tool_metrics: dict[str, float] = field(default_factory=dict)
+    turn_features: ImageFeatures | None = None  # the tool images' features as encoded (with gradient: encode once)
 
     def prompt_index(self, rows: list[int]) -> list[int]:
         """The prompt each completion row belongs to."""
@@ -52,10 +59,14 @@ def check_no_placeholders(adapter, completion_ids: torch.Tensor, mask: torch.Ten
         )
 
 
-def encode(adapter, samples: list[Sample], device) -> PromptBatch:
-    """The samples' prompts, tokenized with their images, on `device` in the model's dtype."""
-    prompts = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples],
-                                   [s.videos for s in samples])
+def encode(adapter, samples: list[Sample], device, session=None) -> PromptBatch:
+    """The samples' prompts, tokenized with their images and videos, on `device` in the model's dtype; with a tool
+    `session` (rollout/turns.py), its prompts and each sample's tools as the chat format describes them."""
+    videos = [s.videos for s in samples]
+    if session is not None:
+        prompts = adapter.encode_prompts(session.conversations, session.images, videos, tools=session.template_tools)
+        return prompts.to(device, dtype=next(adapter.model.parameters()).dtype)
+    prompts = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples], videos)
     return prompts.to(device, dtype=next(adapter.model.parameters()).dtype)
 
 

@@ -26,7 +26,7 @@ TRACKERS = ("tensorboard", "wandb", "mlflow")  # accelerate's trackers; each is 
 
 @dataclass
 class DataConfig:
-    recipe: str | None = setting(None, help="the task: shapes, cryptogram, vsr, clevr_count, mm_math, trl (your TRL-format "
+    recipe: str | None = setting(None, help="the task: shapes, cryptogram, vsr, clevr_count, mm_math, zoom, count_price, trl (your TRL-format "
                                  "rows), or your own Recipe as module:OBJECT / file.py:OBJECT (None: trl when "
                                  "data.dataset is set, else shapes)")
     dataset: str | None = setting(None, help="your data (= --dataset): a JSONL/JSON/parquet/CSV/arrow file, a folder "
@@ -85,6 +85,26 @@ class GenerationConfig:
         check_fields(self)
         if self.min_new_tokens > self.max_new_tokens:
             raise SettingError("min_new_tokens", f"{self.min_new_tokens} is above max_new_tokens ({self.max_new_tokens})")
+
+
+@dataclass
+class ToolsConfig:
+    """Multi-turn rollouts with tools (TRL 1.16's `tools` / `environment_factory`): on when any tool is named."""
+
+    tools: list[str] = setting(factory=list, help="functions the model may call, module:function or file.py:function "
+                               "(--tool SPEC appends one); added to the recipe's")
+    environment: str | None = setting(None, help="an environment class (TRL's environment_factory), module:Class or "
+                                      "file.py:Class, or a dict of classes picked by each sample's environment field; "
+                                      "replaces the recipe's")
+    recipe_tools: bool = setting(True, help="use the tools and environment the recipe ships (e.g. zoom's crop)")
+    max_tool_calling_iterations: int | None = setting(None, help="tool rounds per completion (None: until the model "
+                                                      "calls none or the completion budget is spent)", at_least=0)
+    tool_timeout: float = setting(30.0, help="seconds a tool call may run before it counts as failed (0: no limit)",
+                                  at_least=0.0)
+
+    def __post_init__(self) -> None:
+        self.tools = list(self.tools)
+        check_fields(self)
 
 
 @dataclass
@@ -243,6 +263,7 @@ class TrainConfig:
     sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
     perf: PerfConfig = dataclasses.field(default_factory=PerfConfig)
+    tools: ToolsConfig = dataclasses.field(default_factory=ToolsConfig)
     max_steps: int = setting(3, help="optimizer steps of the run (GRPO: rollout batches)", at_least=1)
     advantage: str = setting("group", help="the advantage estimator (see README, 'Advantage estimators')",
                              choices=tuple(sorted(ADVANTAGES)))

@@ -25,7 +25,7 @@ from vlm_grpo.recipes import Recipe
 
 ALIASES = {"model": "model.name"}  # `--model X` sets model.name
 # `--reward X` (again and again) adds one entry to a list setting
-APPENDS = {"reward": "data.rewards", "reward_model": "data.reward_models"}
+APPENDS = {"reward": "data.rewards", "reward_model": "data.reward_models", "tool": "tools.tools"}
 # TRL GRPOConfig names with the same meaning here: name -> (our key, value translation or None)
 TRL_NAMES: dict[str, tuple[str, dict | None]] = {
     "max_completion_length": ("generation.max_new_tokens", None),
@@ -305,6 +305,7 @@ def settings_help() -> str:
             lines.append(f"    --{key} ({kind}, default {getattr(obj, name)!r})  {help_of(f)}")
     lines.append("\n  --reward SPEC adds one entry to data.rewards each time it is given, --reward-model MODEL one to "
                  "data.reward_models")
+    lines.append("  --tool SPEC adds one entry to tools.tools each time it is given")
     lines.append("\n  TRL names accepted: " + ", ".join(f"{k} -> {v[0]}" for k, v in TRL_NAMES.items())
                  + ", resume_from_checkpoint -> resume (true) or resume_from (a path)")
     return "\n".join(lines)

@@ -1,0 +1,52 @@
+"""Rewards over a multi-turn conversation, as TRL hands it to rewards when the model uses tools: a list of
+assistant messages (with `tool_calls`) and tool messages (`{"role": "tool", "name", "content"}`)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+TOOL_USE_REWARD = 0.5
+
+
+def messages_of(completion: Any) -> list[dict]:
+    """A completion as messages (plain text: one assistant message)."""
+    return completion if isinstance(completion, list) else [{"role": "assistant", "content": str(completion)}]
+
+
+def final_answer(completion: Any) -> str:
+    """The text of the last assistant message (the answer after the tool turns)."""
+    said = [m.get("content") or "" for m in messages_of(completion) if m.get("role") == "assistant"]
+    content = said[-1] if said else ""
+    return content if isinstance(content, str) else " ".join(p.get("text", "") for p in content)
+
+
+def last_number(text: str) -> str | None:
+    numbers = re.findall(r"\d+", text)
+    return numbers[-1] if numbers else None
+
+
+def _failed(content: Any) -> bool:
+    if not isinstance(content, str):
+        return False
+    try:
+        value = json.loads(content)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and "error" in value
+
+
+def tool_use(completions: list[Any], **_) -> list[float]:
+    """+0.5 when the model called a tool, every call was well formed and none failed (no error came back, no
+    unread `<tool_call>` was left in its text)."""
+    out = []
+    for completion in completions:
+        messages = messages_of(completion)
+        calls = sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant")
+        results = [m for m in messages if m.get("role") == "tool"]
+        unread = any("<tool_call>" in (m.get("content") or "") for m in messages
+                     if m.get("role") == "assistant" and isinstance(m.get("content"), str))
+        good = calls > 0 and len(results) == calls and not unread and not any(_failed(m["content"]) for m in results)
+        out.append(TOOL_USE_REWARD if good else 0.0)
+    return out
