@@ -7,7 +7,7 @@ import pytest
 
 from vlm_grpo import loader
 from vlm_grpo.cli import main
-from vlm_grpo.grpo.training import base as base_trainer
+from vlm_grpo.grpo.training import run_state
 from vlm_grpo.grpo.settings.sources import load_config
 
 BAD = {
@@ -51,7 +51,7 @@ def no_model_loads(monkeypatch):
         pytest.fail("a model was loaded")
 
     monkeypatch.setattr(loader, "load_model", refuse)
-    monkeypatch.setattr(base_trainer, "load_model", refuse)
+    monkeypatch.setattr(run_state, "load_model", refuse)
 
 
 @pytest.mark.parametrize("command, words", CASES, ids=[f"{c} {w}" for c, w in CASES])

@@ -35,7 +35,8 @@ INNER_FLOORS = {
          "vlm_grpo.adapters"),
     ],
     "vlm_grpo.grpo": [
-        ("vlm_grpo.grpo.settings.fields", "vlm_grpo.grpo.user_code"),  # how a setting is declared; user modules
+        ("vlm_grpo.grpo.settings.fields", "vlm_grpo.grpo.user_code", "vlm_grpo.grpo.interrupts"),  # how a setting is
+        # declared; user modules; what interrupts a run (signals, user code that exits)
         ("vlm_grpo.grpo.algorithm", "vlm_grpo.grpo.logprobs", "vlm_grpo.grpo.rollout", "vlm_grpo.grpo.rewards",
          "vlm_grpo.grpo.distributed", "vlm_grpo.grpo.data", "vlm_grpo.grpo.training.freeze"),  # the algorithm, its inputs
         ("vlm_grpo.grpo.settings",),  # the run's sections, and how files and flags become them

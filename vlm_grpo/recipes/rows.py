@@ -10,6 +10,8 @@ when a sample is taken.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import io
 import itertools
 import json
@@ -25,6 +27,7 @@ from vlm_grpo.recipes.base import Sample
 
 log = logging.getLogger(__name__)
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+MAX_PATH_CHARS = 4096  # PATH_MAX: a longer string is not a file path (an inline image, base64 without data:)
 
 
 # ------------------------------------------------------------------ reading
@@ -54,8 +57,13 @@ class BadRow:
 def iter_file(path: Path) -> Iterator[Any]:
     """The rows of a data file one at a time; a row that cannot be read comes as a BadRow."""
     if path.suffix == ".jsonl":
-        with open(path, encoding="utf-8") as fh:
-            for line_no, line in enumerate(fh, start=1):
+        with open(path, "rb") as fh:  # decoded line by line: one bad byte spoils its row, not the file
+            for line_no, raw in enumerate(fh, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    yield BadRow(f"(line {line_no}) is not UTF-8 text: {_bad_byte(err)}")
+                    continue
                 if not line.strip():
                     continue
                 try:
@@ -66,6 +74,8 @@ def iter_file(path: Path) -> Iterator[Any]:
     if path.suffix == ".json":  # one document: it parses whole or not at all
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}: not UTF-8 text: {_bad_byte(err)}") from None
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}: not valid JSON: {err}") from None
         if not isinstance(data, list):
@@ -88,6 +98,10 @@ def iter_file(path: Path) -> Iterator[Any]:
                     yield BadRow(f"cannot be decoded: {type(err).__name__}: {err}")
         return
     raise ValueError(f"{path}: unsupported data file (use {', '.join(DATA_SUFFIXES)})")
+
+
+def _bad_byte(err: UnicodeDecodeError) -> str:
+    return f"byte {err.object[err.start]:#04x} at offset {err.start} (save the file as UTF-8)"
 
 
 def read_rows(path: str | Path | None, hub_id: str | None, split: str, size: int | None) -> tuple[Iterable[Any], str, Path | None]:
@@ -177,8 +191,13 @@ class RowChecker:
                 value = value["path"]
             else:
                 raise self.fail(index, name, "is an image mapping with neither bytes nor path")
-        if isinstance(value, (bytes, bytearray)):
+        if isinstance(value, str) and value.startswith("data:"):
+            ref = ImageRef(data=self._data_uri(index, name, value), where=where)
+        elif isinstance(value, (bytes, bytearray)):
             ref = ImageRef(data=bytes(value), where=where)
+        elif isinstance(value, str) and len(value) > MAX_PATH_CHARS:
+            raise self.fail(index, name, f"is a string of {len(value)} characters starting {value[:24]!r}: neither an "
+                            "image file path nor a data: URI (data:image/png;base64,...)")
         elif isinstance(value, (str, Path)):
             ref = ImageRef(path=self._resolve(index, name, Path(value)), where=where)
         else:
@@ -189,6 +208,18 @@ class RowChecker:
             where = f" ({ref.path})" if ref.path else ""
             raise self.fail(index, name, f"is not a readable image{where}: {err}") from None
         return ref
+
+    def _data_uri(self, index: int, name: str, uri: str) -> bytes:
+        """The bytes of a `data:[<type>][;base64],<data>` URI (RFC 2397), as transformers' load_image reads them."""
+        header, sep, payload = uri.partition(",")
+        if not sep:
+            raise self.fail(index, name, f"is a data: URI without the comma before its data ({uri[:40]!r})")
+        if not header.endswith(";base64"):
+            raise self.fail(index, name, f"is a data: URI that is not base64 ({header!r}); images are binary")
+        try:
+            return base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError) as err:
+            raise self.fail(index, name, f"is a data: URI whose base64 does not decode: {err}") from None
 
     def _resolve(self, index: int, name: str, path: Path) -> Path:
         path = path.expanduser()
@@ -241,6 +272,11 @@ class RecordDataset:
     records: list[dict[str, Any]]
     to_sample: Callable[[dict[str, Any]], Sample]
 
+    def where(self, index: int) -> str:
+        """`<source>: row N` for record `index` (N counts the source's rows, bad ones included)."""
+        rows, source = getattr(self.records, "rows", None), getattr(self.records, "source", None)
+        return f"{source}: row {rows[index]}" if rows is not None and source else f"row {index}"
+
     @property
     def skipped_rows(self) -> dict[int, str]:
         """Rows the loader left out as bad (skip mode), by their index in the source."""
@@ -272,12 +308,13 @@ def load_records(
         raise ValueError(f"on_bad_sample must be error or skip, not {on_bad_sample!r}")
     rows, source, base_dir = read_rows(path, hub_id, split, size)
     checker = RowChecker(source, base_dir, Path(image_root).expanduser() if image_root else None)
-    records, skipped = [], []
+    records, skipped, numbers = [], [], []
     for i, row in enumerate(rows):
         try:
             if isinstance(row, BadRow):
                 raise ValueError(f"{source}: row {i} {row.reason}")
             records.append(check(checker, i, checker.row(i, row)))
+            numbers.append(i)
         except ValueError as err:
             if on_bad_sample == "error":
                 raise
@@ -286,12 +323,15 @@ def load_records(
         log.warning("%s: skipped %d bad rows (on_bad_sample=skip): %s", source, len(skipped), "; ".join(m for _, m in skipped[:20]))
     if not records:
         raise ValueError(f"{source}: no usable rows" + (f" ({len(skipped)} skipped as bad)" if skipped else ""))
-    return Records(records, skipped=dict(skipped))
+    return Records(records, skipped=dict(skipped), rows=numbers, source=source)
 
 
 class Records(list):
-    """Checked records, plus the rows left out as bad (row index -> reason) in skip mode."""
+    """Checked records, plus the rows left out as bad (row index -> reason) in skip mode, each record's row number
+    in the source and the source's name (for messages about a record)."""
 
-    def __init__(self, items, skipped: dict[int, str] | None = None):
+    def __init__(self, items, skipped: dict[int, str] | None = None, rows: list[int] | None = None, source: str = ""):
         super().__init__(items)
         self.skipped = skipped or {}
+        self.rows = rows
+        self.source = source

@@ -7,11 +7,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from vlm_grpo.grpo.run.resume_rules import describe_history
 from vlm_grpo.grpo.settings.sources import hub_id_of
 
 
 def model_card(cfg, *, stage: str, family: str, rewards, heldout: dict[str, dict[str, Any]], title: str,
-               curves: str | None = None) -> str:
+               curves: str | None = None, history: list[dict[str, Any]] | None = None) -> str:
     spec = cfg.model.init_from or cfg.model.name
     base = hub_id_of(spec)
     lines = ["---", "library_name: transformers", "pipeline_tag: image-text-to-text", "tags: [vlm-grpo, grpo, vision-language]"]
@@ -31,6 +32,8 @@ def model_card(cfg, *, stage: str, family: str, rewards, heldout: dict[str, dict
         ("all settings", "`vlm_grpo_config.yaml` beside this card (a valid `vlm-grpo train --config`)"),
     ]
     lines += ["| | |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in rows), ""]
+    if history:  # the settings above are the last resume's; what changed at each resume, and from which step
+        lines += ["## Resumes", "", *(f"- {line}" for line in describe_history(history)), ""]
     if heldout:
         names = list(next(iter(heldout.values()))["rewards"])
         lines += ["## Held-out evaluation", "",

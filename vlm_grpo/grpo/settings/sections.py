@@ -272,6 +272,9 @@ class TrainConfig:
     seed: int = setting(0, help="seed of data order, sampling, tiny twins and presets")
     resume: bool = setting(False, help="continue from the newest checkpoint that verifies")
     resume_from: str | None = setting(None, help="continue from this checkpoint directory (verified first)")
+    resume_accept: list[str] = setting(factory=list, help="on resume, settings that may differ from the checkpoint's "
+                                       "although they change what the run means (section.field names, num_processes, "
+                                       "or all); recorded in config.yaml's history and the model card")
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -288,4 +291,4 @@ class TrainConfig:
 
 
 SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(TrainConfig)
-                             if f.default_factory is not dataclasses.MISSING}
+                             if dataclasses.is_dataclass(f.default_factory)}

@@ -22,6 +22,7 @@ import yaml
 from vlm_grpo.grpo.settings.sections import SECTIONS, TrainConfig
 from vlm_grpo.grpo.data.source import HUB_ID, build_options, resolve_recipe
 from vlm_grpo.grpo.settings.fields import SettingError, help_of
+from vlm_grpo.grpo.settings.yaml_text import YAMLProblem, load_yaml
 from vlm_grpo.recipes import Recipe
 
 ALIASES = {"model": "model.name"}  # `--model X` sets model.name
@@ -49,6 +50,7 @@ NOT_THE_SAME = {
     "held-out samples",
 }
 DERIVED = {"loss.max_completion_length": "it is generation.max_new_tokens (TRL: max_completion_length)"}
+HISTORY = "history"  # config.yaml's record of the run's resumes (resume_rules.py): read by people, not a setting
 
 
 def _fields(section: str | None) -> dict[str, dataclasses.Field]:
@@ -105,7 +107,7 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
         origin = typing.get_origin(hint)
     if isinstance(value, str) and hint is not str:
-        value = yaml.safe_load(value)
+        value = inline_yaml(value, key)
     try:
         if hint is bool:
             if not isinstance(value, bool):
@@ -131,6 +133,14 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
     return value
 
 
+def inline_yaml(text: str, key: str) -> Any:
+    """A command-line value parsed as YAML; malformed text is an error naming the setting and the column."""
+    try:
+        return load_yaml(text, key, inline=True)
+    except YAMLProblem as err:
+        raise SettingError(key, str(err)) from None
+
+
 def _put(values: dict[str, Any], key: str, value: Any) -> None:
     short = key.lstrip("-").replace("-", "_")
     if short in APPENDS:  # each value is one whole entry: a spec is never split at commas
@@ -141,7 +151,7 @@ def _put(values: dict[str, Any], key: str, value: Any) -> None:
         values[name] = [*values.get(name, []), *map(str, entries)]
         return
     if short == "resume_from_checkpoint":  # TRL: true (the newest) or a checkpoint path
-        value = yaml.safe_load(value) if isinstance(value, str) else value
+        value = inline_yaml(value, short) if isinstance(value, str) else value
         key, value = ("resume", value) if isinstance(value, bool) else ("resume_from", value)
     name, translation = canonical_key(key)
     if translation is not None:
@@ -152,6 +162,8 @@ def _put(values: dict[str, Any], key: str, value: Any) -> None:
 
 def _collect_mapping(values: dict[str, Any], data: dict[str, Any], prefix: str = "") -> None:
     for key, value in data.items():
+        if not prefix and key == HISTORY:
+            continue
         if not prefix and key in SECTIONS and isinstance(value, dict):
             _collect_mapping(values, value, prefix=f"{key}.")
         else:
@@ -191,7 +203,13 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise SettingError("config", f"no such file: {path}")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = load_yaml(path.read_text(encoding="utf-8"), str(path)) or {}
+    except UnicodeDecodeError as err:
+        raise SettingError("config", f"{path} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+                           f"{err.start})") from None
+    except YAMLProblem as err:
+        raise SettingError("config", str(err)) from None
     if not isinstance(data, dict):
         raise SettingError("config", f"{path} must hold a mapping of settings")
     return data
@@ -279,10 +297,13 @@ def hub_id_of(spec: str) -> str | None:
     return _hub_id(parse_model_spec(spec))
 
 
-def to_yaml(cfg: TrainConfig) -> str:
-    """The resolved settings as a YAML file `--config` reads back (derived values left out)."""
+def to_yaml(cfg: TrainConfig, history: list[dict[str, Any]] | None = None) -> str:
+    """The resolved settings as a YAML file `--config` reads back (derived values left out), and, for a resumed run,
+    its `history`: each resume's step and the settings that changed there (ignored when read back)."""
     data = _plain(cfg.to_dict())
     data["loss"].pop("max_completion_length", None)
+    if history:
+        data[HISTORY] = _plain(history)
     return yaml.safe_dump(data, sort_keys=False)
 
 

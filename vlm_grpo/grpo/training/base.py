@@ -1,10 +1,11 @@
 """What every training stage shares (GRPO, SFT warm-up): one place for the run's plumbing.
 
-- the run directory (checked writable before any model is loaded), the accelerator and the seed;
-- the recipe's training split and the policy (`model.init_from` wins over `model.name`);
+- the run directory (locked for the run, checked writable before any model is loaded), the accelerator and the seed;
+- the recipe's training split, every sample checked when drawn, and the policy (`model.init_from` wins over `model.name`);
 - LoRA or the freeze policy, the per-module-group optimizer and its schedule (grpo/training/optimizer.py, grpo/training/lora.py);
-- atomic checkpoints, `--resume`, the final model (plus a merged copy under LoRA), metrics.jsonl;
-- the step loop with progress bar, trackers and periodic saves.
+- atomic checkpoints, `--resume` and the final model (grpo/training/run_state.py), metrics.jsonl;
+- the step loop with progress bar, trackers, periodic saves, watchdogs and clean stops: a signal saves the step and
+  raises StopSignal (exit 130/143), a step that fails before its update saves the last completed one.
 
 A stage subclasses `BaseTrainer` and supplies `train_step(step) -> metrics`; a few class attributes and
 hooks say what differs (whether dropout is on, how many scheduler steps a run takes, what the progress
@@ -15,8 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import shutil
-import signal
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -25,24 +24,23 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from vlm_grpo.adapters.model_dirs import MERGED_DIR
-from vlm_grpo.adapters.features import hf_core
+from vlm_grpo.grpo.interrupts import StopSignal
 from vlm_grpo.grpo.run import checkpoints as ckpt
 from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
 from vlm_grpo.grpo.distributed import fsdp
-from vlm_grpo.grpo.distributed import sharded_checkpoints as shards
 from vlm_grpo.grpo.settings.sections import TrainConfig
-from vlm_grpo.grpo.data.order import batch_indices
+from vlm_grpo.grpo.data.order import batch_indices, repeats_note
 from vlm_grpo.grpo.data.source import build_split, resolve_recipe
 from vlm_grpo.grpo.evaluate import evaluate_run, heldout_split
-from vlm_grpo.grpo.training.guards import KLWatchdog, NonFiniteGuard, check_disk_space
+from vlm_grpo.grpo.training.guards import KLWatchdog, LearningSignalMonitor, NonFiniteGuard, check_disk_space
 from vlm_grpo.grpo.run.hub import push_final
-from vlm_grpo.grpo.training.lora import apply_lora, is_lora_wrapped, save_merged
-from vlm_grpo.grpo.run.manifest import verify, write_manifest
+from vlm_grpo.grpo.training.lora import apply_lora
+from vlm_grpo.grpo.run.manifest import write_manifest
 from vlm_grpo.grpo.run.model_card import write_model_card
 from vlm_grpo.grpo.training.freeze import apply_freeze
 from vlm_grpo.grpo.training.optimizer import build_optimizer, build_scheduler, trainable_table
-from vlm_grpo.grpo.training.preflight import cheap_checks, raise_on_failure
+from vlm_grpo.grpo.training.preflight import cheap_checks, check_drawn_sample, raise_on_failure
+from vlm_grpo.grpo.training.run_state import RunState, load_policy
 from vlm_grpo.grpo.rewards.scoring import run_rewards
 from vlm_grpo.grpo.run.directory import prepare_run_dir
 from vlm_grpo.grpo.run.logs import RunLog
@@ -50,31 +48,16 @@ from vlm_grpo.grpo.settings.sources import check_sources, to_yaml
 from vlm_grpo.grpo.run.stop_signals import stop_on_signals
 from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT, check_trackers, flat_settings
 from vlm_grpo.compat.cache_probe import probe_steps
-from vlm_grpo.loader import apply_cache_policy, load_model
+from vlm_grpo.loader import apply_cache_policy
 from vlm_grpo.recipes.checked import CheckedSource
 
-
-def load_policy(cfg: TrainConfig, device: torch.device | None = None, decide_cache: bool = True):
-    """The adapter of `model.init_from` (a checkpoint to start from) or else `model.name`, on `device`."""
-    return load_model(
-        cfg.model.init_from or cfg.model.name,
-        seed=cfg.seed,
-        dtype=cfg.model.dtype,
-        device=device or cfg.model.device,
-        attn_implementation=cfg.model.attn_implementation,
-        load_in_4bit=cfg.lora.load_in_4bit,
-        trust_remote_code=cfg.model.trust_remote_code,
-        allow_pickle_weights=cfg.model.allow_pickle_weights,
-        cache_policy=cfg.model.cache_policy,
-        probe_steps=probe_steps(cfg.generation.max_new_tokens),
-        decide_cache=decide_cache,
-    )
+__all__ = ["BaseTrainer", "load_policy"]
 
 
 PREFLIGHT_SAMPLES = 4  # samples the cheap pre-flight checks encode at the start of a run
 
 
-class BaseTrainer:
+class BaseTrainer(RunState):
     stage = "train"  # names the progress bar and is recorded in checkpoints
     dropout = False  # whether the model trains in train() mode (GRPO: no, the ratio compares like with like)
 
@@ -97,25 +80,45 @@ class BaseTrainer:
             raise ValueError(f"fsdp {self.sharding} shards across processes: launch with `accelerate launch "
                              "--num_processes N` (or torchrun); one process trains without fsdp")
         self.run_dir = Path(cfg.logging.output_dir)
+        self.lock = None  # the run directory's lock, held by the main process until the run ends
         if self.is_main:
-            prepare_run_dir(self.run_dir, resume=cfg.resume or cfg.resume_from is not None,
-                            overwrite=cfg.logging.overwrite_output_dir)
-            (self.run_dir / "config.yaml").write_text(to_yaml(cfg))  # the resolved settings: a valid --config
+            self.lock = prepare_run_dir(self.run_dir, resume=cfg.resume or cfg.resume_from is not None,
+                                        overwrite=cfg.logging.overwrite_output_dir)
+        try:
+            self._start(adapter, recipe)
+        except BaseException:
+            self.release_lock()
+            raise
+
+    def _start(self, adapter, recipe) -> None:
+        cfg = self.cfg
+        self.log = RunLog(self.run_dir, enabled=self.is_main)
+        self.plan_resume()  # before any model loads: settings a checkpoint cannot continue with stop here
+        if self.is_main:  # the resolved settings (a valid --config) and the run's resumes
+            (self.run_dir / "config.yaml").write_text(to_yaml(cfg, self.run_history))
         self.recipe = recipe or resolve_recipe(cfg.data.recipe)
         # the run's rewards (data.rewards replace the recipe's), loaded once: scoring, held-out evaluation, card
         self.rewards = run_rewards(self.recipe, cfg.data.rewards, cfg.data.reward_weights)
         self.dataset = CheckedSource(self._build_dataset(), cfg.data.on_bad_sample)
+        note = repeats_note(len(self.dataset), cfg.data.batch_size * self.accelerator.num_processes)
+        if note and self.is_main:
+            print(note)
         self.adapter = adapter or load_policy(cfg, self.accelerator.device)
         if self.adapter.use_cache is None:  # an adapter built by the caller: decide as the loader would
             apply_cache_policy(self.adapter, cfg.model.cache_policy, probe_steps(cfg.generation.max_new_tokens))
         if self.is_main:  # the cheap pre-flight checks on the first samples, before any training
             first = [self.dataset[i] for i in range(min(PREFLIGHT_SAMPLES, len(self.dataset)))]
             raise_on_failure(cheap_checks(self.adapter, first, self.completion_budget()))
+        # then every sample is checked against the model the first time it is drawn (encodes, fits the positions)
+        self.dataset.check_drawn = functools.partial(check_drawn_sample, self.adapter, max_new_tokens=self.completion_budget())
         self._setup_training()
         if self.is_main:
             check_disk_space(self.run_dir, self.adapter.model)
-        self.log = RunLog(self.run_dir, enabled=self.is_main)
         self.step = 0
+
+    def release_lock(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
 
     def _build_dataset(self):
         cfg = self.cfg
@@ -192,6 +195,7 @@ class BaseTrainer:
             self.model, self.optimizer = self.accelerator.prepare(root, optimizer)
         else:  # no DDP around a sharded model: the shards' reduce-scatter already averages the gradients
             self.model, self.optimizer = root, self.accelerator.prepare(optimizer)
+        self.watch_updates()
         if self.is_main:
             print(trainable_table(adapter, cfg.optim))
 
@@ -208,106 +212,6 @@ class BaseTrainer:
         values = torch.tensor([float(metrics[k]) for k in keys], device=self.accelerator.device)
         values = self.accelerator.reduce(values, reduction="mean")
         return dict(zip(keys, values.tolist()))
-
-    # ---------------------------------------------------------------- checkpoints
-    def save(self, step: int) -> Path | None:
-        self.accelerator.wait_for_everyone()
-        path = None
-        state = {"config": self.cfg.to_dict(), "num_processes": self.accelerator.num_processes, "stage": self.stage,
-                 "fsdp": self.sharding}
-        keep = self.cfg.logging.keep_checkpoints
-        if fsdp.is_sharded(self.model):  # every process writes its shard, the main one commits
-            tmp = shards.shared_temp_dir(self.run_dir, f".tmp-checkpoint-{step}", self.is_main)
-            shards.write_shards(tmp, self.adapter.model, self.optimizer)
-            self.accelerator.wait_for_everyone()
-            if self.is_main:
-                self.adapter.processor.save_pretrained(tmp)
-                hf_core(self.adapter.model).config.save_pretrained(tmp)
-                path = ckpt.commit_checkpoint(tmp, self.run_dir, step, self.scheduler, state, keep=keep)
-        elif self.is_main:
-            path = ckpt.save_checkpoint(self.run_dir, step, self.adapter, self.optimizer, self.scheduler, state, keep=keep)
-        self.accelerator.wait_for_everyone()
-        return path
-
-    def _checkpoint_to_resume(self) -> Path | None:
-        """`resume_from`, verified, or the newest checkpoint that verifies (None: the run has none)."""
-        if not self.cfg.resume_from:
-            return ckpt.latest_good_checkpoint(self.run_dir)
-        latest = Path(self.cfg.resume_from)
-        problems = verify(latest) if latest.is_dir() else ["no such checkpoint directory"]
-        if problems:
-            raise RuntimeError(f"resume_from {latest}: {'; '.join(problems)}")
-        return latest
-
-    def _on_main(self, decide: Callable[[], Any]) -> Any:
-        """`decide()` run by the main process alone (e.g. hashing every file of a checkpoint), its result, or the
-        error it raised, shared with every process."""
-        if self.accelerator.num_processes == 1:
-            return decide()
-        from accelerate.utils import broadcast_object_list
-
-        box: list[Any] = [None]
-        if self.is_main:
-            try:
-                box = [(True, decide())]
-            except Exception as err:  # noqa: BLE001 - raised below, on every process
-                box = [(False, err)]
-        broadcast_object_list(box)
-        ok, value = box[0]
-        if not ok:
-            raise value
-        return value
-
-    def resume(self) -> int:
-        latest = self._on_main(self._checkpoint_to_resume)
-        if latest is None:
-            if self.is_main:
-                print(f"--resume: no complete checkpoint in {self.run_dir}; starting from step 0")
-            return 0
-        sharded = fsdp.is_sharded(self.model)
-        if shards.is_sharded_checkpoint(latest) != sharded:
-            written = "an FSDP run" if not sharded else "a run without FSDP"
-            raise RuntimeError(f"{latest} was written by {written}: resume it with the same fsdp setting and process count")
-        try:
-            if sharded:
-                shards.read_shards(latest, self.adapter.model, self.optimizer)
-            else:
-                ckpt.load_weights(self.adapter.model, latest)
-            state = ckpt.load_training_state(latest, None if sharded else self.optimizer, self.scheduler)
-        except Exception as err:  # noqa: BLE001 - a verified checkpoint that still will not load: say which
-            raise RuntimeError(f"{latest} verified but cannot be loaded into this run: {type(err).__name__}: {err}") from None
-        self.log.truncate_after(state["step"])
-        if self.is_main:
-            print(f"resumed from {latest} (step {state['step']})")
-        return int(state["step"])
-
-    def save_final(self) -> Path:
-        final = self.run_dir / "final"
-        self.accelerator.wait_for_everyone()
-        adapter = self.adapter
-        if fsdp.is_sharded(self.model):  # the full weights, gathered once onto the main process, in a plain copy
-            full = shards.full_state_dict(self.adapter.model)
-            adapter = self._plain_copy(full) if self.is_main else None
-        if self.is_main:
-            tmp = self.run_dir / ".tmp-final"
-            shutil.rmtree(tmp, ignore_errors=True)
-            ckpt.save_model(adapter, tmp)
-            if is_lora_wrapped(adapter) and self.cfg.logging.save_merged:
-                save_merged(adapter, tmp / MERGED_DIR)
-            write_manifest(tmp)
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.rename(final)
-        self.accelerator.wait_for_everyone()
-        return final
-
-    def _plain_copy(self, state_dict: dict[str, torch.Tensor]):
-        """An unsharded adapter on the CPU holding `state_dict` (the starting model rebuilt, LoRA as in the run)."""
-        cfg = self.cfg
-        adapter = load_policy(cfg, torch.device("cpu"), decide_cache=False)
-        if cfg.lora.r > 0:
-            apply_lora(adapter, cfg.lora, train_fully=cfg.optim.trainable_patterns)
-        adapter.model.load_state_dict(state_dict, strict=True)
-        return adapter
 
     # ---------------------------------------------------------------- trackers, card, hub
     def start_trackers(self) -> None:
@@ -330,58 +234,87 @@ class BaseTrainer:
             logging_cfg = self.cfg.logging
             title = logging_cfg.hub_model_id or self.run_dir.resolve().name
             card = write_model_card(final, self.run_dir, self.cfg, stage=self.stage, family=self.adapter.family,
-                                    rewards=self.rewards, heldout=self.heldout, title=title)
+                                    rewards=self.rewards, heldout=self.heldout, title=title, history=self.run_history)
             write_manifest(final, changed=card)  # the weights were hashed by save_final
             if logging_cfg.push_to_hub:
                 url = push_final(final, title, private=logging_cfg.hub_private)
                 print(f"pushed {final} to {url}")
         if self._trackers_started:
             self.accelerator.end_training()
+        self.release_lock()
 
     # ---------------------------------------------------------------- the loop
     def train(self, finish: bool = True) -> list[dict[str, Any]]:
         """The step loop; `finish=False` leaves the model card, push and trackers to the caller (GRPO's held-out
-        evaluation after the run comes first)."""
-        cfg = self.cfg
-        start = self.resume() if cfg.resume or cfg.resume_from else 0
-        self.start_trackers()
-        nonfinite, kl_watch = NonFiniteGuard(cfg.guard.max_nonfinite_steps), KLWatchdog(cfg.guard)
-        history = []
-        progress = _progress(start, cfg.max_steps, self.stage, enabled=self.is_main and cfg.logging.progress)
-        with stop_on_signals() as stop:
-            for step in range(start, cfg.max_steps):
-                started = time.perf_counter()
-                metrics = self.train_step(step)
-                metrics.setdefault("step", step + 1)
-                metrics.setdefault("step_time", time.perf_counter() - started)
-                metrics["skipped_samples"] = len(self.dataset.skipped)
-                history.append(metrics)
-                self.log.metrics(metrics)
-                self.track(metrics, metrics["step"])
-                progress.update(1)
-                progress.set_postfix(self.progress_postfix(metrics))
-                # A guard that trips raises before this step is saved: the newest checkpoint stays the last good one.
-                nonfinite.observe(metrics)
-                kl_watch.observe(metrics)
-                done = step + 1
+        evaluation after the run comes first). SIGINT/SIGTERM: the step finishes, is saved, and StopSignal is raised."""
+        try:
+            with stop_on_signals() as stop:
+                history = self._loop(stop)
+                with stop.saving_checkpoint():
+                    if self.start < self.cfg.max_steps or not ckpt.latest_checkpoint(self.run_dir):
+                        self.save(self.cfg.max_steps)
+                    self.save_final()
                 if stop.signum is not None:
-                    self.save(done)
-                    progress.close()
-                    if self.is_main:
-                        print(f"\n{signal.Signals(stop.signum).name}: checkpoint-{done} saved in {self.run_dir}; --resume continues")
-                    return history
-                if cfg.logging.save_every and done % cfg.logging.save_every == 0 and done < cfg.max_steps:
-                    self.save(done)
-        progress.close()
-        if start < cfg.max_steps or not ckpt.latest_checkpoint(self.run_dir):
-            self.save(cfg.max_steps)
-        self.save_final()
+                    self._stopped(stop.signum, self.cfg.max_steps, "final/ is saved too; ")
+        except StopSignal as err:
+            self.release_lock()
+            if err.at_once:
+                newest = ckpt.latest_checkpoint(self.run_dir)
+                raise StopSignal(err.signum, f"{err.message} during step {self.step + 1}; not saved: the newest "
+                                 f"checkpoint is {newest.name if newest else 'none'}; --resume continues from it") from None
+            raise
+        except BaseException:
+            self.release_lock()
+            raise
         if self.dataset.skipped and self.is_main:
             print(f"skipped {len(self.dataset.skipped)} bad samples: {list(self.dataset.skipped)}")
         self.run_after_hooks()
         if finish:
             self.finish()
         return history
+
+    def _loop(self, stop) -> list[dict[str, Any]]:
+        cfg = self.cfg
+        self.start = self.resume() if cfg.resume or cfg.resume_from else 0
+        self.start_trackers()
+        watchdogs = [NonFiniteGuard(cfg.guard.max_nonfinite_steps), KLWatchdog(cfg.guard),
+                     LearningSignalMonitor(cfg.generation.temperature)]
+        history = []
+        progress = _progress(self.start, cfg.max_steps, self.stage, enabled=self.is_main and cfg.logging.progress)
+        for step in range(self.start, cfg.max_steps):
+            self.step, self.updated_in_step = step, False
+            started, rng_at_start = time.perf_counter(), ckpt.rng_state()
+            try:
+                metrics = self.train_step(step)
+            except Exception:
+                self.save_after_failure(step, rng_at_start)
+                raise
+            metrics.setdefault("step", step + 1)
+            metrics.setdefault("step_time", time.perf_counter() - started)
+            metrics["skipped_samples"] = len(self.dataset.skipped)
+            history.append(metrics)
+            self.log.metrics(metrics)
+            self.track(metrics, metrics["step"])
+            progress.update(1)
+            progress.set_postfix(self.progress_postfix(metrics))
+            # A guard that trips raises before this step is saved: the newest checkpoint stays the last good one.
+            for watchdog in watchdogs:
+                watchdog.observe(metrics)
+            done = step + 1
+            periodic = cfg.logging.save_every and done % cfg.logging.save_every == 0 and done < cfg.max_steps
+            if periodic or (stop.signum is not None and done < cfg.max_steps):
+                with stop.saving_checkpoint():
+                    self.save(done)
+            if stop.signum is not None and done < cfg.max_steps:
+                progress.close()
+                self._stopped(stop.signum, done)
+        progress.close()
+        return history
+
+    def _stopped(self, signum: int, step: int, also: str = "") -> None:
+        name = StopSignal(signum, "").name
+        raise StopSignal(signum, f"stopped at step {step} by {name}; checkpoint-{step} saved in {self.run_dir}; "
+                         f"{also}--resume continues")
 
     def run_after_hooks(self) -> None:
         if self.is_main:

@@ -48,7 +48,7 @@ def check_budget(adapter, batch: PromptBatch, max_new_tokens: int) -> Finding:
     lengths = batch.attention_mask.sum(dim=1).tolist()
     images = (batch.input_ids == adapter.image_token_id).sum(dim=1).tolist()
     longest = int(max(lengths)) + max_new_tokens
-    limit = getattr(adapter.model.config.get_text_config(), "max_position_embeddings", None)
+    limit = position_limit(adapter)
     per_image = [n // max(1, k) for n, k in zip(images, batch.images_per_sample) if k]
     detail = (f"prompts of {int(min(lengths))}-{int(max(lengths))} tokens, images cost {min(per_image, default=0)}-"
               f"{max(per_image, default=0)} tokens each; with {max_new_tokens} new tokens the longest sequence is {longest}")
@@ -99,6 +99,27 @@ def check_batch_vs_single(adapter, samples, max_new_tokens: int, tolerance: floa
     ok = worst <= tolerance
     return Finding("left-padded batch = one by one", ok, f"log-prob difference {worst:.2e} over {len(samples)} samples "
                    f"x {max_new_tokens} tokens, each padded by >= {padded} (tolerance {tolerance:g})")
+
+
+def position_limit(adapter) -> int | None:
+    return getattr(adapter.model.config.get_text_config(), "max_position_embeddings", None)
+
+
+def check_drawn_sample(adapter, sample, max_new_tokens: int) -> None:
+    """One sample as the step will encode it: the processor takes its images (aspect ratio, size), its image tokens
+    equal its image features, and prompt + images + `max_new_tokens` fit the model's positions. Raises ValueError
+    saying what is wrong (the caller names the row)."""
+    try:
+        batch = adapter.encode_prompts([sample.prompt], [sample.images])
+    except ImageTokenMismatch as err:
+        raise ValueError(str(err)) from None
+    except Exception as err:  # noqa: BLE001 - processors reject inputs with many kinds of errors
+        raise ValueError(f"the model's processor rejects it: {type(err).__name__}: {err}") from None
+    length = int(batch.attention_mask.sum())
+    limit = position_limit(adapter)
+    if limit is not None and length + max_new_tokens > limit:
+        raise ValueError(f"prompt and images take {length} tokens; with {max_new_tokens} new tokens that is "
+                         f"{length + max_new_tokens}, above the model's {limit} positions")
 
 
 def cheap_checks(adapter, samples, max_new_tokens: int) -> list[Finding]:

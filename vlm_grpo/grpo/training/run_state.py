@@ -1,0 +1,235 @@
+"""A trainer's state on disk: checkpoints, `--resume`, and the final model (BaseTrainer inherits these).
+
+- `save(step)`: an atomic checkpoint (sharded when FSDP shards the policy), carrying the run's history.
+- At the start of a resumed run, before any model loads: the checkpoint to resume from (verified), its settings
+  against the run's (grpo/run/resume_rules.py: safe changes honoured, meaning-changing ones refused unless accepted,
+  each resume recorded in the history). A `--resume` that finds no checkpoint starts over and drops what the failed
+  start logged, so metrics never hold two step 1s.
+- `resume()`: weights, optimizer, scheduler and RNG state, with the run's own hyperparameters (an accepted learning
+  rate change trains at the new rate, scheduled from the resumed step).
+- `save_after_failure(step)`: a step that failed before its first update (a reward error, a bad row) leaves the
+  weights of the last completed step: that step is saved, so `--resume` loses nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from vlm_grpo.adapters.features import hf_core
+from vlm_grpo.compat.cache_probe import probe_steps
+from vlm_grpo.loader import load_model
+from vlm_grpo.adapters.model_dirs import MERGED_DIR
+from vlm_grpo.grpo.distributed import fsdp
+from vlm_grpo.grpo.distributed import sharded_checkpoints as shards
+from vlm_grpo.grpo.run import checkpoints as ckpt
+from vlm_grpo.grpo.run.manifest import verify, write_manifest
+from vlm_grpo.grpo.run.resume_rules import PROCESSES, check_resume, describe_history, history_entry
+from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.settings.sources import canonical_key
+from vlm_grpo.grpo.training.lora import apply_lora, is_lora_wrapped, save_merged
+
+
+def load_policy(cfg, device: torch.device | None = None, decide_cache: bool = True):
+    """The adapter of `model.init_from` (a checkpoint to start from) or else `model.name`, on `device`: what a run
+    starts from, and what its final model is rebuilt on when sharded."""
+    return load_model(
+        cfg.model.init_from or cfg.model.name,
+        seed=cfg.seed,
+        dtype=cfg.model.dtype,
+        device=device or cfg.model.device,
+        attn_implementation=cfg.model.attn_implementation,
+        load_in_4bit=cfg.lora.load_in_4bit,
+        trust_remote_code=cfg.model.trust_remote_code,
+        allow_pickle_weights=cfg.model.allow_pickle_weights,
+        cache_policy=cfg.model.cache_policy,
+        probe_steps=probe_steps(cfg.generation.max_new_tokens),
+        decide_cache=decide_cache,
+    )
+
+
+def _plain(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))  # as a checkpoint stores it: tuples as lists
+
+
+class RunState:
+    """Checkpoint, resume and final-model methods of BaseTrainer (which sets cfg, accelerator, run_dir, adapter,
+    model, optimizer, scheduler, log, sharding, stage)."""
+
+    run_history: list[dict[str, Any]]
+    resume_point: Path | None
+
+    # ---------------------------------------------------------------- saving
+    def save(self, step: int) -> Path | None:
+        self.accelerator.wait_for_everyone()
+        path = None
+        state = {"config": self.cfg.to_dict(), "num_processes": self.accelerator.num_processes, "stage": self.stage,
+                 "fsdp": self.sharding, "history": self.run_history}
+        keep = self.cfg.logging.keep_checkpoints
+        if fsdp.is_sharded(self.model):  # every process writes its shard, the main one commits
+            tmp = shards.shared_temp_dir(self.run_dir, f".tmp-checkpoint-{step}", self.is_main)
+            shards.write_shards(tmp, self.adapter.model, self.optimizer)
+            self.accelerator.wait_for_everyone()
+            if self.is_main:
+                self.adapter.processor.save_pretrained(tmp)
+                hf_core(self.adapter.model).config.save_pretrained(tmp)
+                path = ckpt.commit_checkpoint(tmp, self.run_dir, step, self.scheduler, state, keep=keep)
+        elif self.is_main:
+            path = ckpt.save_checkpoint(self.run_dir, step, self.adapter, self.optimizer, self.scheduler, state, keep=keep)
+        self.accelerator.wait_for_everyone()
+        return path
+
+    def watch_updates(self) -> None:
+        """Note every optimizer update, so a failed step knows whether the weights are still the last step's."""
+        self.updated_in_step = False
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)  # accelerate's wrapper holds torch's optimizer
+        inner.register_step_pre_hook(lambda *_: setattr(self, "updated_in_step", True))
+
+    def save_after_failure(self, step: int, rng_at_start: dict[str, Any]) -> Path | None:
+        """Step `step` (0-based) failed: save the `step` steps completed before it when its weights are untouched
+        (no update ran) and no checkpoint of them exists. One process only: a failure on one of several processes
+        cannot be saved together."""
+        if step == 0 or self.updated_in_step or self.accelerator.num_processes > 1:
+            return None
+        if (self.run_dir / f"checkpoint-{step}").is_dir():
+            return None
+        ckpt.set_rng_state(rng_at_start)  # the state the next step starts from, as a save after the step holds
+        try:
+            path = self.save(step)
+        except Exception as err:  # noqa: BLE001 - the first error is the one to report
+            print(f"could not save the last completed step after the failure: {type(err).__name__}: {err}", file=sys.stderr)
+            return None
+        print(f"checkpoint-{step} saved (the last completed step, before the failure); --resume continues from it "
+              "once the cause is fixed", file=sys.stderr)
+        return path
+
+    # ---------------------------------------------------------------- which checkpoint, and may it be resumed
+    def _checkpoint_to_resume(self) -> Path | None:
+        """`resume_from`, verified, or the newest checkpoint that verifies (None: the run has none)."""
+        if not self.cfg.resume_from:
+            return ckpt.latest_good_checkpoint(self.run_dir)
+        latest = Path(self.cfg.resume_from)
+        problems = verify(latest) if latest.is_dir() else ["no such checkpoint directory"]
+        if problems:
+            raise SettingError("resume_from", f"{latest}: {'; '.join(problems)}")
+        return latest
+
+    def _on_main(self, decide: Callable[[], Any]) -> Any:
+        """`decide()` run by the main process alone (e.g. hashing every file of a checkpoint), its result, or the
+        error it raised, shared with every process."""
+        if self.accelerator.num_processes == 1:
+            return decide()
+        from accelerate.utils import broadcast_object_list
+
+        box: list[Any] = [None]
+        if self.is_main:
+            try:
+                box = [(True, decide())]
+            except Exception as err:  # noqa: BLE001 - raised below, on every process
+                box = [(False, err)]
+        broadcast_object_list(box)
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    def plan_resume(self) -> None:
+        """Before any model loads: the checkpoint a `--resume` continues from and the history it extends; refused
+        settings raise SettingError. A resume that finds no checkpoint drops the logs of the failed start."""
+        cfg = self.cfg
+        self.run_history, self.resume_point = [], None
+        if not (cfg.resume or cfg.resume_from):
+            return
+        accept = [name if name in ("all", PROCESSES) else canonical_key(name)[0] for name in cfg.resume_accept]
+        self.resume_point = self._on_main(self._checkpoint_to_resume)
+        if self.resume_point is None:
+            dropped = self.log.truncate_after(-1)
+            if self.is_main:
+                print(f"--resume: no complete checkpoint in {self.run_dir}; starting from step 0"
+                      + (f" (dropped {dropped} logged steps that no checkpoint holds)" if dropped else ""))
+            return
+        state = json.loads((self.resume_point / ckpt.STATE_FILE).read_text())
+        changes = check_resume(state, _plain(cfg.to_dict()), checkpoint=str(self.resume_point), stage=self.stage,
+                               num_processes=self.accelerator.num_processes, accept=accept)
+        self.run_history = [*state.get("history", []), history_entry(str(self.resume_point), int(state["step"]), changes)]
+        if self.is_main and changes:
+            print("\n".join(describe_history(self.run_history[-1:])))
+
+    # ---------------------------------------------------------------- loading
+    def resume(self) -> int:
+        latest = self.resume_point
+        if latest is None:
+            return 0
+        sharded = fsdp.is_sharded(self.model)
+        if shards.is_sharded_checkpoint(latest) != sharded:
+            written = "an FSDP run" if not sharded else "a run without FSDP"
+            raise RuntimeError(f"{latest} was written by {written}: resume it with the same fsdp setting and process count")
+        fresh = _hyperparameters(self.optimizer, self.scheduler)
+        try:
+            if sharded:
+                shards.read_shards(latest, self.adapter.model, self.optimizer)
+            else:
+                ckpt.load_weights(self.adapter.model, latest)
+            state = ckpt.load_training_state(latest, None if sharded else self.optimizer, self.scheduler)
+        except Exception as err:  # noqa: BLE001 - a verified checkpoint that still will not load: say which
+            raise RuntimeError(f"{latest} verified but cannot be loaded into this run: {type(err).__name__}: {err}") from None
+        _restore_hyperparameters(self.optimizer, self.scheduler, fresh)
+        self.log.truncate_after(state["step"])
+        if self.is_main:
+            print(f"resumed from {latest} (step {state['step']})")
+        return int(state["step"])
+
+    # ---------------------------------------------------------------- the final model
+    def save_final(self) -> Path:
+        final = self.run_dir / "final"
+        self.accelerator.wait_for_everyone()
+        adapter = self.adapter
+        if fsdp.is_sharded(self.model):  # the full weights, gathered once onto the main process, in a plain copy
+            full = shards.full_state_dict(self.adapter.model)
+            adapter = self._plain_copy(full) if self.is_main else None
+        if self.is_main:
+            tmp = self.run_dir / ".tmp-final"
+            shutil.rmtree(tmp, ignore_errors=True)
+            ckpt.save_model(adapter, tmp)
+            if is_lora_wrapped(adapter) and self.cfg.logging.save_merged:
+                save_merged(adapter, tmp / MERGED_DIR)
+            write_manifest(tmp)
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+        self.accelerator.wait_for_everyone()
+        return final
+
+    def _plain_copy(self, state_dict: dict[str, torch.Tensor]):
+        """An unsharded adapter on the CPU holding `state_dict` (the starting model rebuilt, LoRA as in the run)."""
+        cfg = self.cfg
+        adapter = load_policy(cfg, torch.device("cpu"), decide_cache=False)
+        if cfg.lora.r > 0:
+            apply_lora(adapter, cfg.lora, train_fully=cfg.optim.trainable_patterns)
+        adapter.model.load_state_dict(state_dict, strict=True)
+        return adapter
+
+
+def _hyperparameters(optimizer, scheduler) -> dict[str, Any]:
+    """The run's own optimizer hyperparameters, as built from its settings (before a checkpoint overwrites them)."""
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    return {"groups": groups, "base_lrs": list(getattr(scheduler, "base_lrs", []))}
+
+
+def _restore_hyperparameters(optimizer, scheduler, fresh: dict[str, Any]) -> None:
+    """Loading a checkpoint restores its learning rates and AdamW settings; the run's own come back on top, each
+    group's rate scheduled at the resumed step. With unchanged settings this recomputes the same values."""
+    for group, own in zip(optimizer.param_groups, fresh["groups"]):
+        group.update({k: v for k, v in own.items() if k not in ("lr", "initial_lr")})
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if not lambdas or not fresh["base_lrs"]:
+        return
+    scheduler.base_lrs = list(fresh["base_lrs"])
+    lrs = [base * fn(scheduler.last_epoch) for base, fn in zip(scheduler.base_lrs, lambdas)]
+    for group, base, lr in zip(optimizer.param_groups, scheduler.base_lrs, lrs):
+        group["initial_lr"], group["lr"] = base, lr
+    scheduler._last_lr = lrs  # what get_last_lr() reports
