@@ -81,7 +81,7 @@ def _offending_sample(reward: Reward, inputs: RewardInputs) -> tuple[int, BaseEx
             call_reward(lambda: inputs.one(i).call(reward.fn))
         except Exception as err:  # noqa: BLE001 - user code may raise anything
             return i, err
-    return -1, RuntimeError("fails only on the whole batch")
+    return -1, RuntimeError("fails only on the whole batch")  # (replaced by the batch's error in the message)
 
 
 def _format_hint(inputs: RewardInputs, index: int, cause: BaseException) -> str:
@@ -96,12 +96,14 @@ def _format_hint(inputs: RewardInputs, index: int, cause: BaseException) -> str:
 
 
 def _completion(inputs: RewardInputs, index: int) -> str:
-    return f"completion {index} ({inputs.completions[index][:80]!r})" if index >= 0 else "the batch"
+    return f"completion {index} ({inputs.completions[index][:80]!r})" if index >= 0 else "the batch (no completion alone)"
 
 
 def _failed(reward: Reward, inputs: RewardInputs, err: BaseException, on_error: str, errors: dict[str, int]) -> list[float]:
     """The reward raised (or exited) on the batch: name it and the completion, or score the failing ones 0."""
     index, cause = _offending_sample(reward, inputs)
+    if index < 0:  # no completion alone reproduces it: the batch's own error is the one to show
+        cause = err
     if on_error != "zero":
         if isinstance(cause, UserCodeExit):
             raise RewardError(f"reward {reward.name!r} {cause} on {_completion(inputs, index)}: a reward must return "
