@@ -83,14 +83,18 @@ class CheckedSource:
             raise ValueError(message) from None
 
     def __getitem__(self, index: int) -> Sample:
+        return self.pick(index)[1]
+
+    def pick(self, index: int) -> tuple[int, Sample]:
+        """(the index of the sample given, the sample): `index`'s, or in skip mode the next good one's."""
         if self.on_bad_sample == "error":
-            return self._take(index)
+            return index, self._take(index)
         for offset in range(len(self.source)):
             candidate = (index + offset) % len(self.source)
             if candidate in self.skipped:
                 continue
             try:
-                return self._take(candidate)
+                return candidate, self._take(candidate)
             except ValueError as err:
                 self.skipped[candidate] = str(err)
                 log.warning("skipping bad sample (%d so far): %s", len(self.skipped), err)

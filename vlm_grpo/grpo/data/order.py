@@ -31,12 +31,10 @@ def step_seed(seed: int, step: int, process_index: int = 0) -> int:
 
 
 def repeats_note(size: int, per_step: int) -> str | None:
-    """A note when a step draws more prompts than the training set holds: rows repeat in whole shuffled passes
-    (epochs), so within any run of draws no row is drawn twice more often than another."""
+    """A note when a step draws more prompts than the training set holds: rows repeat, in whole shuffled passes
+    (epochs), so at any point of the run no row has been drawn more than once more often than another."""
     if size <= 0 or per_step <= size:
         return None
-    low, extra = divmod(per_step, size)
-    times = f"{low} times" if not extra else f"{low} or {low + 1} times"
-    return (f"note: the training set has {size} rows and a step draws {per_step} prompts: each step repeats every "
-            f"row {times}, in whole shuffled passes (epochs), so over the run every row is drawn equally often (to "
-            "within one)")
+    return (f"note: the training set has {size} rows and a step draws {per_step} prompts: rows repeat within a step "
+            f"(about {per_step / size:.1f} times each), in whole shuffled passes (epochs), so over the run every row "
+            "is drawn equally often, to within one")

@@ -106,11 +106,15 @@ class BaseTrainer(RunState):
         self.adapter = adapter or load_policy(cfg, self.accelerator.device)
         if self.adapter.use_cache is None:  # an adapter built by the caller: decide as the loader would
             apply_cache_policy(self.adapter, cfg.model.cache_policy, probe_steps(cfg.generation.max_new_tokens))
+        # every sample is checked against the model the first time it is drawn (encodes, fits the positions); in
+        # skip mode from the start, so bad first samples are skipped rather than failing the pre-flight checks
+        check = functools.partial(check_drawn_sample, self.adapter, max_new_tokens=self.completion_budget())
+        if cfg.data.on_bad_sample == "skip":
+            self.dataset.check_drawn = check
         if self.is_main:  # the cheap pre-flight checks on the first samples, before any training
             first = [self.dataset[i] for i in range(min(PREFLIGHT_SAMPLES, len(self.dataset)))]
             raise_on_failure(cheap_checks(self.adapter, first, self.completion_budget()))
-        # then every sample is checked against the model the first time it is drawn (encodes, fits the positions)
-        self.dataset.check_drawn = functools.partial(check_drawn_sample, self.adapter, max_new_tokens=self.completion_budget())
+        self.dataset.check_drawn = check
         self._setup_training()
         if self.is_main:
             check_disk_space(self.run_dir, self.adapter.model)
@@ -203,7 +207,8 @@ class BaseTrainer(RunState):
     def _samples(self, step: int):
         acc = self.accelerator
         idx = batch_indices(len(self.dataset), self.cfg.data.batch_size, step, self.cfg.seed, acc.process_index, acc.num_processes)
-        return [self.dataset[i] for i in idx], idx
+        picked = [self.dataset.pick(i) for i in idx]  # in skip mode a bad sample's place goes to the next good one
+        return [sample for _, sample in picked], [i for i, _ in picked]
 
     def _mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
         if self.accelerator.num_processes == 1:
