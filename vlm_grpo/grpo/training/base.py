@@ -28,6 +28,7 @@ from vlm_grpo.grpo.interrupts import StopSignal
 from vlm_grpo.grpo.run import checkpoints as ckpt
 from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
 from vlm_grpo.grpo.distributed import fsdp
+from vlm_grpo.grpo.settings.fields import SettingError
 from vlm_grpo.grpo.settings.sections import TrainConfig
 from vlm_grpo.grpo.data.order import batch_indices, repeats_note
 from vlm_grpo.grpo.data.source import build_split, resolve_recipe
@@ -77,8 +78,8 @@ class BaseTrainer(RunState):
         set_seed(cfg.seed)
         self.sharding = fsdp.requested_mode(cfg.fsdp, self.accelerator)  # "no", or how FSDP shards the policy
         if self.sharding != "no" and not torch.distributed.is_initialized():
-            raise ValueError(f"fsdp {self.sharding} shards across processes: launch with `accelerate launch "
-                             "--num_processes N` (or torchrun); one process trains without fsdp")
+            raise SettingError("fsdp", f"{self.sharding} shards across processes: launch with `accelerate launch "
+                               "--num_processes N` (or torchrun); one process trains without fsdp")
         self.run_dir = Path(cfg.logging.output_dir)
         self.lock = None  # the run directory's lock, held by the main process until the run ends
         if self.is_main:
@@ -259,8 +260,9 @@ class BaseTrainer(RunState):
                     if self.start < self.cfg.max_steps or not ckpt.latest_checkpoint(self.run_dir):
                         self.save(self.cfg.max_steps)
                     self.save_final()
-                if stop.signum is not None:
-                    self._stopped(stop.signum, self.cfg.max_steps, "final/ is saved too; ")
+                signum = self._agreed_stop(stop)
+                if signum:
+                    self._stopped(signum, self.cfg.max_steps, "final/ is saved too; ")
         except StopSignal as err:
             self.release_lock()
             if err.at_once:
@@ -305,16 +307,24 @@ class BaseTrainer(RunState):
             # A guard that trips raises before this step is saved: the newest checkpoint stays the last good one.
             for watchdog in watchdogs:
                 watchdog.observe(metrics)
-            done = step + 1
+            done, signum = step + 1, self._agreed_stop(stop)
             periodic = cfg.logging.save_every and done % cfg.logging.save_every == 0 and done < cfg.max_steps
-            if periodic or (stop.signum is not None and done < cfg.max_steps):
+            if periodic or (signum and done < cfg.max_steps):
                 with stop.saving_checkpoint():
                     self.save(done)
-            if stop.signum is not None and done < cfg.max_steps:
+            if signum and done < cfg.max_steps:
                 progress.close()
-                self._stopped(stop.signum, done)
+                self._stopped(signum, done)
         progress.close()
         return history
+
+    def _agreed_stop(self, stop) -> int:
+        """The signal received by this process or any other (0: none): all stop at the same step, since saving is
+        collective."""
+        if self.accelerator.num_processes == 1:
+            return stop.signum or 0
+        received = torch.tensor([stop.signum or 0], device=self.accelerator.device)
+        return int(self.accelerator.gather(received).max())
 
     def _stopped(self, signum: int, step: int, also: str = "") -> None:
         name = StopSignal(signum, "").name
