@@ -139,3 +139,10 @@ def test_a_crash_before_the_first_checkpoint_then_resume_starts_over(straight, t
            [{k: v for k, v in r.items() if k not in VOLATILE} for r in expected]
     assert read_jsonl(run / "completions.jsonl") == read_jsonl(done / "completions.jsonl")
     assert same_weights(run, done)
+
+
+def test_an_accepted_name_that_is_no_setting_is_refused(two_steps, capsys):
+    assert main(["train", *RUN, "--max-steps", "3", "--output-dir", str(two_steps), "--resume",
+                 "--resume-accept", "lerning_rate"]) == 2
+    assert capsys.readouterr().err.strip() == ("vlm-grpo train: error: setting 'resume_accept': 'lerning_rate': unknown "
+                                               "setting; did you mean 'learning_rate'?")

@@ -111,14 +111,6 @@ def check_resume(state: dict[str, Any], current: dict[str, Any], *, checkpoint: 
     return changes
 
 
-def check_accept_names(accept: list[str], known: set[str]) -> None:
-    """`resume_accept` entries must name settings (section.field), `num_processes` or `all`."""
-    unknown = [k for k in accept if k not in known and k not in ("all", PROCESSES)]
-    if unknown:
-        raise SettingError("resume_accept", f"{', '.join(map(repr, unknown))} name no setting; write section.field "
-                           "(e.g. optim.learning_rate), num_processes, or all")
-
-
 def history_entry(checkpoint: str, step: int, changes: list[Change]) -> dict[str, Any]:
     """One resume, as config.yaml's `history` and the model card record it."""
     entry: dict[str, Any] = {"resumed_at_step": step, "from": checkpoint}

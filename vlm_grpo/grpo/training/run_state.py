@@ -145,7 +145,7 @@ class RunState:
         self.run_history, self.resume_point = [], None
         if not (cfg.resume or cfg.resume_from):
             return
-        accept = [name if name in ("all", PROCESSES) else canonical_key(name)[0] for name in cfg.resume_accept]
+        accept = [_accepted_key(name) for name in cfg.resume_accept]
         self.resume_point = self._on_main(self._checkpoint_to_resume)
         if self.resume_point is None:
             dropped = self.log.truncate_after(-1)
@@ -212,6 +212,16 @@ class RunState:
             apply_lora(adapter, cfg.lora, train_fully=cfg.optim.trainable_patterns)
         adapter.model.load_state_dict(state_dict, strict=True)
         return adapter
+
+
+def _accepted_key(name: str) -> str:
+    """A `resume_accept` entry as the setting key it names (`learning_rate` -> `optim.learning_rate`)."""
+    if name in ("all", PROCESSES):
+        return name
+    try:
+        return canonical_key(name)[0]
+    except SettingError as err:
+        raise SettingError("resume_accept", f"{name!r}: {err.problem}") from None
 
 
 def _hyperparameters(optimizer, scheduler) -> dict[str, Any]:
