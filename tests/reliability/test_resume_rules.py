@@ -86,8 +86,7 @@ def test_safe_changes_are_honoured_and_the_run_equals_an_uninterrupted_one(two_s
     assert saved["history"] == [{"resumed_at_step": 2, "from": f"{run}/checkpoint-2", "changed": {
         "logging.output_dir": {"was": str(two_steps), "now": str(run)},  # the copy this test resumes
         "logging.save_every": {"was": 1, "now": 100}, "logging.keep_checkpoints": {"was": 2, "now": 0},
-        "logging.log_completions": {"was": True, "now": False}, "max_steps": {"was": 2, "now": 3},
-        "resume": {"was": False, "now": True}}}]
+        "logging.log_completions": {"was": True, "now": False}, "max_steps": {"was": 2, "now": 3}}}]
     assert load_config(run / "config.yaml").max_steps == 3  # the history is not a setting: the file stays a --config
     assert "Trained with vlm-grpo (GRPO), 3 steps" in (run / "final" / "README.md").read_text()
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3]
@@ -119,8 +118,8 @@ def test_an_accepted_learning_rate_change_trains_at_the_new_rate_and_is_recorded
     card = (run / "final" / "README.md").read_text()
     assert "learning rate 0.005" in card
     assert (f"- resumed at step 2 from {run}/checkpoint-2; accepted changes: optim.learning_rate 0.001 -> 0.005; "
-            f"other changes: logging.output_dir '{two_steps}' -> '{run}', logging.save_every 1 -> 100, max_steps 2 -> 3, "
-            "resume False -> True") in card
+            f"other changes: logging.output_dir '{two_steps}' -> '{run}', logging.save_every 1 -> 100, max_steps 2 -> 3"
+            ) in card
 
 
 def test_a_crash_before_the_first_checkpoint_then_resume_starts_over(straight, tmp_path, capsys):

@@ -21,10 +21,10 @@ from vlm_grpo.grpo.settings.fields import SettingError
 
 SAFE = ("max_steps", "logging.", "guard.", "eval.", "perf.", "sft.eval_every", "model.cache_policy", "model.device",
         "model.attn_implementation", "model.trust_remote_code", "model.allow_pickle_weights", "data.on_bad_sample",
-        "data.on_reward_error", "gradient_accumulation_steps", "resume", "resume_from", "resume_accept")
+        "data.on_reward_error", "gradient_accumulation_steps")
 FIXED = ("model.name", "model.init_from", "model.dtype", "lora.", "optim.freeze", "optim.trainable_patterns",
          "optim.freeze_preset", "fsdp")
-DERIVED = ("loss.max_completion_length",)
+IGNORED = ("loss.max_completion_length", "resume", "resume_from", "resume_accept")  # derived; how a run resumes
 PROCESSES = "num_processes"  # not a setting: how many processes trained (each draws its own prompts)
 
 
@@ -59,7 +59,7 @@ def compare(saved: dict[str, Any], current: dict[str, Any], accept: list[str]) -
     accept_all = "all" in accept
     changes = []
     for key, now in new.items():
-        if key not in old or key in DERIVED or _normal(old[key]) == _normal(now):
+        if key not in old or key in IGNORED or _normal(old[key]) == _normal(now):
             continue  # a setting the checkpoint predates is not compared
         if _matches(key, SAFE):
             kind = "safe"

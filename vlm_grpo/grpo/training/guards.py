@@ -1,4 +1,5 @@
-"""Watchdogs over the training metrics: non-finite updates and KL blow-ups stop a run before it trains on garbage."""
+"""Watchdogs over the training metrics: non-finite updates and KL blow-ups stop a run before it trains on garbage;
+steps that carry no learning signal (groups scoring alike, rewards that apply to nothing) warn with their cause."""
 
 from __future__ import annotations
 
