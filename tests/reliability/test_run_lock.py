@@ -103,3 +103,19 @@ def test_a_checkpoint_caught_between_its_replacement_renames_is_put_back(tmp_pat
                     "restored checkpoint-4 from .old-checkpoint-4-123 (its replacement was interrupted)"]
     assert (tmp_path / "checkpoint-4" / ckpt.STATE_FILE).is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2", "checkpoint-4"]
+
+
+def test_a_filesystem_without_file_locks_warns_and_runs_unlocked(tmp_path, capsys, monkeypatch):
+    import errno
+
+    from vlm_grpo.grpo.run.lock import RunLock
+
+    def no_flock(*_a, **_k):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    lock = RunLock(tmp_path)
+    monkeypatch.setattr(lock._lock, "acquire", no_flock)
+    lock.acquire()
+    assert capsys.readouterr().out == (f"warning: the filesystem of {tmp_path} has no file locks: nothing keeps another "
+                                       "run out of it\n")
+    assert not lock.held

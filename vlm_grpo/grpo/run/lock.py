@@ -8,7 +8,9 @@ lock with the process, the record it left says who it was, and the next run says
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import errno
 import json
 import os
 import socket
@@ -73,12 +75,21 @@ class RunLock:
             holder = _parse(self.path.read_text(errors="replace")) if self.path.is_file() else None
             raise SettingError("logging.output_dir", f"{self.run_dir} is in use by another run: {describe(holder)}; "
                                "wait for it to end, stop it, or choose another --output-dir") from None
+        except OSError as err:  # (Timeout is an OSError too: caught above)
+            if err.errno != errno.ENOSYS:
+                raise
+            print(f"warning: the filesystem of {self.run_dir} has no file locks: nothing keeps another run out of it")
 
     def release(self) -> None:
         if not self.held:
             return
-        os.truncate(self.path, 0)  # a clean release leaves no record: a record found later means its holder died
+        with contextlib.suppress(OSError):  # the directory may be gone; the OS lock is released all the same
+            os.truncate(self.path, 0)  # a clean release leaves no record: a record found later means its holder died
         self._lock.release()
+
+    def __del__(self) -> None:  # a run object dropped without finishing: release cleanly, not as a dead holder
+        with contextlib.suppress(Exception):
+            self.release()
 
     def stale_note(self) -> str | None:
         if not self.stale:
