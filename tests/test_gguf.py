@@ -65,7 +65,7 @@ def test_smollm2_is_found_without_importing_its_package():
 def test_convert_command_reports_a_bad_source_in_one_line(tmp_path, capsys):
     (tmp_path / "a.gguf").write_bytes(b"GGUF")
     (tmp_path / "b.gguf").write_bytes(b"GGUF")
-    assert main(["convert-gguf", "--gguf", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert main(["convert-gguf", "--gguf", str(tmp_path), "--out", str(tmp_path / "out")]) == 1  # failed
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "2 .gguf files" in err and str(tmp_path) in err
     assert not (tmp_path / "out").exists()
@@ -74,7 +74,7 @@ def test_convert_command_reports_a_bad_source_in_one_line(tmp_path, capsys):
 def test_compose_reports_a_directory_with_several_gguf_files(tmp_path, capsys):
     (tmp_path / "a.gguf").write_bytes(b"GGUF")
     (tmp_path / "b.gguf").write_bytes(b"GGUF")
-    assert main(["compose", "--vision", "tiny:hybrid_llava", "--llm", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert main(["compose", "--vision", "tiny:hybrid_llava", "--llm", str(tmp_path), "--out", str(tmp_path / "o")]) == 1  # failed
     assert "2 .gguf files" in capsys.readouterr().err
 
 
@@ -83,6 +83,6 @@ def test_compose_reports_a_directory_with_several_gguf_files(tmp_path, capsys):
 def test_a_damaged_gguf_is_one_line_naming_the_file(tmp_path, capsys, content):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(content)
-    assert main(["convert-gguf", "--gguf", str(bad), "--out", str(tmp_path / "out")]) == 2
+    assert main(["convert-gguf", "--gguf", str(bad), "--out", str(tmp_path / "out")]) == 1  # failed
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"{bad}: not a GGUF causal LM" in err

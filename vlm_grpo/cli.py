@@ -2,6 +2,10 @@
 
 Command modules import nothing heavy at the top (torch, transformers, the loop load when a command runs), so
 `vlm-grpo --help` and `vlm-grpo --version` answer at once.
+
+Exit codes, for schedulers: 0 done; 1 failed (one line naming what, `VLM_GRPO_TRACEBACK=1` for the traceback);
+2 refused before starting (a bad setting or command line); 130 / 143 stopped by SIGINT / SIGTERM (a training
+run saves its last step first and says so).
 """
 
 from __future__ import annotations
@@ -28,7 +32,11 @@ from vlm_grpo.commands import (
     train,
     verify,
 )
+from vlm_grpo.grpo.interrupts import StopSignal
+from vlm_grpo.grpo.run.stop_signals import signals_stop
+from vlm_grpo.grpo.settings.fields import SettingError
 
+FAILED, REFUSED = 1, 2
 COMMANDS = (
     train, sft, eval, check, check_cache, plot, attention, completions, generate, compose, convert_gguf, families, demo,
     bench, verify, env,
@@ -63,12 +71,16 @@ def main(argv: list[str] | None = None) -> int:
     if extra and not getattr(args, "takes_extra", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return args.func(args, extra) if getattr(args, "takes_extra", False) else args.func(args)
+        with signals_stop():  # SIGTERM stops like Ctrl-C: a StopSignal, not a silent kill
+            return args.func(args, extra) if getattr(args, "takes_extra", False) else args.func(args)
+    except StopSignal as stop:
+        print(f"vlm-grpo {args.command}: {stop}", file=sys.stderr)
+        return stop.exit_code
     except (ValueError, RuntimeError, OSError) as err:
         if os.environ.get("VLM_GRPO_TRACEBACK"):  # the one-line message hides where it came from: show it all
             raise
         print(f"vlm-grpo {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        return REFUSED if isinstance(err, SettingError) else FAILED
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from PIL import Image
+from PIL import ExifTags, Image, ImageOps
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_PIXELS = 4096 * 4096  # larger images are scaled down before the processor sees them
@@ -47,10 +47,19 @@ def cap_pixels(img: Image.Image, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.
     return img.resize(size, Image.BILINEAR)
 
 
+def upright(img: Image.Image) -> Image.Image:
+    """The image as it is meant to be seen: an EXIF orientation tag (a phone photo taken sideways) applied, as
+    datasets' Image feature and transformers' load_image do, so a caption's "above" is above in what the model sees."""
+    if img.getexif().get(ExifTags.Base.Orientation, 1) != 1:
+        return ImageOps.exif_transpose(img)
+    return img
+
+
 def prepare(img: Image.Image, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
-    """Decode fully (a truncated file fails here, not inside the model), convert, cap."""
+    """Decode fully (a truncated file fails here, not inside the model), turn upright, convert, cap."""
     try:
         img.load()
+        img = upright(img)
     except Exception as err:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError... for bad data
         raise BadImage(f"cannot be decoded: {err}") from None
     return cap_pixels(to_rgb(img), max_pixels)

@@ -60,7 +60,7 @@ def test_your_own_recipe_from_a_file_or_a_module(tmp_path, capsys):
         resolve_recipe(f"{tmp_path}/missing.py:RECIPE")
     cfg, recipe = load_recipe_config(overrides=["--recipe", f"{path}:RECIPE"])
     assert recipe.name == "mine" and cfg.data.recipe == f"{path}:RECIPE"
-    assert main(["train", "--recipe", f"{path}:NOT_A_RECIPE"]) == 2
+    assert main(["train", "--recipe", f"{path}:NOT_A_RECIPE"]) == 1
     assert "expected a vlm_grpo.recipes.Recipe" in capsys.readouterr().err
 
 

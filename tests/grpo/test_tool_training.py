@@ -12,7 +12,7 @@ import json
 import pytest
 from PIL import Image
 
-from tests.grpo.tool_scripts import FAST_FAMILIES, call_text, script_first_turns
+from tests.grpo.tool_scripts import call_text, script_first_turns
 from vlm_grpo.adapters.registry import families
 from vlm_grpo.adapters.sharing import image_features
 from vlm_grpo.grpo.run.logs import read_jsonl

@@ -86,5 +86,5 @@ def test_smooth_keeps_short_series_and_tracks_the_trend():
 
 
 def test_plot_of_a_folder_without_logs_fails_clearly(tmp_path, capsys):
-    assert main(["plot", str(tmp_path)]) == 2
+    assert main(["plot", str(tmp_path)]) == 1  # failed (2: a refused setting)
     assert "metrics.jsonl" in capsys.readouterr().err

@@ -76,7 +76,7 @@ def test_skip_mode_skips_and_reports(folder, caplog):
     taken = [checked[i] for i in range(len(checked))]  # the truncated one is replaced by the next good one
     assert len(taken) == 3
     assert set(checked.skipped) == {"source row 1", "source row 3", 2}
-    with pytest.raises(ValueError, match=r"row 2: .*cannot be decoded"):
+    with pytest.raises(ValueError, match=r"train.jsonl: row 4: .*cannot be decoded"):  # the source's row, not the record's
         CheckedSource(data, "error")[2]
 
 

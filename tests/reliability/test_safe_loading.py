@@ -69,7 +69,7 @@ def test_resume_refuses_a_planted_pickle_in_one_line_and_runs_none_of_it(straigh
     write_manifest(run / "checkpoint-2")  # whoever writes a file can write its manifest too
     metrics = (run / "metrics.jsonl").read_text()
     capsys.readouterr()
-    assert main([*RUN, "--output-dir", str(run), "--resume"]) == 2
+    assert main([*RUN, "--output-dir", str(run), "--resume"]) == 1  # failed (not a bad setting), in one line
     [err] = error_lines(capsys.readouterr().err)
     assert err.startswith(f"vlm-grpo train: error: {run / 'checkpoint-2' / name} is not plain data (")
     assert not marker.exists()
@@ -88,7 +88,7 @@ def test_a_trusted_checkpoint_the_safe_reader_refuses_resumes_exactly_with_trust
     torch.save({**torch.load(rng, weights_only=True), "numpy": np.random.get_state()}, rng)
     write_manifest(run / "checkpoint-1")
     capsys.readouterr()
-    assert main([*RUN, "--output-dir", str(run), "--resume"]) == 2
+    assert main([*RUN, "--output-dir", str(run), "--resume"]) == 1  # failed (not a bad setting), in one line
     [err] = error_lines(capsys.readouterr().err)
     assert f"{rng} is not plain data (it names numpy" in err
 

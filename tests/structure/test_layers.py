@@ -38,8 +38,10 @@ INNER_FLOORS = {
          "vlm_grpo.adapters"),
     ],
     "vlm_grpo.grpo": [
-        ("vlm_grpo.grpo.settings.fields", "vlm_grpo.grpo.user_code",
-         "vlm_grpo.grpo.safe_loading"),  # how a setting is declared; user modules; checkpoint state read as data
+        ("vlm_grpo.grpo.settings.fields", "vlm_grpo.grpo.settings.yaml_text", "vlm_grpo.grpo.user_code",
+         "vlm_grpo.grpo.safe_loading",
+         "vlm_grpo.grpo.interrupts"),  # how a setting is declared; user modules; checkpoint state read as data; what
+        # interrupts a run (signals, user code that exits)
         ("vlm_grpo.grpo.algorithm", "vlm_grpo.grpo.logprobs", "vlm_grpo.grpo.rollout", "vlm_grpo.grpo.rewards",
          "vlm_grpo.grpo.distributed", "vlm_grpo.grpo.data", "vlm_grpo.grpo.training.freeze",
          "vlm_grpo.grpo.tools"),  # the algorithm, its inputs (tools: what a multi-turn rollout calls)

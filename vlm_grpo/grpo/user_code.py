@@ -10,8 +10,11 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
+
+from vlm_grpo.grpo.interrupts import StopSignal
 
 
 def split_spec(spec: str, what: str) -> tuple[str, str]:
@@ -30,6 +33,10 @@ def import_named(module_name: str, spec: str, what: str):
             return importlib.import_module(module_name)
         except ModuleNotFoundError as err:
             raise ValueError(f"{what} {spec!r}: cannot import {module_name}: {err}") from None
+        except StopSignal:
+            raise
+        except BaseException as err:  # noqa: BLE001 - the module's own code failed: one line saying where
+            raise ValueError(f"{what} {spec!r}: {import_failure(err, module_name)}") from None
     path = Path(module_name).expanduser()
     if not path.is_file():
         raise ValueError(f"{what} {spec!r}: no such file {path}")
@@ -41,10 +48,25 @@ def import_named(module_name: str, spec: str, what: str):
     sys.modules[key] = module
     try:
         loader_spec.loader.exec_module(module)
-    except BaseException:
+    except BaseException as err:  # noqa: BLE001 - reported in one line saying where
         del sys.modules[key]  # a broken file is not cached as if it had loaded
-        raise
+        if isinstance(err, StopSignal):
+            raise  # a real SIGINT/SIGTERM, not the module's own doing
+        raise ValueError(f"{what} {spec!r}: {import_failure(err, str(path))}") from None
     return module
+
+
+def import_failure(err: BaseException, name: str) -> str:
+    """What went wrong importing `name`, with the file and line: a syntax error, or what its top level raised."""
+    if isinstance(err, SyntaxError):
+        where = f"{err.filename or name}:{err.lineno}" + (f":{err.offset}" if err.offset else "")
+        return f"{where}: {type(err).__name__}: {err.msg}"
+    frames = traceback.extract_tb(err.__traceback__)
+    inside = [f for f in frames if not f.filename.startswith("<frozen")]
+    where = f" (at {inside[-1].filename}:{inside[-1].lineno})" if inside else ""
+    if isinstance(err, SystemExit):
+        return f"importing {name} called sys.exit({err.code!r}){where}"
+    return f"importing {name} raised {type(err).__name__}: {err}{where}"
 
 
 def load_object(spec: str, what: str, noun: str = "object") -> Any:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from PIL import Image
 
@@ -59,15 +59,19 @@ def _is_video(value: Any) -> bool:
 
 
 class CheckedSource:
-    """Wraps a sample source: every sample is validated when taken; in skip mode a bad one is replaced
-    by the next good one and recorded in `skipped` (index -> reason)."""
+    """Wraps a sample source: every sample is validated when taken, and, the first time it is drawn, checked
+    against the model by `check_drawn(sample)` (set by the trainer: it encodes and fits the positions); in skip
+    mode a bad one is replaced by the next good one and recorded in `skipped` (index -> reason)."""
 
-    def __init__(self, source: SampleSource, on_bad_sample: str = "error"):
+    def __init__(self, source: SampleSource, on_bad_sample: str = "error",
+                 check_drawn: Callable[[Sample], None] | None = None):
         if on_bad_sample not in ("error", "skip"):
             raise ValueError(f"on_bad_sample must be error or skip, not {on_bad_sample!r}")
         self.source = source
         self.on_bad_sample = on_bad_sample
         self.no_video_family: str | None = None  # set by `for_adapter`: its video rows are bad rows
+        self.check_drawn = check_drawn
+        self.drawn_ok: set[int] = set()  # indices already checked against the model
         # rows the loader already left out, then samples that failed when taken
         self.skipped: dict[int | str, str] = {f"source row {i}": m for i, m in getattr(source, "skipped_rows", {}).items()}
 
@@ -79,22 +83,39 @@ class CheckedSource:
         self.no_video_family = None if getattr(adapter, "takes_video", False) else adapter.family
         return self
 
+    def where(self, index: int) -> str:
+        """How messages name sample `index`: the source's own row name when it has one (`data.jsonl: row 7`)."""
+        where = getattr(self.source, "where", None)
+        return where(index) if where is not None else f"row {index}"
+
     def _take(self, index: int) -> Sample:
+        where = self.where(index)
         try:
-            return validate_sample(self.source[index], index, self.no_video_family)
+            sample = validate_sample(self.source[index], index, self.no_video_family)
+            if self.check_drawn is not None and index not in self.drawn_ok:
+                self.check_drawn(sample)
+                self.drawn_ok.add(index)
+            return sample
         except ValueError as err:
-            message = str(err) if f"row {index}" in str(err) else f"row {index}: {err}"
+            text = str(err)
+            if text.startswith(f"row {index}: ") and where != f"row {index}":
+                text = text[len(f"row {index}: "):]
+            message = text if where in text else f"{where}: {text}"
             raise ValueError(message) from None
 
     def __getitem__(self, index: int) -> Sample:
+        return self.pick(index)[1]
+
+    def pick(self, index: int) -> tuple[int, Sample]:
+        """(the index of the sample given, the sample): `index`'s, or in skip mode the next good one's."""
         if self.on_bad_sample == "error":
-            return self._take(index)
+            return index, self._take(index)
         for offset in range(len(self.source)):
             candidate = (index + offset) % len(self.source)
             if candidate in self.skipped:
                 continue
             try:
-                return self._take(candidate)
+                return candidate, self._take(candidate)
             except ValueError as err:
                 self.skipped[candidate] = str(err)
                 log.warning("skipping bad sample (%d so far): %s", len(self.skipped), err)

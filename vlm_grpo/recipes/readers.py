@@ -64,8 +64,13 @@ def find_data_file(folder: Path, split: str) -> Path | None:
 def iter_file(path: Path) -> Iterator[Any]:
     """The rows of a JSONL/JSON/parquet file one at a time; a row that cannot be read comes as a BadRow."""
     if path.suffix == ".jsonl":
-        with open(path, encoding="utf-8") as fh:
-            for line_no, line in enumerate(fh, start=1):
+        with open(path, "rb") as fh:  # decoded line by line: one bad byte spoils its row, not the file
+            for line_no, raw in enumerate(fh, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    yield BadRow(f"(line {line_no}) is not UTF-8 text: {_bad_byte(err)}")
+                    continue
                 if not line.strip():
                     continue
                 try:
@@ -76,6 +81,8 @@ def iter_file(path: Path) -> Iterator[Any]:
     if path.suffix == ".json":  # one document: it parses whole or not at all
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}: not UTF-8 text: {_bad_byte(err)}") from None
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}: not valid JSON: {err}") from None
         if not isinstance(data, list):
@@ -107,6 +114,10 @@ def _by_datasets(source: str, read: Callable[[], Any]) -> Any:
         return read()
     except Exception as err:  # noqa: BLE001
         raise ValueError(f"{source}: datasets cannot read it: {type(err).__name__}: {err}") from None
+
+
+def _bad_byte(err: UnicodeDecodeError) -> str:
+    return f"byte {err.object[err.start]:#04x} at offset {err.start} (save the file as UTF-8)"
 
 
 def pick_split(data: Any, split: str, source: str) -> Any:

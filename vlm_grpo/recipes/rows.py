@@ -12,6 +12,8 @@ and decoded to RGB when a sample is taken.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import io
 import logging
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ from vlm_grpo.recipes.base import Sample
 from vlm_grpo.recipes.readers import BadRow, read_rows
 
 log = logging.getLogger(__name__)
+MAX_PATH_CHARS = 4096  # PATH_MAX: a longer string is not a file path (an inline image, base64 without data:)
 
 
 # ----------------------------------------------------------------- checking
@@ -80,8 +83,13 @@ class RowChecker:
                 value = value["path"]
             else:
                 raise self.fail(index, name, "is an image mapping with neither bytes nor path")
-        if isinstance(value, (bytes, bytearray)):
+        if isinstance(value, str) and value.startswith("data:"):
+            ref = ImageRef(data=self._data_uri(index, name, value), where=where)
+        elif isinstance(value, (bytes, bytearray)):
             ref = ImageRef(data=bytes(value), where=where)
+        elif isinstance(value, str) and len(value) > MAX_PATH_CHARS:
+            raise self.fail(index, name, f"is a string of {len(value)} characters starting {value[:24]!r}: neither an "
+                            "image file path nor a data: URI (data:image/png;base64,...)")
         elif isinstance(value, (str, Path)):
             resolve = self._resolve if self.hub_id is None else self._dataset_file
             ref = ImageRef(path=resolve(index, name, value), where=where)
@@ -93,6 +101,18 @@ class RowChecker:
             where = f" ({ref.path})" if ref.path else ""
             raise self.fail(index, name, f"is not a readable image{where}: {err}") from None
         return ref
+
+    def _data_uri(self, index: int, name: str, uri: str) -> bytes:
+        """The bytes of a `data:[<type>][;base64],<data>` URI (RFC 2397), as transformers' load_image reads them."""
+        header, sep, payload = uri.partition(",")
+        if not sep:
+            raise self.fail(index, name, f"is a data: URI without the comma before its data ({uri[:40]!r})")
+        if not header.endswith(";base64"):
+            raise self.fail(index, name, f"is a data: URI that is not base64 ({header!r}); images are binary")
+        try:
+            return base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError) as err:
+            raise self.fail(index, name, f"is a data: URI whose base64 does not decode: {err}") from None
 
     def _resolve(self, index: int, name: str, value: str | Path) -> Path:
         path = Path(value).expanduser()
@@ -191,6 +211,11 @@ class RecordDataset:
     records: list[dict[str, Any]]
     to_sample: Callable[[dict[str, Any]], Sample]
 
+    def where(self, index: int) -> str:
+        """`<source>: row N` for record `index` (N counts the source's rows, bad ones included)."""
+        rows, source = getattr(self.records, "rows", None), getattr(self.records, "source", None)
+        return f"{source}: row {rows[index]}" if rows is not None and source else f"row {index}"
+
     @property
     def skipped_rows(self) -> dict[int, str]:
         """Rows the loader left out as bad (skip mode), by their index in the source."""
@@ -224,12 +249,13 @@ def load_records(
         raise ValueError(f"on_bad_sample must be error or skip, not {on_bad_sample!r}")
     rows, source, base_dir = read_rows(path, hub_id, split, size, dataset_config=dataset_config, rows=rows)
     checker = RowChecker(source, base_dir, Path(image_root).expanduser() if image_root else None, hub_id=hub_id)
-    records, skipped = [], []
+    records, skipped, numbers = [], [], []
     for i, row in enumerate(rows):
         try:
             if isinstance(row, BadRow):
                 raise ValueError(f"{source}: row {i} {row.reason}")
             records.append(check(checker, i, checker.row(i, row)))
+            numbers.append(i)
         except ValueError as err:
             if on_bad_sample == "error":
                 raise
@@ -238,12 +264,15 @@ def load_records(
         log.warning("%s: skipped %d bad rows (on_bad_sample=skip): %s", source, len(skipped), "; ".join(m for _, m in skipped[:20]))
     if not records:
         raise ValueError(f"{source}: no usable rows" + (f" ({len(skipped)} skipped as bad)" if skipped else ""))
-    return Records(records, skipped=dict(skipped))
+    return Records(records, skipped=dict(skipped), rows=numbers, source=source)
 
 
 class Records(list):
-    """Checked records, plus the rows left out as bad (row index -> reason) in skip mode."""
+    """Checked records, plus the rows left out as bad (row index -> reason) in skip mode, each record's row number
+    in the source and the source's name (for messages about a record)."""
 
-    def __init__(self, items, skipped: dict[int, str] | None = None):
+    def __init__(self, items, skipped: dict[int, str] | None = None, rows: list[int] | None = None, source: str = ""):
         super().__init__(items)
         self.skipped = skipped or {}
+        self.rows = rows
+        self.source = source

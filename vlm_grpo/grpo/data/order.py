@@ -28,3 +28,13 @@ def batch_indices(size: int, batch_size: int, step: int, seed: int, process_inde
 def step_seed(seed: int, step: int, process_index: int = 0) -> int:
     """The sampling seed of one step on one process (independent of how the run got there)."""
     return (seed * 1_000_003 + step * 7_919 + process_index * 104_729) % (2**31 - 1)
+
+
+def repeats_note(size: int, per_step: int) -> str | None:
+    """A note when a step draws more prompts than the training set holds: rows repeat, in whole shuffled passes
+    (epochs), so at any point of the run no row has been drawn more than once more often than another."""
+    if size <= 0 or per_step <= size:
+        return None
+    return (f"note: the training set has {size} rows and a step draws {per_step} prompts: rows repeat within a step "
+            f"(about {per_step / size:.1f} times each), in whole shuffled passes (epochs), so over the run every row "
+            "is drawn equally often, to within one")

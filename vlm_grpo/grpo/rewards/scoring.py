@@ -3,17 +3,25 @@
 A reward may return None for a completion it does not apply to (TRL's convention): that component is NaN for
 it, the weighted total leaves it out (a NaN-ignoring sum, as TRL's nansum), a completion no reward applies to
 has a NaN total (advantages give it 0) and logged means are over the values present.
+
+Rewards are called as TRL 1.16 calls them (grpo/rewards/calls.py: async ones awaited together); what they return is
+checked (grpo/rewards/values.py): a wrong type, a non-finite or out-of-range score, a string, is a RewardError naming
+the reward, the completion and the problem, as is a reward that calls sys.exit() or raises KeyboardInterrupt.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Any, Sequence
 
 import torch
 
+from vlm_grpo.grpo.interrupts import UserCodeExit
+from vlm_grpo.grpo.rewards.calls import call_reward, call_rewards
 from vlm_grpo.grpo.rewards.inputs import RewardInputs
+from vlm_grpo.grpo.rewards.values import BadScore, checked_score, score_list
 from vlm_grpo.grpo.user_code import load_object
 from vlm_grpo.recipes.base import Reward
 
@@ -125,17 +133,18 @@ def model_reward(spec: str, explicit_weights: bool = False, *, judge_question: s
 
 
 class RewardError(RuntimeError):
-    """A reward function raised; the message names the reward and the sample that broke it."""
+    """A reward function raised, exited or returned something unusable; the message names the reward, the
+    completion and what was wrong."""
 
 
 def _offending_sample(reward: Reward, inputs: RewardInputs) -> tuple[int, BaseException]:
     """Re-run the reward one completion at a time to find the first one it fails on."""
     for i in range(len(inputs)):
         try:
-            inputs.one(i).call(reward.fn)
+            call_reward(lambda: inputs.one(i).call(reward.fn))
         except Exception as err:  # noqa: BLE001 - user code may raise anything
             return i, err
-    return -1, RuntimeError("fails only on the whole batch")
+    return -1, RuntimeError("fails only on the whole batch")  # (replaced by the batch's error in the message)
 
 
 def _format_hint(inputs: RewardInputs, index: int, cause: BaseException) -> str:
@@ -149,29 +158,49 @@ def _format_hint(inputs: RewardInputs, index: int, cause: BaseException) -> str:
             "write the prompt as chat messages to get [{'role': 'assistant', 'content': text}])")
 
 
-def _as_score(value: Any) -> float:
-    return math.nan if value is None else float(value)
+def _completion(inputs: RewardInputs, index: int) -> str:
+    return f"completion {index} ({inputs.completions[index][:80]!r})" if index >= 0 else "the batch (no completion alone)"
 
 
-def _call(reward: Reward, inputs: RewardInputs, on_error: str, errors: dict[str, int]) -> list[float]:
+def _failed(reward: Reward, inputs: RewardInputs, err: BaseException, on_error: str, errors: dict[str, int]) -> list[float]:
+    """The reward raised (or exited) on the batch: name it and the completion, or score the failing ones 0."""
+    index, cause = _offending_sample(reward, inputs)
+    if index < 0:  # no completion alone reproduces it: the batch's own error is the one to show
+        cause = err
+    if on_error != "zero":
+        if isinstance(cause, UserCodeExit):
+            raise RewardError(f"reward {reward.name!r} {cause} on {_completion(inputs, index)}: a reward must return "
+                              "its scores, not end the program") from err
+        raise RewardError(f"reward {reward.name!r} raised on {_completion(inputs, index)}: {type(cause).__name__}: "
+                          f"{cause}{_format_hint(inputs, index, cause)}") from err
+    values = []  # each completion alone, so only the ones it fails on get 0
+    for i in range(len(inputs)):
+        try:
+            values.append(_checked(reward, inputs.one(i), call_reward(lambda: inputs.one(i).call(reward.fn)), "raise")[0])
+        except Exception:  # noqa: BLE001
+            values.append(0.0)
+            errors[reward.name] = errors.get(reward.name, 0) + 1
+    return values
+
+
+def _checked(reward: Reward, inputs: RewardInputs, output: Any, on_error: str, errors: dict[str, int] | None = None,
+             ) -> list[float]:
+    """The reward's output as floats (NaN where it returned None); a wrong type or value is a RewardError naming it
+    (on_error="zero": a bad value scores 0 and is counted)."""
     try:
-        values = [_as_score(v) for v in inputs.call(reward.fn)]
-    except Exception as err:  # noqa: BLE001
-        index, cause = _offending_sample(reward, inputs)
-        if on_error != "zero":
-            where = f"completion {index} ({inputs.completions[index][:80]!r})" if index >= 0 else "the batch"
-            raise RewardError(f"reward {reward.name!r} raised on {where}: {type(cause).__name__}: {cause}"
-                              f"{_format_hint(inputs, index, cause)}") from err
-        # Score each completion alone so only the ones it fails on get 0.
-        values = []
-        for i in range(len(inputs)):
-            try:
-                values.extend(_as_score(v) for v in inputs.one(i).call(reward.fn))
-            except Exception:  # noqa: BLE001
-                values.append(0.0)
-                errors[reward.name] = errors.get(reward.name, 0) + 1
-    if len(values) != len(inputs):
-        raise RewardError(f"reward {reward.name!r} returned {len(values)} scores for {len(inputs)} completions")
+        items = score_list(output, len(inputs))
+    except ValueError as err:
+        raise RewardError(f"reward {reward.name!r} {err}") from None
+    values = []
+    for i, item in enumerate(items):
+        try:
+            values.append(checked_score(i, item))
+        except BadScore as err:
+            if on_error != "zero":
+                raise RewardError(f"reward {reward.name!r} returned a bad score for {_completion(inputs, i)}: the score "
+                                  f"{err}") from None
+            values.append(0.0)
+            errors[reward.name] = errors.get(reward.name, 0) + 1
     return values
 
 
@@ -194,8 +223,14 @@ def score(
     components: dict[str, torch.Tensor] = {}
     errors = {} if errors is None else errors
     weighted = []
-    for reward in rewards:
-        scores = torch.tensor(_call(reward, inputs, on_error, errors), dtype=torch.float32)
+    # sync rewards in order, async ones awaited together (TRL 1.16)
+    outputs = call_rewards([functools.partial(inputs.call, reward.fn) for reward in rewards])
+    for reward, (ok, output) in zip(rewards, outputs):
+        if ok:
+            values = _checked(reward, inputs, output, on_error, errors)
+        else:
+            values = _failed(reward, inputs, output, on_error, errors)
+        scores = torch.tensor(values, dtype=torch.float32)
         components[reward.name] = scores
         weighted.append(reward.weight * scores)
     if not weighted:

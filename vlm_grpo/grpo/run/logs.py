@@ -15,15 +15,24 @@ class RunLog:
         self.run_dir = Path(run_dir)
         self.enabled = enabled
 
-    def truncate_after(self, step: int) -> None:
-        """Drop lines logged after `step` (a resumed run redoes those steps)."""
+    def truncate_after(self, step: int) -> int:
+        """Drop lines logged after `step` (a resumed run redoes those steps; -1 drops them all) and lines a kill cut
+        short; returns how many training steps were dropped from metrics.jsonl."""
         if not self.enabled:
-            return
+            return 0
+        dropped = 0
         for name in (METRICS, COMPLETIONS):
             path = self.run_dir / name
             if path.exists():
-                kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+                kept = []
+                for line in path.read_text(errors="replace").splitlines():
+                    row = _parse(line)
+                    if row is not None and row.get("step", 0) <= step:
+                        kept.append(line)
+                    elif name == METRICS and row is not None and row.get("step", 0) > 0 and "stage" not in row:
+                        dropped += 1
                 path.write_text("".join(line + "\n" for line in kept))
+        return dropped
 
     def _append(self, name: str, rows: list[dict[str, Any]]) -> None:
         if not self.enabled or not rows:
@@ -38,6 +47,14 @@ class RunLog:
 
     def completions(self, rows: list[dict[str, Any]]) -> None:
         self._append(COMPLETIONS, rows)
+
+
+def _parse(line: str) -> dict[str, Any] | None:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) else None
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

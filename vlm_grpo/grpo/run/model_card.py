@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vlm_grpo.grpo.data.source import HUB_ID
+from vlm_grpo.grpo.run.resume_rules import describe_history
 from vlm_grpo.grpo.settings.sources import hub_id_of
 
 SNAPSHOT = re.compile(r"(models|datasets)--([^/]+?)--([^/]+)/snapshots/[^/]+/?$")  # huggingface_hub's cache layout
@@ -118,7 +119,8 @@ def _source(cfg, name: str) -> str:
 
 
 def model_card(cfg, *, stage: str, family: str, rewards, heldout: dict[str, dict[str, Any]], title: str,
-               curves: str | None = None, lora: bool = False):
+               curves: str | None = None, lora: bool = False,
+               history: list[dict[str, Any]] | None = None):
     """The card (a huggingface_hub ModelCard): metadata, then what was trained, how, and the held-out results."""
     from huggingface_hub import ModelCard
 
@@ -140,6 +142,8 @@ def model_card(cfg, *, stage: str, family: str, rewards, heldout: dict[str, dict
         ("all settings", "`vlm_grpo_config.yaml` beside this card (a valid `vlm-grpo train --config`)"),
     ]
     lines += ["| | |", "| --- | --- |", *(f"| {k} | {v.replace('|', '/')} |" for k, v in rows), ""]
+    if history:  # the settings above are the last resume's; what changed at each resume, and from which step
+        lines += ["## Resumes", "", *(f"- {line}" for line in describe_history(history)), ""]
     if heldout:
         first = next(iter(heldout.values()))
         names = list(first["rewards"])

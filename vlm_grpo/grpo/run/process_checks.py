@@ -78,6 +78,6 @@ def check_same_process_count(checkpoint: Path, processes: int) -> None:
     written, mode = state.get("num_processes"), state.get("fsdp", "no")
     if written is not None and int(written) != processes:
         under = f" under fsdp {mode}" if mode not in (None, "no") else ""
-        raise RuntimeError(f"{checkpoint} was written by {written} process{'es' if written != 1 else ''}{under} and this "
-                           f"run has {processes}: resume it with {written} (the same --num_processes / machines x processes "
-                           "per machine); the data order, sampling seeds and FSDP shards follow the process count")
+        raise SettingError("resume", f"{checkpoint} was written by {written} process{'es' if written != 1 else ''}{under} "
+                           f"and this run has {processes}: resume it with {written} (the same --num_processes / machines x "
+                           "processes per machine); its FSDP shards are one file per process")

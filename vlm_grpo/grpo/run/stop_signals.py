@@ -1,33 +1,83 @@
-"""Stopping a run cleanly: SIGINT/SIGTERM ask the loop to save a checkpoint after the current step and return;
-a second signal stops at once."""
+"""Stopping a run cleanly on SIGINT/SIGTERM, so a scheduler can tell a stopped run from a finished one.
+
+- Around the step loop (`stop_on_signals`): the first signal lets the current step finish; the loop then saves a
+  checkpoint and raises `StopSignal` (exit code 130 for SIGINT, 143 for SIGTERM). A second signal while a
+  checkpoint is being written waits for it (a half-written checkpoint would be lost work); a second signal at any
+  other time stops at once, and the newest checkpoint on disk is the last one saved.
+- Around a whole command (`signals_stop`): SIGTERM stops like Ctrl-C does, with a `StopSignal`, never a traceback.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
+
+from vlm_grpo.grpo.interrupts import StopSignal
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 class StopRequest:
-    signum: int | None = None
+    """What the loop reads after each step: the signal received (None: none), and whether a save is under way."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.saving = False
+
+    @contextlib.contextmanager
+    def saving_checkpoint(self):
+        """A save that a second signal waits for."""
+        self.saving = True
+        try:
+            yield
+        finally:
+            self.saving = False
+
+
+@contextlib.contextmanager
+def _handlers(handler):
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 @contextlib.contextmanager
 def stop_on_signals():
-    """SIGINT/SIGTERM ask the loop to save a checkpoint after the current step and return."""
+    """The step loop's handlers; yields the StopRequest the loop checks after each step."""
     request = StopRequest()
-    if threading.current_thread() is not threading.main_thread():
-        yield request
-        return
 
     def handler(signum, _frame):
-        if request.signum is not None:  # a second signal: stop now
-            raise KeyboardInterrupt
-        request.signum = signum
+        name = signal.Signals(signum).name
+        if request.signum is None:
+            request.signum = signum
+            _note(f"\n{name}: stopping after the current step, which is saved as a checkpoint (again: stop at once)")
+        elif request.saving:
+            _note(f"{name}: a checkpoint is being written; stopping as soon as it is complete")
+        else:
+            raise StopSignal(signum, f"stopped at once by a second {name}", at_once=True)
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with _handlers(handler):
         yield request
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def signals_stop():
+    """Around a command: SIGINT and SIGTERM raise StopSignal wherever the program is (outside the step loop)."""
+
+    def handler(signum, _frame):
+        raise StopSignal(signum, f"stopped by {signal.Signals(signum).name}", at_once=True)
+
+    with _handlers(handler):
+        yield

@@ -14,7 +14,7 @@ import types
 import typing
 from typing import Any, Sequence
 
-import yaml
+from vlm_grpo.grpo.settings.yaml_text import YAMLProblem, load_yaml
 
 
 class SettingError(ValueError):
@@ -101,7 +101,7 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
         origin = typing.get_origin(hint)
     if isinstance(value, str) and hint is not str:
-        value = yaml.safe_load(value)
+        value = inline_yaml(value, key)
     try:
         if hint is bool:
             if not isinstance(value, bool):
@@ -125,3 +125,11 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
     except (TypeError, ValueError):
         raise SettingError(key, f"{value!r} is not a valid {getattr(hint, '__name__', hint)}") from None
     return value
+
+
+def inline_yaml(text: str, key: str) -> Any:
+    """A command-line value parsed as YAML; malformed text is an error naming the setting and the column."""
+    try:
+        return load_yaml(text, key, inline=True)
+    except YAMLProblem as err:
+        raise SettingError(key, str(err)) from None

@@ -285,6 +285,9 @@ class TrainConfig:
     resume_from: str | None = setting(None, help="continue from this checkpoint directory (verified first)")
     trust_checkpoint: bool = setting(False, help="resume: also unpickle checkpoint files that are not plain data "
                                      "(they can run code: only for a checkpoint you wrote or trust; never saved)")
+    resume_accept: list[str] = setting(factory=list, help="on resume, settings that may differ from the checkpoint's "
+                                       "although they change what the run means (section.field names, num_processes, "
+                                       "or all); recorded in config.yaml's history and the model card")
 
     def __post_init__(self) -> None:
         for name, cls in SECTIONS.items():  # from Python: a section may come as a mapping; the model as its spec
@@ -316,4 +319,4 @@ class TrainConfig:
 
 
 SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(TrainConfig)
-                             if f.default_factory is not dataclasses.MISSING}
+                             if dataclasses.is_dataclass(f.default_factory)}

@@ -20,7 +20,8 @@ import yaml
 
 from vlm_grpo.grpo.settings.sections import SECTIONS, TrainConfig
 from vlm_grpo.grpo.data.source import HUB_ID, build_options, resolve_recipe
-from vlm_grpo.grpo.settings.fields import coerce, SettingError, help_of
+from vlm_grpo.grpo.settings.fields import SettingError, coerce, help_of, inline_yaml
+from vlm_grpo.grpo.settings.yaml_text import YAMLProblem, load_yaml
 from vlm_grpo.recipes import Recipe
 
 ALIASES = {"model": "model.name"}  # `--model X` sets model.name
@@ -53,6 +54,7 @@ NOT_THE_SAME = {
     "held-out samples",
 }
 DERIVED = {"loss.max_completion_length": "it is generation.max_new_tokens (TRL: max_completion_length)"}
+HISTORY = "history"  # config.yaml's record of the run's resumes (resume_rules.py): read by people, not a setting
 
 
 class RefusedName(SettingError):
@@ -128,7 +130,7 @@ def _put(values: dict[str, Any], key: str, value: Any, refused: list[RefusedName
         values[name] = [*values.get(name, []), *map(str, entries)]
         return
     if short == "resume_from_checkpoint":  # TRL: true (the newest) or a checkpoint path
-        value = yaml.safe_load(value) if isinstance(value, str) else value
+        value = inline_yaml(value, short) if isinstance(value, str) else value
         key, value = ("resume", value) if isinstance(value, bool) else ("resume_from", value)
     name, translation = canonical_key(key)
     if translation is not None:
@@ -139,6 +141,8 @@ def _put(values: dict[str, Any], key: str, value: Any, refused: list[RefusedName
 
 def _collect_mapping(values: dict[str, Any], data: dict[str, Any], prefix: str = "", refused=None) -> None:
     for key, value in data.items():
+        if not prefix and key == HISTORY:
+            continue
         if not prefix and key in SECTIONS and isinstance(value, dict):
             _collect_mapping(values, value, prefix=f"{key}.", refused=refused)
         else:
@@ -178,7 +182,13 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise SettingError("config", f"no such file: {path}")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = load_yaml(path.read_text(encoding="utf-8"), str(path)) or {}
+    except UnicodeDecodeError as err:
+        raise SettingError("config", f"{path} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+                           f"{err.start})") from None
+    except YAMLProblem as err:
+        raise SettingError("config", str(err)) from None
     if not isinstance(data, dict):
         raise SettingError("config", f"{path} must hold a mapping of settings")
     return data
@@ -271,12 +281,15 @@ def hub_id_of(spec: str) -> str | None:
     return _hub_id(parse_model_spec(spec))
 
 
-def to_yaml(cfg: TrainConfig) -> str:
+def to_yaml(cfg: TrainConfig, history: list[dict[str, Any]] | None = None) -> str:
     """The resolved settings as a YAML file `--config` reads back (derived values left out, and trust in a
-    checkpoint, which is given per command and never inherited from a file)."""
+    checkpoint, which is given per command and never inherited from a file), and, for a resumed run, its `history`:
+    each resume's step and the settings that changed there (ignored when read back)."""
     data = _plain(cfg.to_dict())
     data["loss"].pop("max_completion_length", None)
     data.pop("trust_checkpoint", None)
+    if history:
+        data[HISTORY] = _plain(history)
     return yaml.safe_dump(data, sort_keys=False)
 
 

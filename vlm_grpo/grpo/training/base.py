@@ -1,10 +1,11 @@
 """What every training stage shares (GRPO, SFT warm-up): one place for the run's plumbing.
 
-- the run directory (checked writable before any model is loaded), the accelerator and the seed;
-- the recipe's training split and the policy (`model.init_from` wins over `model.name`);
+- the run directory (locked for the run, checked writable before any model is loaded), the accelerator and the seed;
+- the recipe's training split, every sample checked when drawn, and the policy (`model.init_from` wins over `model.name`);
 - LoRA or the freeze policy, the per-module-group optimizer and its schedule (grpo/training/optimizer.py, grpo/training/lora.py);
-- atomic checkpoints, `--resume`, the final model (plus a merged copy under LoRA), metrics.jsonl;
-- the step loop with progress bar, trackers and periodic saves.
+- atomic checkpoints, `--resume` and the final model (grpo/training/checkpointed.py), metrics.jsonl;
+- the step loop with progress bar, trackers, periodic saves, watchdogs and clean stops: a signal saves the step and
+  raises StopSignal (exit 130/143), a step that fails before its update saves the last completed one.
 
 A stage subclasses `BaseTrainer` and supplies `train_step(step) -> metrics`; a few class attributes and
 hooks say what differs (whether dropout is on, how many scheduler steps a run takes, what the progress
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import signal
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -24,22 +24,24 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
+from vlm_grpo.grpo.interrupts import StopSignal
 from vlm_grpo.grpo.run import checkpoints as ckpt
 from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
 from vlm_grpo.grpo.distributed import fsdp
 from vlm_grpo.grpo.distributed import processes
+from vlm_grpo.grpo.settings.fields import SettingError
 from vlm_grpo.grpo.settings.sections import TrainConfig
-from vlm_grpo.grpo.data.order import batch_indices
+from vlm_grpo.grpo.data.order import batch_indices, repeats_note
 from vlm_grpo.grpo.data.source import build_split, resolve_recipe
 from vlm_grpo.grpo.evaluate import evaluate_run, heldout_split, run_rewards_of
-from vlm_grpo.grpo.training.guards import KLWatchdog, NonFiniteGuard, check_disk_space
+from vlm_grpo.grpo.training.guards import KLWatchdog, LearningSignalMonitor, NonFiniteGuard, check_disk_space
 from vlm_grpo.grpo.run.hub import push_final
 from vlm_grpo.grpo.training.lora import apply_lora, is_lora_wrapped
 from vlm_grpo.grpo.run.manifest import write_manifest
 from vlm_grpo.grpo.run.model_card import write_model_card
 from vlm_grpo.grpo.training.freeze import apply_freeze
 from vlm_grpo.grpo.training.optimizer import build_optimizer, build_scheduler, trainable_table
-from vlm_grpo.grpo.training.preflight import cheap_checks, check_mixed_precision, raise_on_failure
+from vlm_grpo.grpo.training.preflight import cheap_checks, check_drawn_sample, check_mixed_precision, raise_on_failure
 from vlm_grpo.grpo.run.directory import prepare_run_dir
 from vlm_grpo.grpo.training.checkpointed import Checkpointed
 from vlm_grpo.grpo.training.policy import load_policy
@@ -51,6 +53,8 @@ from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT, check_trackers, flat_set
 from vlm_grpo.compat.cache_probe import probe_steps
 from vlm_grpo.loader import apply_cache_policy
 from vlm_grpo.recipes.checked import CheckedSource
+
+__all__ = ["BaseTrainer", "load_policy"]
 
 
 PREFLIGHT_SAMPLES = 4  # samples the cheap pre-flight checks encode at the start of a run
@@ -84,31 +88,55 @@ class BaseTrainer(Checkpointed):
         set_seed(cfg.seed)
         self.sharding = fsdp.requested_mode(cfg.fsdp, self.accelerator)  # "no", or how FSDP shards the policy
         if self.sharding != "no" and not torch.distributed.is_initialized():
-            raise ValueError(f"fsdp {self.sharding} shards across processes: launch with `accelerate launch "
-                             "--num_processes N` (or torchrun); one process trains without fsdp")
+            raise SettingError("fsdp", f"{self.sharding} shards across processes: launch with `accelerate launch "
+                               "--num_processes N` (or torchrun); one process trains without fsdp")
         self.run_dir = Path(cfg.logging.output_dir)
+        self.lock = None  # the run directory's lock, held by the main process until the run ends
         if self.is_main:
-            prepare_run_dir(self.run_dir, resume=cfg.resume or cfg.resume_from is not None,
-                            overwrite=cfg.logging.overwrite_output_dir)
-            (self.run_dir / "config.yaml").write_text(to_yaml(cfg))  # the resolved settings: a valid --config
+            self.lock = prepare_run_dir(self.run_dir, resume=cfg.resume or cfg.resume_from is not None,
+                                        overwrite=cfg.logging.overwrite_output_dir)
+        try:
+            self._start(adapter, recipe, rewards)
+        except BaseException:
+            self.release_lock()
+            raise
+
+    def _start(self, adapter, recipe, rewards) -> None:
+        cfg = self.cfg
         process_checks.check_shared_run_dir(self.run_dir, self.accelerator, cfg.logging.shared_dir_timeout)
+        self.log = RunLog(self.run_dir, enabled=self.is_main)
+        self.plan_resume()  # before any model loads: settings a checkpoint cannot continue with stop here
+        if self.is_main:  # the resolved settings (a valid --config) and the run's resumes
+            (self.run_dir / "config.yaml").write_text(to_yaml(cfg, self.run_history))
         self.recipe = recipe or resolve_recipe(cfg.data.recipe)
         # the run's rewards (data.rewards replace the recipe's), loaded once: scoring, held-out evaluation, card
         self.rewards = list(rewards) if rewards is not None else run_rewards_of(
             self.recipe, cfg, self.accelerator.device, required=self.needs_rewards)
         self.dataset = CheckedSource(self._build_dataset(), cfg.data.on_bad_sample)
+        note = repeats_note(len(self.dataset), cfg.data.batch_size * self.accelerator.num_processes)
+        if note and self.is_main:
+            print(note)
         self.adapter = adapter or load_policy(cfg, self.accelerator.device)
         self.dataset.for_adapter(self.adapter)  # a video row for a model that reads no video is a bad row
         if self.adapter.use_cache is None:  # an adapter built by the caller: decide as the loader would
             apply_cache_policy(self.adapter, cfg.model.cache_policy, probe_steps(cfg.generation.max_new_tokens))
+        # every sample is checked against the model the first time it is drawn (encodes, fits the positions); in
+        # skip mode from the start, so bad first samples are skipped rather than failing the pre-flight checks
+        check = functools.partial(check_drawn_sample, self.adapter, max_new_tokens=self.completion_budget())
+        if cfg.data.on_bad_sample == "skip":
+            self.dataset.check_drawn = check
         if self.is_main:  # the cheap pre-flight checks on the first samples, before any training
             first = [self.dataset[i] for i in range(min(PREFLIGHT_SAMPLES, len(self.dataset)))]
             raise_on_failure(cheap_checks(self.adapter, first, self.completion_budget()))
+        self.dataset.check_drawn = check
         self._setup_training()
         if self.is_main:
             check_disk_space(self.run_dir, self.adapter.model)
-        self.log = RunLog(self.run_dir, enabled=self.is_main)
         self.step = 0
+
+    def release_lock(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
 
     def _build_dataset(self):
         cfg = self.cfg
@@ -185,6 +213,7 @@ class BaseTrainer(Checkpointed):
             self.model, self.optimizer = self.accelerator.prepare(root, optimizer)
         else:  # no DDP around a sharded model: the shards' reduce-scatter already averages the gradients
             self.model, self.optimizer = root, self.accelerator.prepare(optimizer)
+        self.watch_updates()
         if self.is_main:
             print(trainable_table(adapter, cfg.optim))
 
@@ -192,7 +221,8 @@ class BaseTrainer(Checkpointed):
     def _samples(self, step: int):
         acc = self.accelerator
         idx = batch_indices(len(self.dataset), self.cfg.data.batch_size, step, self.cfg.seed, acc.process_index, acc.num_processes)
-        return [self.dataset[i] for i in idx], idx
+        picked = [self.dataset.pick(i) for i in idx]  # in skip mode a bad sample's place goes to the next good one
+        return [sample for _, sample in picked], [i for i, _ in picked]
 
     def _mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
         return processes.mean_over_processes(self.accelerator, metrics)
@@ -217,7 +247,8 @@ class BaseTrainer(Checkpointed):
         folder = folder or self.run_dir / "final"
         title = title or self.cfg.logging.hub_model_id or self.run_dir.resolve().name
         card = write_model_card(folder, self.run_dir, self.cfg, stage=self.stage, family=self.adapter.family,
-                                rewards=self.rewards, heldout=self.heldout, title=title, lora=is_lora_wrapped(self.adapter))
+                                rewards=self.rewards, heldout=self.heldout, title=title, lora=is_lora_wrapped(self.adapter),
+                                history=self.run_history)
         write_manifest(folder, changed=card)  # the weights were hashed when they were saved
         return title
 
@@ -231,54 +262,94 @@ class BaseTrainer(Checkpointed):
                 print(f"pushed {final} to {url}")
         if self._trackers_started:
             self.accelerator.end_training()
+        self.release_lock()
 
     # ---------------------------------------------------------------- the loop
     def train(self, finish: bool = True) -> list[dict[str, Any]]:
         """The step loop; `finish=False` leaves the model card, push and trackers to the caller (GRPO's held-out
-        evaluation after the run comes first)."""
-        cfg = self.cfg
-        start = self.resume() if cfg.resume or cfg.resume_from else 0
-        self.start_trackers()
-        nonfinite, kl_watch = NonFiniteGuard(cfg.guard.max_nonfinite_steps), KLWatchdog(cfg.guard)
-        history = []
-        progress = _progress(start, cfg.max_steps, self.stage, enabled=self.is_main and cfg.logging.progress)
-        with stop_on_signals() as stop:
-            for step in range(start, cfg.max_steps):
-                started = time.perf_counter()
-                metrics = self.train_step(step)
-                metrics.setdefault("step", step + 1)
-                metrics.setdefault("step_time", time.perf_counter() - started)
-                metrics["skipped_samples"] = len(self.dataset.skipped)
-                history.append(metrics)
-                self.log_history.append(metrics)
-                self.log.metrics(metrics)
-                self.track(metrics, metrics["step"])
-                progress.update(1)
-                progress.set_postfix(self.progress_postfix(metrics))
-                # A guard that trips raises before this step is saved: the newest checkpoint stays the last good one.
-                nonfinite.observe(metrics)
-                kl_watch.observe(metrics)
-                done = step + 1
-                if stop.signum is not None:
-                    self.save(done)
-                    progress.close()
-                    if self.is_main:
-                        print(f"\n{signal.Signals(stop.signum).name}: checkpoint-{done} saved in {self.run_dir}; --resume continues")
-                    return history
-                if any([hook(self, metrics) for hook in self.step_hooks]):  # every hook sees every step
-                    break
-                if cfg.logging.save_every and done % cfg.logging.save_every == 0 and done < cfg.max_steps:
-                    self.save(done)
-        progress.close()
-        if history or not ckpt.latest_checkpoint(self.run_dir):  # a hook may have stopped the run early
-            self.save(history[-1]["step"] if history else cfg.max_steps)
-        self.save_final()
+        evaluation after the run comes first). SIGINT/SIGTERM: the step finishes, is saved, and StopSignal is raised."""
+        try:
+            with stop_on_signals() as stop:
+                history = self._loop(stop)
+                with stop.saving_checkpoint():
+                    # the last step run (a step hook may have stopped the run early)
+                    last = history[-1]["step"] if history else self.cfg.max_steps
+                    if history or not ckpt.latest_checkpoint(self.run_dir):
+                        self.save(last)
+                    self.save_final()
+                signum = self._agreed_stop(stop)
+                if signum:
+                    self._stopped(signum, last, "final/ is saved too; ")
+        except StopSignal as err:
+            self.release_lock()
+            if err.at_once:
+                newest = ckpt.latest_checkpoint(self.run_dir)
+                raise StopSignal(err.signum, f"{err.message} during step {self.step + 1}; not saved: the newest "
+                                 f"checkpoint is {newest.name if newest else 'none'}; --resume continues from it") from None
+            raise
+        except BaseException:
+            self.release_lock()
+            raise
         if self.dataset.skipped and self.is_main:
             print(f"skipped {len(self.dataset.skipped)} bad samples: {list(self.dataset.skipped)}")
         self.run_after_hooks()
         if finish:
             self.finish()
         return history
+
+    def _loop(self, stop) -> list[dict[str, Any]]:
+        cfg = self.cfg
+        self.start = self.resume() if cfg.resume or cfg.resume_from else 0
+        self.start_trackers()
+        watchdogs = [NonFiniteGuard(cfg.guard.max_nonfinite_steps), KLWatchdog(cfg.guard),
+                     LearningSignalMonitor(cfg.generation.temperature)]
+        history = []
+        progress = _progress(self.start, cfg.max_steps, self.stage, enabled=self.is_main and cfg.logging.progress)
+        for step in range(self.start, cfg.max_steps):
+            self.step, self.updated_in_step = step, False
+            started, rng_at_start = time.perf_counter(), ckpt.rng_state()
+            try:
+                metrics = self.train_step(step)
+            except Exception:
+                self.save_after_failure(step, rng_at_start)
+                raise
+            metrics.setdefault("step", step + 1)
+            metrics.setdefault("step_time", time.perf_counter() - started)
+            metrics["skipped_samples"] = len(self.dataset.skipped)
+            history.append(metrics)
+            self.log_history.append(metrics)
+            self.log.metrics(metrics)
+            self.track(metrics, metrics["step"])
+            progress.update(1)
+            progress.set_postfix(self.progress_postfix(metrics))
+            # A guard that trips raises before this step is saved: the newest checkpoint stays the last good one.
+            for watchdog in watchdogs:
+                watchdog.observe(metrics)
+            done, signum = step + 1, self._agreed_stop(stop)
+            periodic = cfg.logging.save_every and done % cfg.logging.save_every == 0 and done < cfg.max_steps
+            if periodic or (signum and done < cfg.max_steps):
+                with stop.saving_checkpoint():
+                    self.save(done)
+            if signum and done < cfg.max_steps:
+                progress.close()
+                self._stopped(signum, done)
+            if any([hook(self, metrics) for hook in self.step_hooks]):  # every hook sees every step
+                break
+        progress.close()
+        return history
+
+    def _agreed_stop(self, stop) -> int:
+        """The signal received by this process or any other (0: none): all stop at the same step, since saving is
+        collective."""
+        if self.accelerator.num_processes == 1:
+            return stop.signum or 0
+        received = torch.tensor([stop.signum or 0], device=self.accelerator.device)
+        return int(self.accelerator.gather(received).max())
+
+    def _stopped(self, signum: int, step: int, also: str = "") -> None:
+        name = StopSignal(signum, "").name
+        raise StopSignal(signum, f"stopped at step {step} by {name}; checkpoint-{step} saved in {self.run_dir}; "
+                         f"{also}--resume continues")
 
     def run_after_hooks(self) -> None:
         if self.is_main:

@@ -1,10 +1,24 @@
-"""What a stage keeps across a stop: its checkpoints (atomic, verified on resume), resuming from one, and the final
-model (plus a merged copy under LoRA), for plain and FSDP-sharded policies alike. A mixin of BaseTrainer: it reads
-the trainer's accelerator, run directory, model, optimizer and scheduler."""
+"""What a stage keeps across a stop: checkpoints, `--resume`, and the final model (a mixin of BaseTrainer, which
+sets cfg, accelerator, run_dir, adapter, model, optimizer, scheduler, log, sharding, stage).
+
+- `save(step)`: an atomic checkpoint (sharded when FSDP shards the policy), carrying the run's history and the
+  stage's own state (`extra_state`, `save_extra`).
+- `plan_resume()`, at the start of a resumed run, before any model loads: the checkpoint to resume from (verified),
+  its settings against the run's (grpo/run/resume_rules.py: safe changes honoured, meaning-changing ones refused
+  unless accepted, each resume recorded in the history). A `--resume` that finds no checkpoint starts over and drops
+  what the failed start logged, so metrics never hold two step 1s.
+- `resume()`: weights, optimizer, scheduler and RNG state, read as plain data (grpo/safe_loading.py), with the run's
+  own hyperparameters (an accepted learning-rate change trains at the new rate, scheduled from the resumed step).
+- `save_after_failure(step)`: a step that failed before its first update (a reward error, a bad row) leaves the
+  weights of the last completed step: that step is saved, so `--resume` loses nothing.
+- `save_final()`: the final model (plus a merged copy under LoRA), gathered from the shards under FSDP.
+"""
 
 from __future__ import annotations
 
+import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +31,22 @@ from vlm_grpo.grpo.distributed import sharded_checkpoints as shards
 from vlm_grpo.grpo.run import checkpoints as ckpt
 from vlm_grpo.grpo.run import process_checks
 from vlm_grpo.grpo.run.manifest import verify, write_manifest
+from vlm_grpo.grpo.run.resume_rules import PROCESSES, check_resume, describe_history, history_entry
+from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.settings.sources import canonical_key
 from vlm_grpo.grpo.training.lora import apply_lora, is_lora_wrapped, save_merged
 from vlm_grpo.grpo.training.policy import load_policy
 
 
+def _plain(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))  # as a checkpoint stores it: tuples as lists
+
+
 class Checkpointed:
-    # A stage's own state in its checkpoints: JSON values for trainer_state.json, files, and both read back.
+    run_history: list[dict[str, Any]]
+    resume_point: Path | None
+
+    # A stage's own state in its checkpoints: JSON values for the run state, files, and both read back.
     def extra_state(self) -> dict[str, Any]:
         return {}
 
@@ -30,12 +54,13 @@ class Checkpointed:
 
     def load_extra_state(self, state: dict[str, Any], checkpoint: Path) -> None: ...
 
-    # ---------------------------------------------------------------- checkpoints
+    # ---------------------------------------------------------------- saving
     def save(self, step: int) -> Path | None:
         self.accelerator.wait_for_everyone()
         path = None
         state = {"config": self.cfg.to_dict(), "num_processes": self.accelerator.num_processes, "stage": self.stage,
-                 "fsdp": self.sharding, "log_history": self.log_history, **self.extra_state()}
+                 "fsdp": self.sharding, "history": self.run_history, "log_history": self.log_history,
+                 **self.extra_state()}
         keep = self.cfg.logging.keep_checkpoints
         if fsdp.is_sharded(self.model):  # every process writes its shard, the main one commits
             tmp = shards.shared_temp_dir(self.run_dir, f".tmp-checkpoint-{step}", self.is_main)
@@ -52,6 +77,31 @@ class Checkpointed:
         self.accelerator.wait_for_everyone()
         return path
 
+    def watch_updates(self) -> None:
+        """Note every optimizer update, so a failed step knows whether the weights are still the last step's."""
+        self.updated_in_step = False
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)  # accelerate's wrapper holds torch's optimizer
+        inner.register_step_pre_hook(lambda *_: setattr(self, "updated_in_step", True))
+
+    def save_after_failure(self, step: int, rng_at_start: dict[str, Any]) -> Path | None:
+        """Step `step` (0-based) failed: save the `step` steps completed before it when its weights are untouched
+        (no update ran) and no checkpoint of them exists. One process only: a failure on one of several processes
+        cannot be saved together."""
+        if step == 0 or self.updated_in_step or self.accelerator.num_processes > 1:
+            return None
+        if (self.run_dir / f"checkpoint-{step}").is_dir():
+            return None
+        ckpt.set_rng_state(rng_at_start)  # the state the next step starts from, as a save after the step holds
+        try:
+            path = self.save(step)
+        except Exception as err:  # noqa: BLE001 - the first error is the one to report
+            print(f"could not save the last completed step after the failure: {type(err).__name__}: {err}", file=sys.stderr)
+            return None
+        print(f"checkpoint-{step} saved (the last completed step, before the failure); --resume continues from it "
+              "once the cause is fixed", file=sys.stderr)
+        return path
+
+    # ---------------------------------------------------------------- which checkpoint, and may it be resumed
     def _checkpoint_to_resume(self) -> Path | None:
         """`resume_from`, verified, or the newest checkpoint that verifies (None: the run has none)."""
         if not self.cfg.resume_from:
@@ -59,20 +109,45 @@ class Checkpointed:
         latest = Path(self.cfg.resume_from)
         problems = verify(latest) if latest.is_dir() else ["no such checkpoint directory"]
         if problems:
-            raise RuntimeError(f"resume_from {latest}: {'; '.join(problems)}")
+            raise SettingError("resume_from", f"{latest}: {'; '.join(problems)}")
         return latest
 
-    def resume(self) -> int:
-        latest = processes.on_main(self.accelerator, self._checkpoint_to_resume)
-        if latest is None:
+    def plan_resume(self) -> None:
+        """Before any model loads: the checkpoint a `--resume` continues from and the history it extends; refused
+        settings raise SettingError. A resume that finds no checkpoint drops the logs of the failed start."""
+        cfg = self.cfg
+        self.run_history, self.resume_point = [], None
+        if not (cfg.resume or cfg.resume_from):
+            return
+        accept = [_accepted_key(name) for name in cfg.resume_accept]
+        self.resume_point = processes.on_main(self.accelerator, self._checkpoint_to_resume)
+        if self.resume_point is None:
+            dropped = self.log.truncate_after(-1)
             if self.is_main:
-                print(f"--resume: no complete checkpoint in {self.run_dir}; starting from step 0")
+                print(f"--resume: no complete checkpoint in {self.run_dir}; starting from step 0"
+                      + (f" (dropped {dropped} logged steps that no checkpoint holds)" if dropped else ""))
+            return
+        state = ckpt.read_states(self.resume_point)
+        changes = check_resume(state, _plain(cfg.to_dict()), checkpoint=str(self.resume_point), stage=self.stage,
+                               num_processes=self.accelerator.num_processes, accept=accept)
+        written_sharded = shards.is_sharded_checkpoint(self.resume_point)
+        if written_sharded != (self.sharding != "no"):
+            written = "an FSDP run" if written_sharded else "a run without FSDP"
+            raise SettingError("fsdp", f"{self.resume_point} was written by {written}: resume it with the same fsdp "
+                               "setting and process count")
+        if written_sharded:  # one shard file per rank: no other process count can read them, accepted or not
+            process_checks.check_same_process_count(self.resume_point, self.accelerator.num_processes)
+        self.run_history = [*state.get("history", []), history_entry(str(self.resume_point), int(state["step"]), changes)]
+        if self.is_main and changes:
+            print("\n".join(describe_history(self.run_history[-1:])))
+
+    # ---------------------------------------------------------------- loading
+    def resume(self) -> int:
+        latest = self.resume_point
+        if latest is None:
             return 0
-        process_checks.check_same_process_count(latest, self.accelerator.num_processes)
         sharded = fsdp.is_sharded(self.model)
-        if shards.is_sharded_checkpoint(latest) != sharded:
-            written = "an FSDP run" if not sharded else "a run without FSDP"
-            raise RuntimeError(f"{latest} was written by {written}: resume it with the same fsdp setting and process count")
+        fresh = _hyperparameters(self.optimizer, self.scheduler)
         trust = self.cfg.trust_checkpoint
         try:
             if sharded:
@@ -85,12 +160,14 @@ class Checkpointed:
             raise
         except Exception as err:  # noqa: BLE001 - a verified checkpoint that still will not load: say which
             raise RuntimeError(f"{latest} verified but cannot be loaded into this run: {type(err).__name__}: {err}") from None
+        _restore_hyperparameters(self.optimizer, self.scheduler, fresh)
         self.log.truncate_after(state["step"])
-        self.log_history = [m for m in state["log_history"] if m.get("step", 0) <= state["step"]]
+        self.log_history = [m for m in state.get("log_history", []) if m.get("step", 0) <= state["step"]]
         if self.is_main:
             print(f"resumed from {latest} (step {state['step']})")
         return int(state["step"])
 
+    # ---------------------------------------------------------------- the final model
     def save_final(self) -> Path:
         final = self.run_dir / "final"
         self.accelerator.wait_for_everyone()
@@ -119,3 +196,33 @@ class Checkpointed:
         adapter.model.load_state_dict(state_dict, strict=True)
         return adapter
 
+
+def _accepted_key(name: str) -> str:
+    """A `resume_accept` entry as the setting key it names (`learning_rate` -> `optim.learning_rate`)."""
+    if name in ("all", PROCESSES):
+        return name
+    try:
+        return canonical_key(name)[0]
+    except SettingError as err:
+        raise SettingError("resume_accept", f"{name!r}: {err.problem}") from None
+
+
+def _hyperparameters(optimizer, scheduler) -> dict[str, Any]:
+    """The run's own optimizer hyperparameters, as built from its settings (before a checkpoint overwrites them)."""
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    return {"groups": groups, "base_lrs": list(getattr(scheduler, "base_lrs", []))}
+
+
+def _restore_hyperparameters(optimizer, scheduler, fresh: dict[str, Any]) -> None:
+    """Loading a checkpoint restores its learning rates and AdamW settings; the run's own come back on top, each
+    group's rate scheduled at the resumed step. With unchanged settings this recomputes the same values."""
+    for group, own in zip(optimizer.param_groups, fresh["groups"]):
+        group.update({k: v for k, v in own.items() if k not in ("lr", "initial_lr")})
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if not lambdas or not fresh["base_lrs"]:
+        return
+    scheduler.base_lrs = list(fresh["base_lrs"])
+    lrs = [base * fn(scheduler.last_epoch) for base, fn in zip(scheduler.base_lrs, lambdas)]
+    for group, base, lr in zip(optimizer.param_groups, scheduler.base_lrs, lrs):
+        group["initial_lr"], group["lr"] = base, lr
+    scheduler._last_lr = lrs  # what get_last_lr() reports

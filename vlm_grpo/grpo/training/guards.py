@@ -1,4 +1,5 @@
-"""Watchdogs over the training metrics: non-finite updates and KL blow-ups stop a run before it trains on garbage."""
+"""Watchdogs over the training metrics: non-finite updates and KL blow-ups stop a run before it trains on garbage;
+steps that carry no learning signal (groups scoring alike, rewards that apply to nothing) warn with their cause."""
 
 from __future__ import annotations
 
@@ -55,6 +56,51 @@ class KLWatchdog:
                     raise TrainingHalted(f"KL spike: {message}; stopped, the newest checkpoint is the last good one")
         self.history.append(float(kl))
         return message
+
+
+class LearningSignalMonitor:
+    """Warns, once each, when steps carry no learning signal, with the likely cause: every group's completions
+    scored alike for `patience` steps in a row (frac_reward_zero_std = 1), a reward that applied to no completion
+    of a step (it returned None for all), or no reward applying to anything. One call per step: `observe(metrics)`."""
+
+    def __init__(self, temperature: float, patience: int = 3, low_temperature: float = 0.3):
+        self.temperature, self.patience, self.low_temperature = temperature, patience, low_temperature
+        self.streak = 0
+        self.warned: set[str] = set()
+
+    def _warn(self, key: str, message: str) -> str | None:
+        if key in self.warned:
+            return None
+        self.warned.add(key)
+        log.warning(message)
+        return message
+
+    def cause(self, metrics: dict[str, Any]) -> str:
+        if self.temperature < self.low_temperature:
+            return (f"generation.temperature {self.temperature:g} is so low that the completions of a prompt come out "
+                    "(nearly) the same: sample hotter (0.7-1.0)")
+        if float(metrics.get("reward_std", 1.0)) == 0.0:
+            return (f"every completion of the step scored {float(metrics.get('reward', math.nan)):.4g}: the rewards "
+                    "never tell completions apart (a reward that never fires, or a task far too hard or too easy)")
+        return ("the completions of each prompt score alike: pass/fail rewards on prompts the model always or never "
+                "solves give no signal (graded rewards, or harder/easier prompts)")
+
+    def observe(self, metrics: dict[str, Any]) -> list[str]:
+        step, said = metrics.get("step"), []
+        for key, value in metrics.items():
+            if key.startswith("rewards/") and isinstance(value, float) and math.isnan(value):
+                said.append(self._warn(key, f"step {step}: reward {key.split('/', 1)[1]!r} returned None for every "
+                                            "completion (it applies to none of them); check the columns it reads"))
+        if isinstance(metrics.get("reward"), float) and math.isnan(metrics["reward"]):
+            said.append(self._warn("reward", f"step {step}: no reward applies to any completion: every advantage is 0 "
+                                             "and the step trains nothing"))
+        frac = metrics.get("frac_reward_zero_std")
+        self.streak = self.streak + 1 if frac is not None and float(frac) >= 1.0 else 0
+        if self.streak >= self.patience:
+            said.append(self._warn("zero_spread", f"steps {step - self.streak + 1}-{step}: in every group the "
+                                   "completions had the same reward (frac_reward_zero_std = 1), so these steps trained "
+                                   f"nothing: {self.cause(metrics)}"))
+        return [m for m in said if m]
 
 
 def check_disk_space(run_dir: Path, model, margin: float = 1.2) -> None:

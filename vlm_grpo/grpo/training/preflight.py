@@ -3,7 +3,8 @@
 Each check returns a `Finding` (ok or not, one line saying what was measured). Cheap: the recipe's first samples
 encode with image tokens equal to image features, the sequence budget (prompt + image tokens + completion) fits
 the model, and the suppressed ids hold the image placeholder but no end-of-sequence id. Costly: the cache probe
-and one left-padded batch against the same samples one by one.
+and one left-padded batch against the same samples one by one. `check_drawn_sample` is the per-sample part a run
+applies to every sample the first time it is drawn (grpo/training/base.py).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def check_alignment(adapter, samples) -> tuple[Finding, PromptBatch | None]:
 def check_budget(adapter, batch: PromptBatch, max_new_tokens: int) -> Finding:
     lengths = batch.attention_mask.sum(dim=1).tolist()
     longest = int(max(lengths)) + max_new_tokens
-    limit = getattr(adapter.model.config.get_text_config(), "max_position_embeddings", None)
+    limit = position_limit(adapter)
     per_image = [len(adapter.image_token_indices(batch, i, k)) for i, n in enumerate(batch.images_per_sample)
                  for k in range(n)]
     detail = f"prompts of {int(min(lengths))}-{int(max(lengths))} tokens, "
@@ -132,6 +133,27 @@ def check_batch_vs_single(adapter, samples, max_new_tokens: int, tolerance: floa
     ok = worst <= tolerance
     return Finding("left-padded batch = one by one", ok, f"log-prob difference {worst:.2e} over {len(samples)} samples "
                    f"x {max_new_tokens} tokens, each padded by >= {padded} (tolerance {tolerance:g})")
+
+
+def position_limit(adapter) -> int | None:
+    return getattr(adapter.model.config.get_text_config(), "max_position_embeddings", None)
+
+
+def check_drawn_sample(adapter, sample, max_new_tokens: int) -> None:
+    """One sample as the step will encode it: the processor takes its images (aspect ratio, size), its image tokens
+    equal its image features, and prompt + images + `max_new_tokens` fit the model's positions. Raises ValueError
+    saying what is wrong (the caller names the row)."""
+    try:
+        batch = adapter.encode_prompts([sample.prompt], [sample.images], [sample.videos])
+    except ImageTokenMismatch as err:
+        raise ValueError(str(err)) from None
+    except Exception as err:  # noqa: BLE001 - processors reject inputs with many kinds of errors
+        raise ValueError(f"the model's processor rejects it: {type(err).__name__}: {err}") from None
+    length = int(batch.attention_mask.sum())
+    limit = position_limit(adapter)
+    if limit is not None and length + max_new_tokens > limit:
+        raise ValueError(f"prompt and images take {length} tokens; with {max_new_tokens} new tokens that is "
+                         f"{length + max_new_tokens}, above the model's {limit} positions")
 
 
 def cheap_checks(adapter, samples, max_new_tokens: int) -> list[Finding]:

@@ -1,0 +1,37 @@
+"""Shared tiny runs: one uninterrupted run per length, the reference interrupted and resumed runs must equal."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vlm_grpo.cli import main
+
+# A tiny GRPO run whose reward (tests/reliability/step_rewards.py) a test can make misbehave at a chosen step.
+RUN = ["--model", "tiny:qwen2_5_vl", "--data.recipe_options", "{image_size: 56}", "--max-new-tokens", "4",
+       "--logging.progress", "false", "--learning-rate", "1e-3", "--reward", "tests.reliability.step_rewards:lowercase"]
+
+
+def weights(run_dir) -> dict[str, torch.Tensor]:
+    return load_file(run_dir / "final" / "model.safetensors")
+
+
+def same_weights(a, b) -> bool:
+    wa, wb = weights(a), weights(b)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.fixture(scope="session")
+def straight(tmp_path_factory):
+    """`straight(n)`: the directory of an uninterrupted n-step run (made once per session)."""
+    made = {}
+
+    def run(steps: int):
+        if steps not in made:
+            out = tmp_path_factory.mktemp(f"straight{steps}")
+            assert main(["train", *RUN, "--max-steps", str(steps), "--output-dir", str(out)]) == 0
+            made[steps] = out
+        return made[steps]
+
+    return run

@@ -1,0 +1,69 @@
+"""What a reward function may return, checked: one score per completion, each a finite number of sane size or None
+(TRL's "does not apply"). Anything else is named precisely, so a wrong return type does not read as a reward that
+raised, and a string "1.0" or a score of 1e300 is not trained on silently.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+MAX_ABS_REWARD = 1e6  # larger scores overflow float32 statistics (1e300 is inf) and swamp every other reward
+
+
+class BadScore(ValueError):
+    """One completion's score is unusable (the caller names the reward and the completion)."""
+
+    def __init__(self, index: int, problem: str):
+        super().__init__(problem)
+        self.index = index
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def score_list(values: Any, expected: int) -> list[Any]:
+    """The reward's output as a list of `expected` items; a ValueError saying what it was otherwise."""
+    if values is None or isinstance(values, (str, bytes, dict, numbers.Number)):
+        what = "None" if values is None else f"a {_type_name(values)} ({str(values)[:40]!r})"
+        raise ValueError(f"returned {what} instead of a list of {expected} scores, one per completion (None inside "
+                         "the list marks a completion it does not apply to)")
+    shape = getattr(values, "shape", None)
+    if shape is not None and len(shape) != 1:
+        raise ValueError(f"returned a {len(shape)}-D {_type_name(values)} of shape {tuple(shape)}; expected {expected} "
+                         "scores in one dimension, one per completion")
+    try:
+        items = values.tolist() if hasattr(values, "tolist") else list(values)
+    except TypeError:
+        raise ValueError(f"returned a {_type_name(values)} instead of a list of {expected} scores") from None
+    if len(items) != expected:
+        raise ValueError(f"returned {len(items)} scores for {expected} completions")
+    return items
+
+
+def checked_score(index: int, value: Any) -> float:
+    """One score as a float (NaN: None, does not apply); BadScore naming what is wrong with it."""
+    if value is None:
+        return math.nan
+    if isinstance(value, str):
+        try:
+            float(value)
+            hint = f": return the number, float({value!r})"
+        except ValueError:
+            hint = ""
+        raise BadScore(index, f"is the string {value[:40]!r}, not a number{hint}")
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:  # a 0-d tensor or numpy scalar
+        value = value.item()
+    if not isinstance(value, numbers.Real):
+        raise BadScore(index, f"is a {_type_name(value)} ({str(value)[:40]}), not a number (one score per completion)")
+    score = float(value)
+    if math.isnan(score):
+        raise BadScore(index, "is NaN: return None for a completion a reward does not apply to")
+    if math.isinf(score):
+        raise BadScore(index, f"is {score}: scores must be finite")
+    if abs(score) > MAX_ABS_REWARD:
+        raise BadScore(index, f"{value!r} is out of range: a score must lie within +-{MAX_ABS_REWARD:g} (larger ones "
+                       "overflow float32 and swamp every other reward)")
+    return score
