@@ -117,6 +117,8 @@ class GRPOTrainer(BaseTrainer):
         self.encoder_frozen = not any(params[n].requires_grad for g in ("vision", "projector") for n in groups[g])
         models = [self.adapter.model] + ([self.reference] if self.reference is not None else [])
         self.vision_counter = VisionCounter(self.adapter, models)
+        # MoE: the routers' load-balancing loss joins the policy loss with this weight (0.0: not added)
+        self.router_aux_coef = self.adapter.router_aux_loss_coef(self.cfg.loss.router_aux_loss_coef)
 
     def _shard_more(self) -> None:
         if self.reference is not None:
@@ -152,9 +154,11 @@ class GRPOTrainer(BaseTrainer):
                 ro.features = self.forward(lambda m: image_features(self.adapter, ro.prompts, model=m)).detach()
         return ro.features
 
-    def _logprobs(self, ro: Rollout, rows: list[int], model, with_entropy: bool = False, features=None):
+    def _logprobs(self, ro: Rollout, rows: list[int], model, with_entropy: bool = False, features=None,
+                  router_aux: bool = False):
         """`features`: the prompts' image features to use (the policy's, taken with gradient before the rollout);
-        None: the step's reusable ones, or else encoded in the forward."""
+        None: the step's reusable ones, or else encoded in the forward. `router_aux`: (logps, entropy, the MoE
+        routers' load-balancing loss of these rows, None when the run adds none)."""
         perf = self.cfg.perf
         context = self.accelerator.autocast if model is self.model else None
         features = self._step_features(ro) if features is None else features
@@ -166,11 +170,13 @@ class GRPOTrainer(BaseTrainer):
                     inner, share_features=perf.share_image_features, features=features, context=context,
                     share_prompt=perf.share_prompt and not perf.gradient_checkpointing,
                     temperature=self.cfg.generation.temperature, with_entropy=with_entropy,
-                    chunk_bytes=perf.logprob_chunk_mb * 2**20,
+                    chunk_bytes=perf.logprob_chunk_mb * 2**20, router_aux=router_aux and self.router_aux_coef > 0,
                 )
-            return out.logps, out.entropy
+            return out.logps, out.entropy, out.aux_loss
 
-        logps, entropy = self.forward(scores, model)
+        logps, entropy, aux = self.forward(scores, model)
+        if router_aux:
+            return logps, entropy, aux
         return (logps, entropy) if with_entropy else logps
 
     def _reference_logprobs(self, ro: Rollout, rows: list[int]) -> torch.Tensor | None:
@@ -228,7 +234,8 @@ class GRPOTrainer(BaseTrainer):
             self.optimizer.zero_grad(set_to_none=True)
             for k, chunk in enumerate(chunks):
                 with self.accumulating(last=k == len(chunks) - 1):
-                    logps, entropy = self._logprobs(ro, chunk, self.model, with_entropy=True, features=policy_features)
+                    logps, entropy, aux = self._logprobs(ro, chunk, self.model, with_entropy=True,
+                                                         features=policy_features, router_aux=True)
                     loss, loss_metrics = grpo_loss(
                         logps,
                         None if old is None else old[chunk],
@@ -240,9 +247,13 @@ class GRPOTrainer(BaseTrainer):
                     )
                     # grpo/dr_grpo normalise per chunk of rows; dapo already divides by the whole step's tokens.
                     weight = 1.0 if cfg.loss.loss_type == "dapo" else len(chunk) / len(rows)
-                    acc.backward(loss * weight)
+                    # MoE (TRL's rule): + coef * the chunk's load-balancing loss, averaged over the accumulated chunks
+                    routing = 0.0 if aux is None else self.router_aux_coef * aux / len(chunks)
+                    acc.backward(loss * weight + routing)
                 with torch.no_grad():
                     loss_metrics = {**loss_metrics, "loss": loss.item(), "entropy": masked_mean(entropy, mask[chunk]).item()}
+                    if aux is not None:
+                        loss_metrics["aux_loss"] = aux.item()
                 for key, value in loss_metrics.items():
                     sums[key] = sums.get(key, 0.0) + float(value) * len(chunk) / len(rows) / cfg.num_iterations
             grad_norm, was_skipped = update_step(acc, self.optimizer, cfg.optim)

@@ -111,6 +111,7 @@ def group_scores(
     share_prompt: bool = False,
     features=None,
     context=None,
+    router_aux: bool = False,
     **options,
 ) -> TokenScores:
     """TokenScores for rows `k` = (prompt `prompt_index[k]` of `prompts`, completion k), logits never built.
@@ -122,14 +123,17 @@ def group_scores(
     share_prompt (with share_features): each distinct prompt runs once and its KV cache serves its rows
     (shared_prompt.py).
     `context`: entered around the feature and embedding computation (e.g. the accelerator's autocast).
+    router_aux: also a mixture-of-experts model's router load-balancing loss (`TokenScores.aux_loss`); it is taken
+    over each row's whole sequence in one forward, as the model defines it, so the prompt is not shared then.
     `options`: temperature, with_entropy, chunk_bytes (see head_logprobs.chunked_scores).
     """
     import contextlib
 
     model = adapter.model if model is None else model
+    share_prompt = share_prompt and not router_aux
     if not share_features:
         return score_completions(adapter, prompts.select(prompt_index), completion_ids, completion_mask, model=model,
-                                 **options)
+                                 router_aux=router_aux, **options)
     distinct = sorted(set(prompt_index))
     where = {p: k for k, p in enumerate(distinct)}
     with context() if context is not None else contextlib.nullcontext():
@@ -141,4 +145,5 @@ def group_scores(
         row_features = encoded.select([where[p] for p in prompt_index])
         text = text_side(adapter, prompts).select(prompt_index)
         inputs = embed_with_features(adapter, text, row_features, completion_ids, completion_mask, model=model)
-    return score_completions(adapter, text, completion_ids, completion_mask, model=model, inputs=inputs, **options)
+    return score_completions(adapter, text, completion_ids, completion_mask, model=model, inputs=inputs,
+                             router_aux=router_aux, **options)

@@ -56,6 +56,9 @@ class LossConfig:
                                          at_least=1)
     use_bias_correction_kl: bool = setting(True, help="multiply the KL term by the importance ratio (TRL's default)")
     delta: float | None = setting(None, help="cap of the unclipped ratio (two-sided clipping; None: off)", above=1.0)
+    router_aux_loss_coef: float | None = setting(
+        None, help="mixture-of-experts models: weight of the routers' load-balancing loss added to the loss, as TRL "
+        "(None: the model config's router_aux_loss_coef; 0: off; an error on a model without routers)", at_least=0.0)
 
     def __post_init__(self):
         check_fields(self)
