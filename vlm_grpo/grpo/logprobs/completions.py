@@ -15,7 +15,7 @@ import torch
 from vlm_grpo.adapters.sharing import embed_with_features, image_features, text_side
 from vlm_grpo.adapters.teacher_forcing import completion_logits
 from vlm_grpo.grpo.logprobs.lm_head import CHUNK_BYTES, TokenScores, score_completions
-from vlm_grpo.grpo.logprobs.prompt_cache import shared_prompt_scores
+from vlm_grpo.grpo.logprobs.prompt_cache import differentiable_prompt_cache, shared_prompt_scores
 
 
 def _blocks(rows: int, steps: int, vocab: int, chunk_bytes: int):
@@ -121,7 +121,7 @@ def group_scores(
     `features` (an ImageFeatures of all of `prompts`, e.g. the rollout's, detached) skips the encoder.
     Otherwise every row's prompt is repeated, pixels included, and the model encodes each copy.
     share_prompt (with share_features): each distinct prompt runs once and its KV cache serves its rows
-    (shared_prompt.py).
+    (shared_prompt.py), where gradients can pass the cache (`differentiable_prompt_cache`).
     `context`: entered around the feature and embedding computation (e.g. the accelerator's autocast).
     router_aux: also a mixture-of-experts model's router load-balancing loss (`TokenScores.aux_loss`); it is taken
     over each row's whole sequence in one forward, as the model defines it, so the prompt is not shared then.
@@ -130,7 +130,7 @@ def group_scores(
     import contextlib
 
     model = adapter.model if model is None else model
-    share_prompt = share_prompt and not router_aux
+    share_prompt = share_prompt and not router_aux and differentiable_prompt_cache(model)
     if not share_features:
         return score_completions(adapter, prompts.select(prompt_index), completion_ids, completion_mask, model=model,
                                  router_aux=router_aux, **options)

@@ -17,8 +17,19 @@ from __future__ import annotations
 import torch
 
 from vlm_grpo.adapters.features import ImageFeatures, hf_core
-from vlm_grpo.adapters.sharing import embed_with_features, text_side
+from vlm_grpo.adapters.sharing import embed_with_features, select_cache_rows, text_side
 from vlm_grpo.grpo.logprobs.lm_head import TokenScores, logit_scores, scoring_head
+
+
+def differentiable_prompt_cache(model: torch.nn.Module) -> bool:
+    """Whether gradients can flow through the model's KV cache. transformers updates the layers of a linear-attention
+    model that keep a recurrent state (Qwen3.5's Gated DeltaNet) in place, which autograd refuses: such a model
+    scores one full forward per row. Read off the cache the model's own config builds (no forward)."""
+    from transformers import DynamicCache
+
+    core = hf_core(model)
+    cache = DynamicCache(config=core.config.get_text_config())
+    return not any(hasattr(layer, "recurrent_states") for layer in getattr(cache, "layers", ()))
 
 
 def _full_positions(adapter, full: dict[str, torch.Tensor], core) -> torch.Tensor:
@@ -59,7 +70,7 @@ def shared_prompt_scores(adapter, prompts, prompt_index: list[int], features: Im
         return TokenScores(*(t.unsqueeze(1) for t in first))
 
     cache = out.past_key_values
-    cache.batch_select_indices(torch.tensor(rows, device=completion_ids.device))  # one cache row per completion
+    select_cache_rows(cache, torch.tensor(rows, device=completion_ids.device))  # one cache row per completion
     with scoring_head(model, completion_ids[:, 1:], temperature=temperature, with_entropy=with_entropy,
                       **options) as scorer:
         model(input_ids=completion_ids, attention_mask=full["attention_mask"], position_ids=positions[..., length:],
