@@ -42,6 +42,11 @@ def _run(adapter, prompts, ids, mask, share_prompt):
     return scores, grads, sum(rows * length for rows, length in seen)
 
 
+def test_only_recurrent_caches_are_not_differentiable():
+    assert differentiable_prompt_cache(family_class("qwen2_5_vl").tiny(seed=0).model)
+    assert not differentiable_prompt_cache(family_class("qwen3_5").tiny(seed=0).model)
+
+
 def test_shared_prompt_equals_one_forward_per_row(family):
     adapter, prompts, ids, mask = _case(family)
     plain, plain_grads, plain_tokens = _run(adapter, prompts, ids, mask, share_prompt=False)
