@@ -32,7 +32,8 @@ from vlm_grpo.adapters.quantization import four_bit_config
 from vlm_grpo.grpo.settings.sections import LoraSettings
 from vlm_grpo.grpo.training.freeze import _is_lora_wrapped
 
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# attention and MLP projections; `gate_up_proj`: the fused gate and up projection of some LMs (GLM-4, Phi-3)
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "gate_up_proj", "down_proj")
 
 
 def is_lora_wrapped(adapter) -> bool:
