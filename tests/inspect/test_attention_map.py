@@ -85,11 +85,12 @@ def test_planted_attention_lights_up_its_cell(adapter, orientation):
             assert np.unravel_index(hm.argmax(), hm.shape) == (r, c)
             assert hm[r, c] == pytest.approx(1.0)
     if has_global:  # a thumbnail token spreads over its block of the whole image
+        gr, gc = adapter.layout_facts(batch, 0, 0).global_grid or (sr, sc)
         first_global = crop_rows * crop_cols * sr * sc
         one_hot = np.zeros(len(cells))
-        one_hot[first_global + sc - 1] = 1.0  # thumbnail token (0, last column)
+        one_hot[first_global + gc - 1] = 1.0  # thumbnail token (0, last column)
         hm = attention_to_heatmap(one_hot, cells)
-        block_r, block_c = rows // sr, cols // sc
+        block_r, block_c = rows // gr, cols // gc
         lit = np.zeros((rows, cols), dtype=bool)
         lit[:block_r, cols - block_c :] = True
         assert (hm[lit] > 0).all() and (hm[~lit] == 0).all()

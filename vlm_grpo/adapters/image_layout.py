@@ -28,6 +28,9 @@ class LayoutFacts(NamedTuple):
 
     tiles: int
     grid: tuple[int, int]
+    # the global tile's / thumbnail's own (rows, cols) where it differs from a crop's (LFM2-VL keeps the image's
+    # aspect in its thumbnail); None: the crops' grid
+    global_grid: tuple[int, int] | None = None
 
     @property
     def crops(self) -> int:
