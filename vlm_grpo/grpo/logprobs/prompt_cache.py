@@ -22,9 +22,9 @@ from vlm_grpo.grpo.logprobs.lm_head import TokenScores, logit_scores, scoring_he
 
 
 def differentiable_prompt_cache(model: torch.nn.Module) -> bool:
-    """Whether gradients can flow through the model's KV cache. transformers updates the layers of a linear-attention
-    model that keep a recurrent state (Qwen3.5's Gated DeltaNet) in place, which autograd refuses: such a model
-    scores one full forward per row. Read off the cache the model's own config builds (no forward)."""
+    """Whether gradients can flow through the model's KV cache. transformers updates cache layers that keep a
+    recurrent or convolution state (Gated DeltaNet, short convolutions) in place, which autograd refuses: such a
+    model scores one full forward per row. Read off the cache the model's own config builds (no forward)."""
     from transformers import DynamicCache
 
     core = hf_core(model)

@@ -32,8 +32,11 @@ from vlm_grpo.adapters.quantization import four_bit_config
 from vlm_grpo.grpo.settings.sections import LoraSettings
 from vlm_grpo.grpo.training.freeze import _is_lora_wrapped
 
-# attention and MLP projections; `gate_up_proj`: the fused gate and up projection of some LMs (GLM-4, Phi-3)
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "gate_up_proj", "down_proj")
+# The language model's attention and MLP projections, by role, under the names the supported LMs give them
+# (`gate_up_proj`: a fused gate and up projection; `out_proj` and `w1`/`w3`/`w2`: other LMs' output and gate/up/down).
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "out_proj")
+MLP_PROJECTIONS = ("gate_proj", "up_proj", "gate_up_proj", "down_proj", "w1", "w3", "w2")
+DEFAULT_TARGETS = ATTENTION_PROJECTIONS + MLP_PROJECTIONS
 
 
 def is_lora_wrapped(adapter) -> bool:
