@@ -11,8 +11,10 @@ from vlm_grpo.adapters.registry import families, family_class
 from vlm_grpo.grpo.logprobs.completions import completion_logprobs
 from vlm_grpo.grpo.training.lora import (
     DEFAULT_TARGETS,
+    MLP_PROJECTIONS,
     apply_lora,
     is_lora_wrapped,
+    lora_target_parameters,
     lora_targets,
     merged_copy,
     reference_disabled,
@@ -40,7 +42,15 @@ def test_default_targets_are_the_language_projections_only(family):
     adapter = fresh(family)
     targets = lora_targets(adapter, LoraSettings(r=4))
     assert targets and all(adapter.module_group_of(t + ".weight") == "language" for t in targets)
-    assert {t.rsplit(".", 1)[-1] for t in targets} == set(DEFAULT_TARGETS)
+    tensors = lora_target_parameters(adapter, LoraSettings(r=4))
+    if adapter.module_layout.experts:  # MoE: the MLP projections are the experts' 3-D tensors
+        assert tensors and all(adapter.training_group_of(t) == "experts" and t.endswith("_proj") for t in tensors)
+        assert {t.rsplit(".", 1)[-1] for t in targets} >= {"q_proj", "k_proj", "v_proj", "o_proj"}
+    else:
+        assert not tensors
+        names = {t.rsplit(".", 1)[-1] for t in targets}
+        assert names <= set(DEFAULT_TARGETS) and {"q_proj", "k_proj", "v_proj"} <= names
+        assert names & {"o_proj", "out_proj"} and len(names & set(MLP_PROJECTIONS)) >= 2  # output; gate/up + down
     assert any(t.endswith("self_attn.q_proj") for t in targets) and any(t.endswith("self_attn.v_proj") for t in targets)
 
 
@@ -76,7 +86,7 @@ def test_lora_trains_only_adapters_and_keeps_the_base_as_reference(family):
     assert trainable and trainable == {n for n in groups if is_lora_param(n)}
 
     optimizer = build_optimizer(adapter, OptimConfig(learning_rate=1e-2))
-    assert [g["name"] for g in optimizer.param_groups] == ["language"]
+    assert [g["name"] for g in optimizer.param_groups] == ["language"] + (["experts"] if adapter.module_layout.experts else [])
     before = {n: p.detach().clone() for n, p in adapter.model.named_parameters()}
     for _ in range(2):  # B starts at zero, so A only moves from the second step on
         (-completion_logprobs(adapter, batch, completion, mask).sum()).backward()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.adapters.samples import picture, user_turn
-from vlm_grpo.adapters.module_groups import MODULE_GROUPS
+from vlm_grpo.adapters.module_groups import GROUP_NAMES, MODULE_GROUPS, SUB_GROUPS
 from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.families.qwen2_5_vl import TINY_PIXELS, TINY_TEXT, TINY_VISION, Qwen2_5_VLAdapter
 from vlm_grpo.adapters.registry import families, family_class
@@ -40,6 +40,12 @@ def prompt_batch(family: str):
     return fresh(family).encode_prompts([user_turn(1, "How many red squares?")], [[picture(56, 56, 1)]])
 
 
+def optimizer_groups(adapter, groups) -> list[str]:
+    """The optimizer groups `groups` (module groups) make on `adapter`: the sub-groups it has ride along."""
+    present = {adapter.training_group_of(n) for n, _ in adapter.model.named_parameters()}
+    return [g for g in GROUP_NAMES if g in present and SUB_GROUPS.get(g, g) in groups]
+
+
 def snapshot(adapter) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in adapter.model.named_parameters()}
 
@@ -63,10 +69,10 @@ def test_steps_move_only_trainable_groups_at_their_lr(family, frozen):
     adapter = fresh(family)
     cfg = OptimConfig(freeze=list(frozen), **LRS)
     optimizer = build_optimizer(adapter, cfg)
-    trainable = [g for g in MODULE_GROUPS if g not in frozen]
+    trainable = optimizer_groups(adapter, [g for g in MODULE_GROUPS if g not in frozen])
     assert [g["name"] for g in optimizer.param_groups] == trainable
-    for group in optimizer.param_groups:
-        assert group["lr"] == LRS[f"{group['name']}_lr"], group["name"]
+    for group in optimizer.param_groups:  # a sub-group without its own learning rate takes its group's
+        assert group["lr"] == LRS[f"{SUB_GROUPS.get(group['name'], group['name'])}_lr"], group["name"]
     before = snapshot(adapter)
     train_steps(adapter, optimizer, prompt_batch(family))
     for name, param in adapter.model.named_parameters():
@@ -110,7 +116,7 @@ def test_seed_hybrid_stops_after_five_language_layers():
 def test_seed_hybrid_finds_projector_output_and_embedding_on_every_family(family):
     adapter = fresh(family)
     optimizer = build_optimizer(adapter, OptimConfig(freeze_preset="seed_hybrid"))
-    assert [g["name"] for g in optimizer.param_groups] == ["projector", "language"]
+    assert [g["name"] for g in optimizer.param_groups] == optimizer_groups(adapter, ["projector", "language"])
     trainable = {n for n, p in adapter.model.named_parameters() if p.requires_grad}
     projector = {n for n in trainable if adapter.module_group_of(n) == "projector"}
     assert len({n.rsplit(".", 1)[0] for n in projector}) == 1, projector  # one Linear layer

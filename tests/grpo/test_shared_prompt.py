@@ -8,6 +8,7 @@ import torch
 from tests.adapters.samples import mixed_batch, user_turn
 from vlm_grpo.adapters.registry import family_class
 from vlm_grpo.grpo.logprobs.completions import group_scores
+from vlm_grpo.grpo.logprobs.prompt_cache import differentiable_prompt_cache
 
 G, T = 2, 5
 
@@ -41,6 +42,11 @@ def _run(adapter, prompts, ids, mask, share_prompt):
     return scores, grads, sum(rows * length for rows, length in seen)
 
 
+def test_only_recurrent_caches_are_not_differentiable():
+    assert differentiable_prompt_cache(family_class("qwen2_5_vl").tiny(seed=0).model)
+    assert not differentiable_prompt_cache(family_class("qwen3_5").tiny(seed=0).model)
+
+
 def test_shared_prompt_equals_one_forward_per_row(family):
     adapter, prompts, ids, mask = _case(family)
     plain, plain_grads, plain_tokens = _run(adapter, prompts, ids, mask, share_prompt=False)
@@ -58,4 +64,7 @@ def test_shared_prompt_equals_one_forward_per_row(family):
     assert any(adapter.module_group_of(n) == "vision" for n in plain_grads)
     length, rows = prompts.input_ids.shape[1], ids.shape[0]
     assert plain_tokens == rows * (length + T)  # the language model saw every prompt G times ...
-    assert shared_tokens == len(prompts) * length + rows * T  # ... and now once
+    if differentiable_prompt_cache(adapter.model):
+        assert shared_tokens == len(prompts) * length + rows * T  # ... and now once
+    else:  # recurrent cache layers are updated in place (no gradient through them): the plain path, stated
+        assert shared_tokens == plain_tokens

@@ -24,19 +24,21 @@ SHAPES = {"wide": (112, 56), "tall": (56, 112)}  # PIL (width, height)
 
 
 def expected_layout(adapter, batch, orientation: str):
-    """(crop_rows, crop_cols, side_rows, side_cols, has_global) from what the family declares about the encoded
-    image (`layout_facts`: tile count and per-tile grid read off the processor tensors) and its orientation."""
+    """(crop_rows, crop_cols, side_rows, side_cols, has_global, global tokens before the crops) from what the family
+    declares about the encoded image (`layout_facts`: tile count and per-tile grid read off the processor tensors)
+    and its orientation."""
     facts = adapter.layout_facts(batch, 0, 0)
     rows, cols = (1, facts.crops) if orientation == "wide" else (facts.crops, 1)
-    return rows, cols, facts.grid[0], facts.grid[1], facts.has_global
+    gr, gc = facts.global_grid or facts.grid
+    return rows, cols, facts.grid[0], facts.grid[1], facts.has_global, gr * gc if facts.global_first else 0
 
 
 def token_order(layout, r: int, c: int) -> int:
     """Index among the image's tokens of the token whose patch is fine-grid cell (r, c): crops row-major,
-    each crop's tokens row-major."""
-    crop_rows, crop_cols, sr, sc, _ = layout
+    each crop's tokens row-major (after the global tile's where it comes first)."""
+    crop_rows, crop_cols, sr, sc, _, before = layout
     crop = (r // sr) * crop_cols + (c // sc)
-    return crop * sr * sc + (r % sr) * sc + (c % sc)
+    return before + crop * sr * sc + (r % sr) * sc + (c % sc)
 
 
 def encoded(adapter, orientation):
@@ -50,11 +52,13 @@ def encoded(adapter, orientation):
 def test_heatmap_has_the_image_grid_and_covers_the_image(adapter, orientation):
     image, batch = encoded(adapter, orientation)
     layout = expected_layout(adapter, batch, orientation)
-    crop_rows, crop_cols, sr, sc, has_global = layout
+    crop_rows, crop_cols, sr, sc, has_global, before = layout
     cells = adapter.image_token_positions(batch, 0, 0, image_size=(image.height, image.width))
     start, end = batch.image_spans[0][0]
-    assert len(cells) == int((batch.input_ids[0, start:end] == adapter.image_token_id).sum())
-    assert [c.token_index for c in cells] == adapter.image_token_indices(batch, 0, 0)
+    region_tokens = adapter.image_token_indices(batch, 0, 0)  # image tokens that cover part of the image
+    assert set(region_tokens) <= set((batch.input_ids[0] == adapter.image_token_id).nonzero().flatten().tolist())
+    assert all(start <= t < end for t in region_tokens)
+    assert [c.token_index for c in cells] == region_tokens
     assert heatmap_grid_shape(cells) == (crop_rows * sr, crop_cols * sc)
     for c in cells:
         assert 0.0 <= c.y0 < c.y1 <= 1.0 and 0.0 <= c.x0 < c.x1 <= 1.0
@@ -71,7 +75,7 @@ def test_heatmap_has_the_image_grid_and_covers_the_image(adapter, orientation):
 def test_planted_attention_lights_up_its_cell(adapter, orientation):
     image, batch = encoded(adapter, orientation)
     layout = expected_layout(adapter, batch, orientation)
-    crop_rows, crop_cols, sr, sc, has_global = layout
+    crop_rows, crop_cols, sr, sc, has_global, before = layout
     rows, cols = crop_rows * sr, crop_cols * sc
     cells = adapter.image_token_positions(batch, 0, 0, image_size=(image.height, image.width))
     planted = np.zeros((rows * cols, len(cells)))
@@ -85,11 +89,12 @@ def test_planted_attention_lights_up_its_cell(adapter, orientation):
             assert np.unravel_index(hm.argmax(), hm.shape) == (r, c)
             assert hm[r, c] == pytest.approx(1.0)
     if has_global:  # a thumbnail token spreads over its block of the whole image
-        first_global = crop_rows * crop_cols * sr * sc
+        gr, gc = adapter.layout_facts(batch, 0, 0).global_grid or (sr, sc)
+        first_global = 0 if before else crop_rows * crop_cols * sr * sc
         one_hot = np.zeros(len(cells))
-        one_hot[first_global + sc - 1] = 1.0  # thumbnail token (0, last column)
+        one_hot[first_global + gc - 1] = 1.0  # thumbnail token (0, last column)
         hm = attention_to_heatmap(one_hot, cells)
-        block_r, block_c = rows // sr, cols // sc
+        block_r, block_c = rows // gr, cols // gc
         lit = np.zeros((rows, cols), dtype=bool)
         lit[:block_r, cols - block_c :] = True
         assert (hm[lit] > 0).all() and (hm[~lit] == 0).all()

@@ -153,8 +153,8 @@ def test_the_drawing_sees_the_family_discovery():
 
 
 def test_the_loop_recipes_and_inspect_know_no_family():
-    words = ("qwen", "internvl", "idefics", "smolvlm", "gemma", "llava", "mrope", "rope_deltas",
-             "pixel_attention_mask", "image_grid_thw")
+    words = ("qwen", "internvl", "idefics", "smolvlm", "gemma", "llava", "glm", "lfm2", "mistral", "pixtral",
+             "mrope", "rope_deltas", "pixel_attention_mask", "image_grid_thw")
     hits = []
     for m, path in MODULES.items():
         if m.startswith(("vlm_grpo.grpo", "vlm_grpo.recipes", "vlm_grpo.inspect")):

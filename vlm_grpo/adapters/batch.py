@@ -28,6 +28,10 @@ class PromptBatch:
     token_keys: tuple[str, ...] = ()  # mm keys shaped like input_ids; extended over completions
     # per sample, per video, per frame unit (a frame, or a temporal patch of frames) [start, end); empty: no videos
     video_spans: list[list[list[tuple[int, int]]]] = field(default_factory=list)
+    # per-sample bookkeeping a family reads (e.g. each image's tile grid) that the model never sees; rows per
+    # sample in `meta_rows`, regrouped like `mm`
+    meta: dict[str, torch.Tensor] = field(default_factory=dict)
+    meta_rows: dict[str, list[int]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -48,15 +52,8 @@ class PromptBatch:
     def select(self, indices: Sequence[int] | torch.Tensor) -> "PromptBatch":
         """Samples `indices` (repeats allowed), with their multimodal rows."""
         idx = [int(i) for i in indices]
-        mm, mm_rows = {}, {}
-        for key, tensor in self.mm.items():
-            rows = self.mm_rows[key]
-            starts = _prefix_sums(rows)
-            row_index = [r for i in idx for r in range(starts[i], starts[i] + rows[i])]
-            if not row_index:  # e.g. only text-only samples picked: models reject empty image tensors
-                continue
-            mm[key] = tensor[torch.tensor(row_index, dtype=torch.long, device=tensor.device)]
-            mm_rows[key] = [rows[i] for i in idx]
+        mm, mm_rows = _gather_rows(self.mm, self.mm_rows, idx)
+        meta, meta_rows = _gather_rows(self.meta, self.meta_rows, idx)
         pick = torch.tensor(idx, dtype=torch.long, device=self.input_ids.device)
         return replace(
             self,
@@ -66,6 +63,8 @@ class PromptBatch:
             mm_rows=mm_rows,
             image_spans=[list(self.image_spans[i]) for i in idx],
             video_spans=[list(self.video_spans[i]) for i in idx] if self.video_spans else [],
+            meta=meta,
+            meta_rows=meta_rows,
         )
 
     def repeat(self, num_generations: int) -> "PromptBatch":
@@ -119,6 +118,20 @@ def sum_per_sample(per_item: list[int], items_per_sample: list[int]) -> list[int
         out.append(int(sum(per_item[pos : pos + n])))
         pos += n
     return out
+
+
+def _gather_rows(tensors: dict[str, torch.Tensor], rows_of: dict[str, list[int]], idx: list[int]):
+    """The rows samples `idx` own in each tensor, in that order, and their row counts."""
+    out, out_rows = {}, {}
+    for key, tensor in tensors.items():
+        rows = rows_of[key]
+        starts = _prefix_sums(rows)
+        row_index = [r for i in idx for r in range(starts[i], starts[i] + rows[i])]
+        if not row_index:  # e.g. only text-only samples picked: models reject empty image tensors
+            continue
+        out[key] = tensor[torch.tensor(row_index, dtype=torch.long, device=tensor.device)]
+        out_rows[key] = [rows[i] for i in idx]
+    return out, out_rows
 
 
 def _prefix_sums(rows: list[int]) -> list[int]:

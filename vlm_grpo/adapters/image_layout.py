@@ -28,6 +28,10 @@ class LayoutFacts(NamedTuple):
 
     tiles: int
     grid: tuple[int, int]
+    # the global tile's / thumbnail's own (rows, cols) where it differs from a crop's (LFM2-VL keeps the image's
+    # aspect in its thumbnail); None: the crops' grid
+    global_grid: tuple[int, int] | None = None
+    global_first: bool = False  # the global tile's tokens come before the crops' (LLaVA-OneVision's base tile)
 
     @property
     def crops(self) -> int:

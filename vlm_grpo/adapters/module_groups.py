@@ -3,6 +3,10 @@
 A family declares its layout once, as data (a `ModuleLayout` of regexes matched at the start of parameter
 names). Freeze policies, per-module learning rates, default LoRA targets and the vision-call counter all
 derive from that one declaration.
+
+Sub-groups refine a group without leaving it: `experts` (the routers and experts of a mixture-of-experts
+language model) is part of `language`, so freezing `language` freezes the experts too, while `freeze: [experts]`
+or `experts_lr` reach them alone. Every parameter still belongs to exactly one of the four groups.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from dataclasses import dataclass
 import torch
 
 MODULE_GROUPS = ("vision", "projector", "language", "head")
+SUB_GROUPS = {"experts": "language"}  # sub-group -> the group that holds it
+GROUP_NAMES = MODULE_GROUPS + tuple(SUB_GROUPS)  # what freeze lists and per-group learning rates may name
 PEFT_PREFIX = "base_model.model."
 
 
@@ -27,6 +33,9 @@ class ModuleLayout:
     # The projector's output layer (parameter-name regexes), for policies that train only it (`seed_hybrid`);
     # empty: the projector's last Linear module (most families register their output layer last).
     projector_output: tuple[str, ...] = ()
+    # The `experts` sub-group of `language` (parameter-name regexes): a mixture-of-experts model's routers and
+    # experts; empty for a dense language model.
+    experts: tuple[str, ...] = ()
 
     def patterns(self) -> dict[str, tuple[str, ...]]:
         return {group: getattr(self, group) for group in MODULE_GROUPS}
@@ -37,6 +46,16 @@ class ModuleLayout:
         if len(hits) != 1:
             raise ValueError(f"parameter {name!r} matches module groups {hits} of {family or 'this layout'}; expected exactly one")
         return hits[0]
+
+    def training_group_of(self, name: str, family: str = "") -> str:
+        """The finest group of a parameter: its sub-group where it has one (`experts`), else its group."""
+        group = self.group_of(name, family)
+        if not any(re.match(p, strip_wrapper_prefix(name)) for p in self.experts):
+            return group
+        if group != SUB_GROUPS["experts"]:
+            raise ValueError(f"parameter {name!r} matches the experts sub-group of {family or 'this layout'} but "
+                             f"belongs to {group}, not {SUB_GROUPS['experts']}")
+        return "experts"
 
 
 # The LLaVA-style classes (LLaVA, InternVL, Gemma 3): vision tower, multi-modal projector, language model.

@@ -121,7 +121,7 @@ def generate_shared(
         inputs = embed_with_features(adapter, prefix, features, empty, empty)
         inputs.setdefault("position_ids", generation_positions(inputs["attention_mask"]))
         cache = model(**inputs, use_cache=True, logits_to_keep=1).past_key_values
-        cache.batch_repeat_interleave(num_generations)
+        select_cache_rows(cache, torch.arange(len(batch), device=batch.input_ids.device).repeat_interleave(num_generations))
         adapter.expand_generation_state(prefix, num_generations, core)
         out = model.generate(
             input_ids=batch.input_ids.repeat_interleave(num_generations, dim=0),
@@ -131,6 +131,13 @@ def generate_shared(
         )
     prefill = int(prefix.attention_mask.sum()) + len(batch) * num_generations  # + each row's last prompt token
     return GroupGeneration(out, features.detach(), prefill, shared=True)
+
+
+def select_cache_rows(cache, rows: torch.Tensor) -> None:
+    """Make row `rows[k]` of `cache` its row k (repeats allowed), in every kind of layer: `reorder_cache` indexes the
+    keys and values and also the recurrent and convolution states of linear-attention layers (Qwen3.5's Gated
+    DeltaNet), which `batch_repeat_interleave` and `batch_select_indices` do not support. Differentiable."""
+    cache.reorder_cache(rows)
 
 
 def prompt_prefix(batch: PromptBatch, length: int) -> PromptBatch:

@@ -89,6 +89,8 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
         self.encoder_frozen = not any(params[n].requires_grad for g in ("vision", "projector") for n in groups[g])
         models = [self.adapter.model] + ([self.reference] if self.reference is not None else [])
         self.vision_counter = VisionCounter(self.adapter, models)
+        # MoE: the routers' load-balancing loss joins the policy loss with this weight (0.0: not added)
+        self.router_aux_coef = self.adapter.router_aux_loss_coef(self.cfg.loss.router_aux_loss_coef)
 
     def _shard_more(self) -> None:
         if self.cfg.loss.sync_ref_model:
@@ -199,13 +201,16 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
             self.optimizer.zero_grad(set_to_none=True)
             for k, rows in enumerate(chunks):
                 with self.accumulating(last=k == len(chunks) - 1):
-                    logps, entropy = self._logprobs(traj, rows, self.model, with_entropy=True,
-                                                    features=traj.policy_features)
+                    logps, entropy, aux = self._logprobs(traj, rows, self.model, with_entropy=True,
+                                                         features=traj.policy_features, router_aux=True)
                     loss, metrics = policy_loss(
                         logps, _rows(traj.old_logps, rows), _rows(traj.ref_logps, rows), traj.advantages[rows],
                         traj.loss_mask[rows], cfg.loss, entropy=entropy, normalizer=tokens,
                         share=len(rows) / len(traj), entropy_control=self.entropy_control, collective=self.collective,
                     )
+                    if aux is not None:  # MoE (TRL's rule): + coef x the routers' load-balancing loss, per micro-batch
+                        loss = loss + self.router_aux_coef * aux / len(chunks)
+                        metrics["aux_loss"] = aux.item()
                     acc.backward(loss)
                 for key, value in metrics.items():
                     sums[key] = sums.get(key, 0.0) + float(value) * len(rows) / len(traj) / cfg.num_iterations
@@ -247,9 +252,11 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
                 traj.features = self.forward(lambda m: image_features(self.adapter, traj.prompts, model=m)).detach()
         return traj.features
 
-    def _logprobs(self, traj: Trajectory, rows: list[int], model, with_entropy: bool = False, features=None):
+    def _logprobs(self, traj: Trajectory, rows: list[int], model, with_entropy: bool = False, features=None,
+                  router_aux: bool = False):
         """`features`: the prompts' image features to use (the policy's, taken with gradient before the rollout);
-        None: the step's reusable ones, or else encoded in the forward."""
+        None: the step's reusable ones, or else encoded in the forward. `router_aux`: (logps, entropy, the MoE
+        routers' load-balancing loss of these rows, None when the run adds none)."""
         perf = self.cfg.perf
         context = self.accelerator.autocast if model is self.model else None
         turns = None if traj.completion_images is None else traj.completion_images.select(rows)
@@ -267,10 +274,13 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
                     temperature=self.cfg.generation.temperature, with_entropy=with_entropy,
                     entropy_grad=with_entropy and self.entropy_control.enabled,  # the bonus trains on the entropy
                     chunk_bytes=perf.logprob_chunk_mb * 2**20,
+                    router_aux=router_aux and self.router_aux_coef > 0,
                 )
-            return out.logps, out.entropy
+            return out.logps, out.entropy, out.aux_loss
 
-        logps, entropy = self.forward(scores, model)
+        logps, entropy, aux = self.forward(scores, model)
+        if router_aux:
+            return logps, entropy, aux
         return (logps, entropy) if with_entropy else logps
 
     def _reference_logprobs(self, traj: Trajectory) -> torch.Tensor | None:

@@ -16,7 +16,7 @@ from vlm_grpo.adapters.completion_images import CompletionImages, with_turn_imag
 from vlm_grpo.adapters.sharing import embed_with_features, image_features, text_side
 from vlm_grpo.adapters.teacher_forcing import completion_logits
 from vlm_grpo.grpo.logprobs.lm_head import CHUNK_BYTES, TokenScores, score_completions
-from vlm_grpo.grpo.logprobs.prompt_cache import shared_prompt_scores
+from vlm_grpo.grpo.logprobs.prompt_cache import differentiable_prompt_cache, shared_prompt_scores
 
 
 def _blocks(rows: int, steps: int, vocab: int, chunk_bytes: int):
@@ -86,6 +86,7 @@ def group_scores(
     turns: CompletionImages | None = None,
     turn_features=None,
     context=None,
+    router_aux: bool = False,
     **options,
 ) -> TokenScores:
     """TokenScores for rows `k` = (prompt `prompt_index[k]` of `prompts`, completion k), logits never built.
@@ -95,20 +96,24 @@ def group_scores(
     `features` (an ImageFeatures of all of `prompts`, e.g. the rollout's, detached) skips the encoder.
     Otherwise every row's prompt is repeated, pixels included, and the model encodes each copy.
     share_prompt (with share_features): each distinct prompt runs once and its KV cache serves its rows
-    (shared_prompt.py).
+    (shared_prompt.py), where gradients can pass the cache (`differentiable_prompt_cache`).
     `turns`: the images tool turns showed inside these rows' completions (multi-turn rollouts), placed after the
     prompt's in each row; `turn_features` (of `turns.turns`, e.g. the rollout's) skips encoding them.
     `context`: entered around the feature and embedding computation (e.g. the accelerator's autocast).
+    router_aux: also a mixture-of-experts model's router load-balancing loss (`TokenScores.aux_loss`); it is taken
+    over each row's whole sequence in one forward, as the model defines it, so the prompt is not shared then.
     `options`: temperature, with_entropy, entropy_grad, chunk_bytes (see lm_head.chunked_scores).
     """
     import contextlib
 
     model = adapter.model if model is None else model
     types = None if turns is None else turns.token_types
+    share_prompt = share_prompt and not router_aux and differentiable_prompt_cache(model)
     if not share_features:
         rows = with_turn_images(adapter, prompts.select(prompt_index), turns)
         inputs = adapter.completion_inputs(rows, completion_ids, completion_mask, types)
-        return score_completions(adapter, rows, completion_ids, completion_mask, model=model, inputs=inputs, **options)
+        return score_completions(adapter, rows, completion_ids, completion_mask, model=model, inputs=inputs,
+                                 router_aux=router_aux, **options)
     distinct = sorted(set(prompt_index))
     where = {p: k for k, p in enumerate(distinct)}
     with context() if context is not None else contextlib.nullcontext():
@@ -125,4 +130,5 @@ def group_scores(
         text = with_turn_images(adapter, text_side(adapter, prompts).select(prompt_index), turns, pixels=False)
         inputs = embed_with_features(adapter, text, row_features, completion_ids, completion_mask, model=model,
                                      completion_types=types)
-    return score_completions(adapter, text, completion_ids, completion_mask, model=model, inputs=inputs, **options)
+    return score_completions(adapter, text, completion_ids, completion_mask, model=model, inputs=inputs,
+                             router_aux=router_aux, **options)

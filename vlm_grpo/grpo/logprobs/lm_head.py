@@ -28,6 +28,9 @@ class TokenScores:
     logps: torch.Tensor  # [B, T] fp32, carries the gradient
     entropy: torch.Tensor  # [B, T] fp32 (zeros unless asked for); a gradient only with entropy_grad
     hits: torch.Tensor  # [B, T] bool: the token is the most likely one (greedy agrees), no gradient
+    # a mixture-of-experts model's router load-balancing loss over the forward's tokens (scalar, with gradient);
+    # None unless asked for (`router_aux=True`)
+    aux_loss: torch.Tensor | None = None
 
 
 def logit_scores(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False,
@@ -115,11 +118,13 @@ def scoring_head(model: torch.nn.Module, targets: torch.Tensor, *, temperature: 
 
 
 def score_completions(adapter, batch, completion_ids: torch.Tensor, completion_mask: torch.Tensor, model=None,
-                      inputs=None, **options) -> TokenScores:
-    """TokenScores of a completion from one teacher-forced forward over prompt + completion (logits never built)."""
+                      inputs=None, router_aux: bool = False, **options) -> TokenScores:
+    """TokenScores of a completion from one teacher-forced forward over prompt + completion (logits never built).
+    `router_aux`: also the mixture-of-experts load-balancing loss the forward returns (`output_router_logits`)."""
     model = adapter.model if model is None else model
     if inputs is None:
         inputs = adapter.completion_inputs(batch, completion_ids, completion_mask)
+    extra = {"output_router_logits": True} if router_aux else {}
     with scoring_head(model, completion_ids, **options) as scorer:
-        model(**inputs, logits_to_keep=completion_ids.shape[1] + 1, use_cache=False)
-    return TokenScores(*scorer.scores)
+        out = model(**inputs, **extra, logits_to_keep=completion_ids.shape[1] + 1, use_cache=False)
+    return TokenScores(*scorer.scores, aux_loss=out.aux_loss if router_aux else None)

@@ -19,8 +19,19 @@ import torch
 from vlm_grpo.adapters.batch import ImageTokenMismatch
 from vlm_grpo.adapters.completion_images import CompletionImages, with_turn_images
 from vlm_grpo.adapters.features import ImageFeatures, hf_core
-from vlm_grpo.adapters.sharing import embed_with_features, text_side
+from vlm_grpo.adapters.sharing import embed_with_features, select_cache_rows, text_side
 from vlm_grpo.grpo.logprobs.lm_head import TokenScores, logit_scores, scoring_head
+
+
+def differentiable_prompt_cache(model: torch.nn.Module) -> bool:
+    """Whether gradients can flow through the model's KV cache. transformers updates cache layers that keep a
+    recurrent or convolution state (Gated DeltaNet, short convolutions) in place, which autograd refuses: such a
+    model scores one full forward per row. Read off the cache the model's own config builds (no forward)."""
+    from transformers import DynamicCache
+
+    core = hf_core(model)
+    cache = DynamicCache(config=core.config.get_text_config())
+    return not any(hasattr(layer, "recurrent_states") for layer in getattr(cache, "layers", ()))
 
 
 def _full_positions(adapter, full: dict[str, torch.Tensor], core) -> torch.Tensor:
@@ -65,7 +76,7 @@ def shared_prompt_scores(adapter, prompts, prompt_index: list[int], features: Im
         return TokenScores(*(t.unsqueeze(1) for t in first))
 
     cache = out.past_key_values
-    cache.batch_select_indices(torch.tensor(rows, device=completion_ids.device))  # one cache row per completion
+    select_cache_rows(cache, torch.tensor(rows, device=completion_ids.device))  # one cache row per completion
     inputs = {"input_ids": completion_ids, "attention_mask": full["attention_mask"]}
     if turns is not None:  # the tool turns' images go to their tokens, as the prefix pass placed the prompt's
         inputs = _with_turn_features(adapter, inputs, full, turns.completion_only(turn_features), core)

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from vlm_grpo.adapters.module_groups import MODULE_GROUPS
+from vlm_grpo.adapters.module_groups import GROUP_NAMES, SUB_GROUPS
 from vlm_grpo.grpo.algorithm.advantages import ADVANTAGES, MULTI_OBJECTIVE
 from vlm_grpo.grpo.algorithm.advantages.group import SCALE_REWARDS
 from vlm_grpo.grpo.algorithm.losses import LossConfig
@@ -134,11 +134,14 @@ class OptimConfig:
     projector_lr: float | None = setting(None, help="projector learning rate (None: learning_rate)", at_least=0.0)
     language_lr: float | None = setting(None, help="language model learning rate (None: learning_rate)", at_least=0.0)
     head_lr: float | None = setting(None, help="LM head learning rate (None: learning_rate)", at_least=0.0)
+    experts_lr: float | None = setting(None, help="mixture-of-experts routers and experts, a part of the language "
+                                       "model (None: language_lr)", at_least=0.0)
     weight_decay: float = setting(0.0, help="AdamW weight decay", at_least=0.0)
     adam_betas: tuple[float, float] = setting((0.9, 0.999), help="AdamW betas")
     adam_eps: float = setting(1e-8, help="AdamW epsilon", above=0.0)
     max_grad_norm: float = setting(1.0, help="clip the gradient norm to this (<= 0: measure only)")
-    freeze: list[str] = setting(factory=list, help="module groups to freeze: vision, projector, language, head")
+    freeze: list[str] = setting(factory=list, help="module groups to freeze: vision, projector, language, head; "
+                                "experts (a mixture-of-experts model's routers and experts, part of language)")
     trainable_patterns: list[str] = setting(factory=list, help="regexes of parameter names trained again after freeze")
     freeze_preset: str | None = setting(None, help="a named freeze policy: " + ", ".join(sorted(FREEZE_PRESETS)))
     lr_scheduler: str = setting("constant_with_warmup", help="any schedule transformers.get_scheduler knows")
@@ -150,10 +153,10 @@ class OptimConfig:
         self.trainable_patterns = list(self.trainable_patterns)
         self.adam_betas = tuple(self.adam_betas)
         check_fields(self)
-        unknown = [g for g in self.freeze if g not in MODULE_GROUPS]
+        unknown = [g for g in self.freeze if g not in GROUP_NAMES]
         if unknown:
             raise SettingError(
-                "freeze", f"unknown module group(s) {unknown} in freeze; valid module groups: {', '.join(MODULE_GROUPS)}"
+                "freeze", f"unknown module group(s) {unknown} in freeze; valid module groups: {', '.join(GROUP_NAMES)}"
             )
         if self.freeze_preset is not None and self.freeze_preset not in FREEZE_PRESETS:
             raise SettingError("freeze_preset", f"unknown freeze preset {self.freeze_preset!r}; known presets: "
@@ -174,10 +177,13 @@ class OptimConfig:
             raise SettingError("lr_scheduler", f"unknown lr_scheduler {self.lr_scheduler!r}; transformers accepts: {valid}") from None
 
     def lr_for(self, group: str) -> float:
-        if group not in MODULE_GROUPS:
-            raise ValueError(f"unknown module group {group!r}; valid module groups: {', '.join(MODULE_GROUPS)}")
+        """A group's learning rate; a sub-group without its own takes its group's."""
+        if group not in GROUP_NAMES:
+            raise ValueError(f"unknown module group {group!r}; valid module groups: {', '.join(GROUP_NAMES)}")
         lr = getattr(self, f"{group}_lr")
-        return self.learning_rate if lr is None else lr
+        if lr is None:
+            return self.lr_for(SUB_GROUPS[group]) if group in SUB_GROUPS else self.learning_rate
+        return lr
 
     def frozen_groups(self) -> set[str]:
         preset = FREEZE_PRESETS[self.freeze_preset] if self.freeze_preset else None

@@ -2,7 +2,8 @@
 
 How `apply_freeze` decides whether a parameter trains, in order:
 1. the baseline: every parameter trains; on a LoRA-wrapped model only the LoRA matrices do;
-2. the groups named in `freeze` (and in the preset's freeze list) are frozen;
+2. the groups named in `freeze` (and in the preset's freeze list) are frozen; a group freezes its sub-groups
+   (`language` freezes `experts`), a sub-group only itself;
 3. a preset with an allow-list (`seed_hybrid`) freezes whatever it does not name;
 4. `trainable_patterns` (regexes searched in the unwrapped parameter name) unfreeze again.
 """
@@ -15,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from vlm_grpo.adapters.module_groups import strip_wrapper_prefix
+from vlm_grpo.adapters.module_groups import SUB_GROUPS, strip_wrapper_prefix
 
 _LORA_PARAM = re.compile(r"\.lora_[A-Za-z_]+\.")
 _PEFT_COPY = re.compile(r"\.(?:modules_to_save\.[^.]+|original_module)\.")  # peft's modules_to_save wrapper
@@ -117,6 +118,11 @@ def apply_freeze(adapter, cfg) -> None:
     model = adapter.model
     wrapped = _is_lora_wrapped(model)
     frozen = cfg.frozen_groups()
+    empty = [g for g in sorted(frozen & set(SUB_GROUPS))
+             if not any(adapter.training_group_of(n) == g for n, _ in model.named_parameters())]
+    if empty:
+        raise ValueError(f"freeze names {empty}, but {adapter.family} has no such parameters "
+                         "(experts: the routers and experts of a mixture-of-experts language model)")
     preset = FREEZE_PRESETS[cfg.freeze_preset] if cfg.freeze_preset else None
     allow = preset.allow(adapter) if preset and preset.allow else None
     patterns = [re.compile(p) for p in cfg.trainable_patterns]
@@ -125,7 +131,7 @@ def apply_freeze(adapter, cfg) -> None:
         short = strip_wrapper_prefix(name)
         plain = _PEFT_COPY.sub(".", short)  # a modules_to_save copy or original, named as the module it stands for
         trainable = is_lora_param(short) if wrapped else True
-        trainable = trainable and adapter.module_group_of(name) not in frozen
+        trainable = trainable and not frozen & {adapter.module_group_of(name), adapter.training_group_of(name)}
         trainable = trainable and (allow is None or allow(short))
         for i, pattern in enumerate(patterns):
             if pattern.search(plain):

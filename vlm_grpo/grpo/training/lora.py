@@ -3,6 +3,9 @@
 - Default targets are the attention and MLP projections (q/k/v/o/gate/up/down) of the **language**
   group only. Vision towers use the same names (many ViTs call their projections so), so the target
   list is built as exact module names from `adapter.module_group_of`, never as bare suffixes.
+- A mixture-of-experts model keeps its experts as 3-D tensors, not Linear modules: those of the `experts`
+  sub-group get LoRA through peft's `target_parameters` (one low-rank pair per tensor, per expert), by default
+  beside the language projections; a `target_modules` entry may name them too (e.g. `experts.down_proj`).
 - `apply_lora` wraps `adapter.model` in place with peft; `adapter.generate` and the teacher-forced
   log-prob forward keep working, and `module_group_of` maps each LoRA matrix to its layer's group.
 - `reference_disabled(adapter)`: GRPO's KL reference is the base model, which under LoRA is the same
@@ -29,7 +32,11 @@ from vlm_grpo.adapters.quantization import four_bit_config
 from vlm_grpo.grpo.settings.sections import LoraSettings
 from vlm_grpo.grpo.training.freeze import _is_lora_wrapped
 
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# The language model's attention and MLP projections, by role, under the names the supported LMs give them
+# (`gate_up_proj`: a fused gate and up projection; `out_proj` and `w1`/`w3`/`w2`: other LMs' output and gate/up/down).
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "out_proj")
+MLP_PROJECTIONS = ("gate_proj", "up_proj", "gate_up_proj", "down_proj", "w1", "w3", "w2")
+DEFAULT_TARGETS = ATTENTION_PROJECTIONS + MLP_PROJECTIONS
 
 
 def is_lora_wrapped(adapter) -> bool:
@@ -48,14 +55,31 @@ def lora_targets(adapter, settings: LoraSettings) -> list[str]:
             raise ValueError(f"no q/k/v/o/gate/up/down projection found in the language model of {adapter.family}")
         return targets
     targets, unmatched = [], []
+    experts = expert_tensors(adapter)
     for entry in settings.target_modules:
         hits = [n for n in linears if n == entry or n.endswith("." + entry)]
-        if not hits:
+        if not hits and not any(n == entry or n.endswith("." + entry) for n in experts):
             unmatched.append(entry)
         targets.extend(h for h in hits if h not in targets)
     if unmatched:
-        raise ValueError(f"LoRA target_modules {unmatched} match no Linear module of {adapter.family}")
+        raise ValueError(f"LoRA target_modules {unmatched} match no Linear module or expert tensor of {adapter.family}")
     return targets
+
+
+def expert_tensors(adapter) -> list[str]:
+    """Parameters of the `experts` sub-group that are not a Linear module's weight or bias (the 3-D tensors experts
+    are stored in), as the unwrapped model names them."""
+    linear = {n for n, m in adapter.model.named_modules() if isinstance(m, torch.nn.Linear)}
+    return [n for n, p in adapter.model.named_parameters()
+            if p.dim() >= 3 and n.rsplit(".", 1)[0] not in linear and adapter.training_group_of(n) == "experts"]
+
+
+def lora_target_parameters(adapter, settings: LoraSettings) -> list[str]:
+    """Expert tensors (full parameter names) that receive LoRA through peft's `target_parameters`."""
+    experts = expert_tensors(adapter)
+    if settings.target_modules is None:
+        return experts
+    return [n for n in experts if any(n == e or n.endswith("." + e) for e in settings.target_modules)]
 
 
 def fully_trained_modules(adapter, patterns: Sequence[str]) -> list[str]:
@@ -83,6 +107,7 @@ def apply_lora(adapter, settings: LoraSettings, train_fully: Sequence[str] = ())
 
     model = adapter.model
     targets = lora_targets(adapter, settings)
+    tensors = lora_target_parameters(adapter, settings)
     full = fully_trained_modules(adapter, train_fully)
     if "" in full:
         raise ValueError("trainable_patterns name a parameter of the model's root module; under LoRA only whole "
@@ -107,6 +132,7 @@ def apply_lora(adapter, settings: LoraSettings, train_fully: Sequence[str] = ())
         lora_alpha=settings.alpha,
         lora_dropout=settings.dropout,
         target_modules=targets,
+        target_parameters=tensors or None,
         modules_to_save=full or None,
         bias="none",
     )

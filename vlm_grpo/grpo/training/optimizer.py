@@ -1,8 +1,10 @@
 """Per-module learning rates, the optimizer, its schedule and the update (clipping, non-finite skips).
 
 Everything here derives from one declaration: the adapter's module groups (`vision`, `projector`,
-`language`, `head`; see `VLMAdapter.module_patterns`). So a learning-rate split written once works on every
-family, and keeps working after LoRA wrapping (a LoRA matrix belongs to the group of the layer it adapts).
+`language`, `head`; see `VLMAdapter.module_patterns`), with a mixture-of-experts model's routers and experts as
+the `experts` sub-group of `language` (its own optimizer group and row, `experts_lr` defaulting to the language
+model's). So a learning-rate split written once works on every family, and keeps working after LoRA wrapping (a
+LoRA matrix belongs to the group of the layer it adapts).
 Which parameters train at all is the freeze policy's job (freeze.py).
 """
 
@@ -13,18 +15,24 @@ import math
 import torch
 from torch.distributed.tensor import DTensor
 
-from vlm_grpo.adapters.module_groups import MODULE_GROUPS
+from vlm_grpo.adapters.module_groups import GROUP_NAMES, MODULE_GROUPS, SUB_GROUPS
 from vlm_grpo.grpo.distributed.fsdp import full_tensor
 from vlm_grpo.grpo.settings.sections import OptimConfig
 from vlm_grpo.grpo.training.freeze import apply_freeze
 
 # ---------------------------------------------------------------- optimizer
 def param_groups(adapter, cfg: OptimConfig) -> list[dict]:
-    """One optimizer group per module group with trainable parameters (current `requires_grad`)."""
-    by_group: dict[str, list[torch.nn.Parameter]] = {g: [] for g in MODULE_GROUPS}
+    """One optimizer group per module group (sub-groups apart) with trainable parameters (current `requires_grad`)."""
+    by_group: dict[str, list[torch.nn.Parameter]] = {g: [] for g in GROUP_NAMES}
+    has_experts = False
     for name, param in adapter.model.named_parameters():
+        group = adapter.training_group_of(name)
+        has_experts = has_experts or group == "experts"
         if param.requires_grad:
-            by_group[adapter.module_group_of(name)].append(param)
+            by_group[group].append(param)
+    if cfg.experts_lr is not None and not has_experts:
+        raise ValueError(f"experts_lr is set, but {adapter.family} is not a mixture-of-experts model: it has no "
+                         "router or expert parameters")
     groups = [
         {"name": g, "params": params, "lr": cfg.lr_for(g), "weight_decay": cfg.weight_decay}
         for g, params in by_group.items()
@@ -98,13 +106,13 @@ def update_step(accelerator, optimizer: torch.optim.Optimizer, cfg: OptimConfig)
 # ---------------------------------------------------------------- report
 def trainable_table(adapter, cfg: OptimConfig | None = None) -> str:
     """One row per module group (parameters, trainable, lr) and a total row; lr needs `cfg`."""
-    total = {g: 0 for g in MODULE_GROUPS}
-    train = {g: 0 for g in MODULE_GROUPS}
+    total = {g: 0 for g in GROUP_NAMES}
+    train = {g: 0 for g in GROUP_NAMES}
     for name, param in adapter.model.named_parameters():
-        group = adapter.module_group_of(name)
-        total[group] += param.numel()
-        if param.requires_grad:
-            train[group] += param.numel()
+        for group in {adapter.module_group_of(name), adapter.training_group_of(name)}:  # a sub-group counts in both
+            total[group] += param.numel()
+            if param.requires_grad:
+                train[group] += param.numel()
 
     def lr(group: str) -> str:
         if cfg is None or not train[group]:
@@ -114,7 +122,9 @@ def trainable_table(adapter, cfg: OptimConfig | None = None) -> str:
     rows = [("group", "params", "trainable", "%", "lr")]
     for g in MODULE_GROUPS:
         rows.append((g, f"{total[g]:,}", f"{train[g]:,}", _pct(train[g], total[g]), lr(g)))
-    all_total, all_train = sum(total.values()), sum(train.values())
+        for sub in (s for s, parent in SUB_GROUPS.items() if parent == g and total[s]):  # only where the model has it
+            rows.append((f"  {sub}", f"{total[sub]:,}", f"{train[sub]:,}", _pct(train[sub], total[sub]), lr(sub)))
+    all_total, all_train = (sum(d[g] for g in MODULE_GROUPS) for d in (total, train))
     rows.append(("total", f"{all_total:,}", f"{all_train:,}", _pct(all_train, all_total), ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []

@@ -54,6 +54,10 @@ def _shared_fields() -> list[tuple[str, type, dataclasses.Field]]:
                                                  at_least=0.0, at_most=1.0)),
         ("ref_model_sync_steps", int, setting(512, help="reference sync: every this many optimizer updates",
                                               at_least=1)),
+        ("router_aux_loss_coef", float | None, setting(None, help="mixture-of-experts models: weight of the "
+                                                       "routers' load-balancing loss added to the loss, as TRL (None: "
+                                                       "the model config's; 0: off; an error on a model without "
+                                                       "routers)", at_least=0.0)),
         ("max_completion_length", int, setting(64, help="dr_grpo's normaliser; a run sets it from "
                                                "generation.max_new_tokens", at_least=1)),
     ]

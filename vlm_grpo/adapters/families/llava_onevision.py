@@ -1,0 +1,201 @@
+"""LLaVA-OneVision: a SigLIP tower and a 2-layer MLP projector in front of a Qwen2 language model, with "anyres"
+images: an image alone in its prompt is encoded as a base tile (the whole image at the tower's size) plus the
+tiles of the best-fitting grid of `image_grid_pinpoints`; the tiles' features are stitched, the letterbox padding
+cut away (`unpad_image`), shrunk when larger than 9 tiles' worth, and each row closed by `image_newline`. An image
+that shares its prompt with others is its base tile plus one newline.
+
+So an image's placeholders are: the base grid, then the fine grid row by row with a newline token after each row
+(or a single newline). Newline tokens are image tokens (the model puts a learned vector there) but cover no part
+of the image: `image_token_indices` leaves them out of the heatmap cells. The fine grid's size is computed with the
+model's own anyres helpers from `image_sizes`; `check_alignment` compares it with the processor's count.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers import (
+    LlavaOnevisionConfig,
+    LlavaOnevisionForConditionalGeneration,
+    LlavaOnevisionImageProcessor,
+    LlavaOnevisionProcessor,
+    LlavaOnevisionVideoProcessor,
+)
+from transformers.models.llava_onevision.modeling_llava_onevision import get_anyres_image_grid_shape, unpad_image
+
+from vlm_grpo.adapters.architecture import Architecture
+from vlm_grpo.adapters.base import VLMAdapter
+from vlm_grpo.adapters.batch import PromptBatch
+from vlm_grpo.adapters.chat_templates import chatml_template
+from vlm_grpo.adapters.families.qwen2_5_vl import QWEN_SPECIAL_TOKENS
+from vlm_grpo.adapters.image_layout import LayoutFacts, grid_cells
+from vlm_grpo.adapters.module_groups import ModuleLayout
+from vlm_grpo.adapters.seeding import seeded_model
+from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
+
+SPECIAL_TOKENS = [*QWEN_SPECIAL_TOKENS, "<image>", "<video>"]
+# Qwen2's ChatML with its default system turn; an image part is `<image>` and a line break.
+CHAT_TEMPLATE = chatml_template("<image>\n")
+LAYOUT = ModuleLayout(
+    vision=(r"model\.vision_tower\.",),
+    # the MLP projector and the learned row-end vector it is stitched with, both in the language model's width
+    projector=(r"model\.multi_modal_projector\.", r"model\.image_newline"),
+    language=(r"model\.language_model\.",),
+    projector_output=(r"model\.multi_modal_projector\.linear_2\.",),
+)
+
+
+def pinpoints(tile: int, most: int) -> list[list[int]]:
+    """Every grid of up to `most` x `most` tiles, as (height, width) in pixels (OneVision's own list, at 384 px)."""
+    return [[tile * r, tile * c] for r in range(1, most + 1) for c in range(1, most + 1)]
+
+
+# 16-px tiles of 8-px patches: 2x2 tokens a tile; grids up to 2x2 tiles. A 112x56 image alone is a base tile plus a
+# 1x2-tile grid: 4 + 2 x (4 + 1) tokens.
+TINY = Architecture(
+    vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=16,
+                patch_size=8, vision_use_head=False),
+    text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=2048, tie_word_embeddings=False),
+    image=dict(image_grid_pinpoints=pinpoints(16, 2)),
+)
+# Public architecture of llava-hf/llava-onevision-qwen2-0.5b-ov-hf: SigLIP-So400m (26 layers) at 384 px, Qwen2-0.5B.
+ONEVISION_0_5B = Architecture(
+    vision=dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=26, num_attention_heads=16, image_size=384,
+                patch_size=14, vision_use_head=False),
+    text=dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+              num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1e6,
+              tie_word_embeddings=True),
+    image=dict(image_grid_pinpoints=pinpoints(384, 6)),
+    vocab_size=151936,
+    note="llava-hf/llava-onevision-qwen2-0.5b-ov-hf",
+)
+
+
+def _without_unused_norm(model):
+    """The model reads its image features from the tower's last layer *before* SigLIP's final layer norm, so that
+    norm's weights never get a gradient (training reports them as trainable yet unchanged; DDP refuses unused
+    parameters). It is replaced by an identity: the features are exactly the same."""
+    model.model.vision_tower.post_layernorm = torch.nn.Identity()
+    return model
+
+
+class LlavaOnevisionAdapter(VLMAdapter):
+    family = "llava_onevision"
+    model_types = ("llava_onevision",)
+    model_class = LlavaOnevisionForConditionalGeneration
+    module_layout = LAYOUT
+    tiny_architecture = TINY
+    presets = {"llava_onevision_0_5b": ONEVISION_0_5B}
+
+    @classmethod
+    def build(cls, arch, seed=0, dtype=torch.float32):
+        tokenizer = build_tokenizer(SPECIAL_TOKENS, chat_template=CHAT_TEMPLATE, eos_token="<|im_end|>",
+                                    pad_token="<|endoftext|>")
+        ids = tokenizer.convert_tokens_to_ids
+        text = {"model_type": "qwen2", "vocab_size": arch.vocab_size or len(tokenizer),
+                "pad_token_id": ids("<|endoftext|>"), "eos_token_id": ids("<|im_end|>"), **arch.text}
+        grid = arch.image["image_grid_pinpoints"]
+        config = LlavaOnevisionConfig(
+            text_config=text, vision_config={"model_type": "siglip_vision_model", **arch.vision},
+            image_token_index=ids("<image>"), video_token_index=ids("<video>"), image_grid_pinpoints=grid,
+            tie_word_embeddings=text["tie_word_embeddings"],
+        )
+        side = arch.vision["image_size"]
+        size = {"height": side, "width": side}
+        processor = LlavaOnevisionProcessor(
+            image_processor=LlavaOnevisionImageProcessor(size=size, image_grid_pinpoints=grid),
+            video_processor=LlavaOnevisionVideoProcessor(size=size), tokenizer=tokenizer, chat_template=CHAT_TEMPLATE,
+            num_image_tokens=(side // arch.vision["patch_size"]) ** 2, vision_feature_select_strategy="full",
+        )
+        model = seeded_model(cls.model_class, config, seed, dtype)
+        model.generation_config.pad_token_id = ids("<|endoftext|>")
+        return cls(_without_unused_norm(model), processor, source=f"tiny:{cls.family}")
+
+    @classmethod
+    def load(cls, path, **kwargs):
+        adapter = super().load(path, **kwargs)
+        _without_unused_norm(adapter.model)
+        return adapter
+
+    def _extra_suppressed_ids(self) -> list[int]:
+        return [self.model.config.video_token_index]
+
+    def _run_processor(self, texts, images):
+        # images per prompt: an image alone in its prompt is tiled, one among several is not
+        nested = [sample for sample in images if sample]
+        return self.processor(text=texts, images=nested or None, padding=True, return_tensors="pt")
+
+    def _to_batch(self, features, images) -> PromptBatch:
+        n_images = [len(s) for s in images]
+        mm, mm_rows = {}, {}
+        if "pixel_values" in features:  # [n_images, max_tiles, 3, H, W] padded, image_sizes [n_images, 2]
+            for key in ("pixel_values", "image_sizes"):
+                mm[key], mm_rows[key] = features[key], n_images
+            # per prompt, text-only ones included (the processor's own count skips them)
+            mm["batch_num_images"], mm_rows["batch_num_images"] = torch.tensor(n_images), [1] * len(images)
+        return self._batch(features, images, mm, mm_rows)
+
+    # ---------------------------------------------------------------- geometry
+    @property
+    def base_side(self) -> int:
+        vision = self.model.config.vision_config
+        return vision.image_size // vision.patch_size
+
+    def fine_grid(self, image_size) -> tuple[int, int]:
+        """(rows, cols) of an image's stitched tile features after unpadding and the anyres_max shrink, as
+        `pack_image_features` computes them."""
+        cfg, side = self.model.config, self.base_side
+        tiles_h, tiles_w = get_anyres_image_grid_shape(image_size, cfg.image_grid_pinpoints, cfg.vision_config.image_size)
+        rows, cols = unpad_image(torch.empty(0, tiles_h * side, tiles_w * side), image_size).shape[1:]
+        ratio = math.sqrt(rows * cols / (int(cfg.vision_aspect_ratio.strip("anyres_max_")) * side**2))
+        return (int(rows // ratio), int(cols // ratio)) if ratio > 1.1 else (rows, cols)
+
+    def _image(self, batch, sample, image) -> tuple[list[int] | None, int]:
+        """(the image's size when it is tiled, None when it shares its prompt; its row in the image tensors)."""
+        offset = sum(batch.mm_rows["image_sizes"][:sample]) + image
+        alone = batch.mm_rows["image_sizes"][sample] == 1
+        return (batch.mm["image_sizes"][offset].tolist() if alone else None), offset
+
+    def feature_counts(self, batch: PromptBatch) -> list[int]:
+        if "image_sizes" not in batch.mm:
+            return [0] * len(batch)
+        counts = []
+        for sample, n in enumerate(batch.mm_rows["image_sizes"]):
+            total = 0
+            for image in range(n):
+                size, _ = self._image(batch, sample, image)
+                rows, cols = self.fine_grid(size) if size is not None else (0, 0)
+                total += self.base_side**2 + (rows * (cols + 1) if size is not None else 1)
+            counts.append(total)
+        return counts
+
+    def image_token_indices(self, batch, sample, image):
+        """The image's placeholders that cover part of it: the base grid and the fine grid, newlines left out."""
+        tokens = super().image_token_indices(batch, sample, image)
+        base = self.base_side**2
+        size, _ = self._image(batch, sample, image)
+        if size is None:
+            return tokens[:base]
+        _, cols = self.fine_grid(size)
+        fine = tokens[base:]
+        return tokens[:base] + [t for k, t in enumerate(fine) if k % (cols + 1) != cols]
+
+    # ---------------------------------------------------------------- attention-map layout
+    def layout_facts(self, batch, sample, image):
+        size, _ = self._image(batch, sample, image)
+        side = (self.base_side, self.base_side)
+        if size is None:
+            return LayoutFacts(tiles=1, grid=side)
+        return LayoutFacts(tiles=2, grid=self.fine_grid(size), global_grid=side, global_first=True)
+
+    def image_token_positions(self, batch, sample, image, image_size=None):
+        """The base grid over the whole image, then (an image alone) the fine grid over it too, row-major."""
+        tokens = self.image_token_indices(batch, sample, image)
+        base = self.base_side**2
+        cells = grid_cells(tokens[:base], self.base_side, self.base_side)
+        size, _ = self._image(batch, sample, image)
+        if size is not None:
+            cells += grid_cells(tokens[base:], *self.fine_grid(size))
+        return cells

@@ -1,0 +1,156 @@
+"""Mistral 3 (Mistral Small 3.1): a Pixtral vision tower over each image at its own size (aspect kept, sides
+multiples of patch x merge), its patches merged 2x2 by a learned layer and projected into a Mistral language model.
+
+The processor writes an image as rows of `[IMG]` placeholders, each row closed by `[IMG_BREAK]` and the last by
+`[IMG_END]`: one image is several runs of placeholders, joined here into one span. Both markers are ordinary tokens
+(embedded as text, never features) that the policy must not emit. The image's size after resizing is in
+`image_sizes`, from which the merged grid and its feature count follow.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import Mistral3Config, Mistral3ForConditionalGeneration, PixtralImageProcessor, PixtralProcessor
+
+from vlm_grpo.adapters.architecture import Architecture
+from vlm_grpo.adapters.base import VLMAdapter
+from vlm_grpo.adapters.batch import PromptBatch, sum_per_sample
+from vlm_grpo.adapters.image_layout import LayoutFacts, grid_cells, token_runs
+from vlm_grpo.adapters.module_groups import LLAVA_STYLE
+from vlm_grpo.adapters.seeding import seeded_model
+from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
+
+# The Tekken control tokens in their order (ids 0-18), [IMG] at 10 as in the real vocabulary.
+SPECIAL_TOKENS = [
+    "<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]", "[IMG_END]", "[PREFIX]", "[MIDDLE]", "[SUFFIX]",
+    "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
+]
+# Mistral's v7 format: <s>[SYSTEM_PROMPT]...[/SYSTEM_PROMPT][INST]...[/INST]answer</s>; an image part is [IMG]
+# (the processor expands it into rows of placeholders).
+CHAT_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{%- set open, close = {'system': ('[SYSTEM_PROMPT]', '[/SYSTEM_PROMPT]'), 'user': ('[INST]', '[/INST]'),"
+    " 'assistant': ('', '</s>')}[message['role']] -%}"
+    "{{- open -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' -%}{{- '[IMG]' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- close -}}"
+    "{%- endfor -%}"
+)
+
+# 8-px patches merged 2x2: a 56x56 image (resized to 48x48, multiples of 16) is 3x3 = 9 placeholders.
+TINY = Architecture(
+    vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, head_dim=16,
+                patch_size=8, image_size=64),
+    text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=16, max_position_embeddings=2048, sliding_window=None, tie_word_embeddings=False),
+    image=dict(spatial_merge_size=2),
+)
+# Public architecture of mistralai/Mistral-Small-3.1-24B-Instruct-2503 (transformers' Mistral3Config defaults).
+MISTRAL_SMALL_3_1 = Architecture(
+    vision=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16, head_dim=64,
+                patch_size=14, image_size=1540, rope_theta=10000.0),
+    text=dict(hidden_size=5120, intermediate_size=32768, num_hidden_layers=40, num_attention_heads=32,
+              num_key_value_heads=8, head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-5,
+              rope_theta=1e9, sliding_window=None, tie_word_embeddings=False),
+    image=dict(spatial_merge_size=2),
+    vocab_size=131072,
+    note="mistralai/Mistral-Small-3.1-24B-Instruct-2503",
+)
+
+
+class Mistral3Adapter(VLMAdapter):
+    family = "mistral3"
+    model_types = ("mistral3",)
+    model_class = Mistral3ForConditionalGeneration
+    module_layout = LLAVA_STYLE
+    tiny_architecture = TINY
+    presets = {"mistral_small_3_1": MISTRAL_SMALL_3_1}
+    pixel_keys = ("pixel_values", "image_sizes")  # both read only by the vision tower
+
+    @classmethod
+    def build(cls, arch, seed=0, dtype=torch.float32):
+        tokenizer = build_tokenizer(SPECIAL_TOKENS, chat_template=CHAT_TEMPLATE, eos_token="</s>", pad_token="<pad>",
+                                    bos_token="<s>")
+        ids = tokenizer.convert_tokens_to_ids
+        merge = arch.image["spatial_merge_size"]
+        text = {"vocab_size": arch.vocab_size or len(tokenizer), "pad_token_id": ids("<pad>"), "bos_token_id": ids("<s>"),
+                "eos_token_id": ids("</s>"), **arch.text}
+        config = Mistral3Config(text_config=text, vision_config=dict(arch.vision), image_token_index=ids("[IMG]"),
+                                spatial_merge_size=merge, tie_word_embeddings=text["tie_word_embeddings"])
+        patch = arch.vision["patch_size"]
+        processor = PixtralProcessor(
+            image_processor=PixtralImageProcessor(size={"longest_edge": arch.vision["image_size"]},
+                                                  patch_size={"height": patch, "width": patch},
+                                                  image_mean=[0.5] * 3, image_std=[0.5] * 3),
+            tokenizer=tokenizer, patch_size=patch, spatial_merge_size=merge, chat_template=CHAT_TEMPLATE,
+        )
+        model = seeded_model(cls.model_class, config, seed, dtype)
+        model.generation_config.pad_token_id = ids("<pad>")
+        return cls(model, processor, source=f"tiny:{cls.family}")
+
+    @property
+    def marker_ids(self) -> list[int]:
+        return self.tokenizer.convert_tokens_to_ids(["[IMG_BREAK]", "[IMG_END]"])
+
+    def _extra_suppressed_ids(self) -> list[int]:
+        return self.marker_ids
+
+    def _run_processor(self, texts, images):
+        # The chat template opens with <s>: a tokenizer adding one too would double it.
+        flat = [img for sample in images for img in sample]
+        return self.processor(text=texts, images=flat or None, padding=True, return_tensors="pt",
+                              add_special_tokens=False)
+
+    def _to_batch(self, features, images) -> PromptBatch:
+        mm, mm_rows = {}, {}
+        if "pixel_values" in features:  # [n_images, 3, H, W], each image padded to the largest
+            n_images = [len(s) for s in images]
+            for key in ("pixel_values", "image_sizes"):
+                mm[key], mm_rows[key] = features[key], n_images
+        return self._batch(features, images, mm, mm_rows)
+
+    @property
+    def merged_patch(self) -> int:
+        cfg = self.model.config
+        return cfg.vision_config.patch_size * cfg.spatial_merge_size
+
+    def image_grid(self, batch: PromptBatch, sample: int, image: int) -> tuple[int, int]:
+        """(rows, cols) of the merged-patch grid of one image, from its resized size."""
+        offset = sum(batch.mm_rows["image_sizes"][:sample]) + image
+        height, width = batch.mm["image_sizes"][offset].tolist()
+        return height // self.merged_patch, width // self.merged_patch
+
+    def feature_counts(self, batch: PromptBatch) -> list[int]:
+        if "image_sizes" not in batch.mm:
+            return [0] * len(batch)
+        per_image = [(h // self.merged_patch) * (w // self.merged_patch) for h, w in batch.mm["image_sizes"].tolist()]
+        return sum_per_sample(per_image, batch.mm_rows["image_sizes"])
+
+    def image_token_spans(self, input_ids, images_per_sample):
+        """Rows of placeholders joined across the [IMG_BREAK] between them: one span per image, up to [IMG_END]."""
+        breaks = self.marker_ids[0]
+        spans = []
+        for row in input_ids.tolist():
+            merged: list[tuple[int, int]] = []
+            for start, end in token_runs(row, self.image_token_id):
+                if merged and merged[-1][1] == start - 1 and row[start - 1] == breaks:
+                    merged[-1] = (merged[-1][0], end)
+                else:
+                    merged.append((start, end))
+            spans.append(merged)
+        return spans
+
+    # ---------------------------------------------------------------- attention-map layout
+    def layout_facts(self, batch, sample, image):
+        return LayoutFacts(tiles=1, grid=self.image_grid(batch, sample, image))
+
+    def image_token_positions(self, batch, sample, image, image_size=None):
+        """Merged patches row-major over the whole (resized, never cropped) image."""
+        rows, cols = self.image_grid(batch, sample, image)
+        return grid_cells(self.image_token_indices(batch, sample, image), rows, cols)

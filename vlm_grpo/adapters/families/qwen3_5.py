@@ -1,0 +1,84 @@
+"""Qwen3.5: Qwen3-VL's vision side without DeepStack (one merger) and a hybrid language model: three of every
+four decoder layers are Gated DeltaNet linear attention (a causal convolution and a recurrent state instead of
+keys and values), the fourth full attention with a gated output and rotary embedding on a quarter of each head.
+
+The recurrent layers are why this is not the Qwen3-VL file with other sizes: their state is not a KV cache.
+Left padding is masked out of the recurrence by the model itself (padded positions contribute nothing), and the
+cache transformers builds for the hybrid stack carries the recurrent and convolution states beside the keys and
+values of the full-attention layers, so prefix sharing and teacher-forced scoring go through the same hooks as
+Qwen3-VL. Without DeepStack, image features are only the merged patch embeddings: the default feature placement
+(token embeddings with the features at the image tokens) plus the M-RoPE positions of the rope index.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3VLProcessor, Qwen3VLVideoProcessor
+
+from vlm_grpo.adapters.architecture import Architecture
+from vlm_grpo.adapters.families.qwen2_5_vl import Qwen2_5_VLAdapter, qwen_config, qwen_processor, qwen_tokenizer
+from vlm_grpo.adapters.families.qwen3_vl import QWEN3_CHAT_TEMPLATE
+from vlm_grpo.adapters.module_groups import ModuleLayout
+from vlm_grpo.adapters.seeding import seeded_model
+
+QWEN3_5_LAYOUT = ModuleLayout(
+    vision=(r"model\.visual\.(?!merger\.)",),
+    projector=(r"model\.visual\.merger\.",),
+    language=(r"model\.language_model\.",),
+)
+
+
+def qwen3_5_rope(sections: list[int], theta: float) -> dict:
+    """Interleaved M-RoPE on `partial_rotary_factor` of each head: the sections sum to head_dim * factor / 2."""
+    return {"rope_type": "default", "rope_theta": theta, "mrope_section": sections, "mrope_interleaved": True,
+            "partial_rotary_factor": 0.25}
+
+
+# 16-px patches merged 2x2 (a 64x64 image -> 4 tokens); 4 decoder layers: linear, linear, linear, full, so both
+# kinds of layer and their caches are exercised; heads of 32 with a quarter (8 dims) rotated: sections sum to 4.
+TINY = Architecture(
+    vision=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16, spatial_merge_size=2,
+                temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=16),
+    text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+              head_dim=32, linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+              linear_num_key_heads=2, linear_num_value_heads=4, max_position_embeddings=2048,
+              tie_word_embeddings=False, rope_parameters=qwen3_5_rope([2, 1, 1], 1e7)),
+    image=dict(min_pixels=64 * 64, max_pixels=128 * 128),
+)
+QWEN3_5_VOCAB = 248320
+# Public architecture of Qwen/Qwen3.5-0.8B: 24 layers (18 Gated DeltaNet, 6 full attention), a 12-block vision tower.
+QWEN3_5_0_8B = Architecture(
+    vision=dict(depth=12, hidden_size=768, intermediate_size=3072, num_heads=12, patch_size=16, spatial_merge_size=2,
+                temporal_patch_size=2, out_hidden_size=1024, num_position_embeddings=2304,
+                hidden_act="gelu_pytorch_tanh"),
+    text=dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=24, num_attention_heads=8,
+              num_key_value_heads=2, head_dim=256, linear_conv_kernel_dim=4, linear_key_head_dim=128,
+              linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=16,
+              max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=True,
+              rope_parameters=qwen3_5_rope([11, 11, 10], 1e7)),
+    image=dict(min_pixels=256 * 256, max_pixels=4096 * 4096),
+    vocab_size=QWEN3_5_VOCAB,
+    note="Qwen/Qwen3.5-0.8B",
+)
+
+
+class Qwen3_5Adapter(Qwen2_5_VLAdapter):
+    family = "qwen3_5"
+    model_types = ("qwen3_5",)
+    model_class = Qwen3_5ForConditionalGeneration
+    config_class = Qwen3_5Config
+    module_layout = QWEN3_5_LAYOUT
+    tiny_architecture = TINY
+    presets = {"qwen3_5_0_8b": QWEN3_5_0_8B}
+
+    @classmethod
+    def build(cls, arch, seed=0, dtype=torch.float32):
+        tokenizer = qwen_tokenizer(chat_template=QWEN3_CHAT_TEMPLATE)
+        patch = arch.vision["patch_size"]
+        processor = qwen_processor(
+            tokenizer, arch.image["min_pixels"], arch.image["max_pixels"], Qwen3VLProcessor,
+            video_processor_cls=Qwen3VLVideoProcessor, video_options=dict(patch_size=patch),
+            image_options=dict(patch_size=patch, image_mean=[0.5] * 3, image_std=[0.5] * 3),
+        )
+        model = seeded_model(cls.model_class, qwen_config(cls.config_class, tokenizer, arch), seed, dtype)
+        return cls(model, processor, source=f"tiny:{cls.family}")
