@@ -311,7 +311,7 @@ def test_defaults_match_trl_config():
     ours = LossConfig()
     shared = [f.name for f in dataclasses.fields(LossConfig) if f.name in trl_defaults]
     shared = [n for n in shared if n not in ("epsilon_high", "max_completion_length")]  # resolved / derived
-    assert len(shared) == 24  # every TRL name the loss section takes, loss-specific ones included
+    assert len(shared) == 25  # every TRL name the loss section takes, loss-specific ones and router_aux_loss_coef included
     for name in shared:
         assert getattr(ours, name) == trl_defaults[name], name
     assert trl_defaults["epsilon_high"] is None and ours.epsilon_high == ours.epsilon

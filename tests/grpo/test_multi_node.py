@@ -93,8 +93,16 @@ def test_a_run_directory_one_machine_does_not_share_is_refused_at_the_start(tmp_
         assert lines, result.stderr[-3000:]
         assert f"{dirs[rank]} is not one directory for every process: process 1 (on " in lines[0]
         assert "did not see the file the main process" in lines[0]
-    assert sorted(p.name for p in dirs[0].iterdir()) == ["config.yaml"]  # the check's own file is gone
+    # the check's own file is gone; the run stopped before config.yaml (only the lock file of the refused start is left)
+    assert sorted(p.name for p in dirs[0].iterdir()) == [".run.lock"]
     assert not dirs[1].exists()  # nothing was written on machine 1
+
+
+class _Rows(list):
+    """A sample source whose every row is good: `pick` gives the row asked for."""
+
+    def pick(self, index: int) -> tuple[int, int]:
+        return index, self[index]
 
 
 @pytest.mark.parametrize("step", range(4))
@@ -103,7 +111,7 @@ def test_prompts_follow_the_global_rank(step):
     of its global rank, not of its rank on its machine."""
     def drawn(rank: int, local: int) -> list[int]:
         acc = SimpleNamespace(process_index=rank, local_process_index=local, num_processes=4)
-        stub = SimpleNamespace(accelerator=acc, dataset=list(range(100)), cfg=SimpleNamespace(
+        stub = SimpleNamespace(accelerator=acc, dataset=_Rows(range(100)), cfg=SimpleNamespace(
             data=SimpleNamespace(batch_size=3), seed=5))
         samples, indices = BaseTrainer._samples(stub, step)
         assert samples == indices

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from vlm_grpo.grpo.settings.fields import SettingError
 from vlm_grpo.bench.measure import FrameworkResult, PeakMemory, sync
 from vlm_grpo.bench.settings import BenchSettings
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
@@ -31,8 +32,8 @@ TRL_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "
 def check_frameworks(settings: BenchSettings) -> None:
     """Refuse, before anything is built, a loss that one of the frameworks asked for does not have."""
     if "trl" in settings.frameworks and settings.loss_type not in TRL_LOSS_TYPES:
-        raise ValueError(f"--loss-type {settings.loss_type}: TRL 1.16 has no such loss (it has "
-                         f"{', '.join(TRL_LOSS_TYPES)}); benchmark it alone with --frameworks vlm-grpo")
+        raise SettingError("loss_type", f"--loss-type {settings.loss_type}: TRL 1.16 has no such loss (it has "
+                           f"{', '.join(TRL_LOSS_TYPES)}); benchmark it alone with --frameworks vlm-grpo")
 
 
 def letter_share(completions, **_) -> list[float]:

@@ -57,12 +57,13 @@ def run(args) -> int:
     from vlm_grpo.bench.settings import BenchSettings
     from vlm_grpo.grpo.algorithm.losses import LOSSES
     from vlm_grpo.grpo.algorithm.losses.config import IMPORTANCE_SAMPLING_LEVELS
+    from vlm_grpo.grpo.settings.fields import SettingError
 
     if args.loss_type not in LOSSES:
-        raise ValueError(f"--loss-type {args.loss_type!r} is not a registered loss: {', '.join(sorted(LOSSES))}")
+        raise SettingError("loss_type", f"{args.loss_type!r} is not a registered loss: {', '.join(sorted(LOSSES))}")
     if args.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-        raise ValueError(f"--importance-sampling-level {args.importance_sampling_level!r} is not one of "
-                         f"{', '.join(IMPORTANCE_SAMPLING_LEVELS)}")
+        raise SettingError("importance_sampling_level", f"{args.importance_sampling_level!r} is not one of "
+                           f"{', '.join(IMPORTANCE_SAMPLING_LEVELS)}")
 
     settings = BenchSettings(
         model=args.model, batch_size=args.batch_size, num_generations=args.num_generations,

@@ -85,6 +85,9 @@ class Glm4vAdapter(Qwen2_5_VLAdapter):
     module_layout = LAYOUT
     tiny_architecture = TINY
     presets = {"glm4_1v_9b": GLM_4_1V_9B}
+    # GLM-4.1V's processor lays a video out as timestamped image-token frames inside <|begin_of_video|> ... which the
+    # video hooks do not map yet: video rows are refused by name (images, several per prompt, work)
+    takes_video = False
 
     @classmethod
     def build(cls, arch, seed=0, dtype=torch.float32):

@@ -127,16 +127,16 @@ class Checkpointed:
                 print(f"--resume: no complete checkpoint in {self.run_dir}; starting from step 0"
                       + (f" (dropped {dropped} logged steps that no checkpoint holds)" if dropped else ""))
             return
-        state = ckpt.read_states(self.resume_point)
-        changes = check_resume(state, _plain(cfg.to_dict()), checkpoint=str(self.resume_point), stage=self.stage,
-                               num_processes=self.accelerator.num_processes, accept=accept)
         written_sharded = shards.is_sharded_checkpoint(self.resume_point)
+        if written_sharded:  # one shard file per rank: no other process count can read them, accepted or not
+            process_checks.check_same_process_count(self.resume_point, self.accelerator.num_processes)
         if written_sharded != (self.sharding != "no"):
             written = "an FSDP run" if written_sharded else "a run without FSDP"
             raise SettingError("fsdp", f"{self.resume_point} was written by {written}: resume it with the same fsdp "
                                "setting and process count")
-        if written_sharded:  # one shard file per rank: no other process count can read them, accepted or not
-            process_checks.check_same_process_count(self.resume_point, self.accelerator.num_processes)
+        state = ckpt.read_states(self.resume_point)
+        changes = check_resume(state, _plain(cfg.to_dict()), checkpoint=str(self.resume_point), stage=self.stage,
+                               num_processes=self.accelerator.num_processes, accept=accept)
         self.run_history = [*state.get("history", []), history_entry(str(self.resume_point), int(state["step"]), changes)]
         if self.is_main and changes:
             print("\n".join(describe_history(self.run_history[-1:])))
