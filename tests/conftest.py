@@ -14,16 +14,17 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-from vlm_grpo.adapters.registry import families, family_class  # noqa: E402
+from vlm_grpo.adapters.registry import adapter_class, families  # noqa: E402
 
 
 def _families() -> list[str]:
-    return sorted(families())
+    extra = [t for t in os.environ.get("VLM_GRPO_TEST_TYPES", "").split(",") if t]
+    return sorted(families()) + extra
 
 
 @functools.lru_cache(maxsize=None)
 def tiny_adapter(family: str):
-    return family_class(family).tiny(seed=0)
+    return adapter_class(family).tiny(seed=0)
 
 
 @pytest.fixture(params=_families())

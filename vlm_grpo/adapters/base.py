@@ -241,11 +241,20 @@ class VLMAdapter(ABC):
         """group -> parameter names; every parameter belongs to exactly one group."""
         return group_parameters(self.module_layout, self.model, self.family)
 
+    def check_module_groups(self) -> None:
+        """Raise (one line naming the parameters) unless every parameter is in exactly one group."""
+        self.module_groups()
+
     # ================================================================ optional hooks (defaults)
     # tensors read only by the vision encoder: dropped once features are computed (sharing.text_side)
     pixel_keys: ClassVar[tuple[str, ...]] = ("pixel_values", "pixel_attention_mask")
     # token-shaped inputs the forward still needs beside `inputs_embeds` (e.g. token types behind the mask)
     embedding_forward_keys: ClassVar[tuple[str, ...]] = ()
+    # the faster paths of sharing.py hold for this model: image features encoded once and placed at the image
+    # tokens (`shares_features`); a prompt prefilled once, its KV cache expanded G times (`shares_prefix`).
+    # Family files prove them in the contract suite; the generic adapter measures them per model (calibrate.py).
+    shares_features: ClassVar[bool] = True
+    shares_prefix: ClassVar[bool] = True
 
     def _extra_suppressed_ids(self) -> list[int]:
         """Delimiter and layout tokens beside the image placeholder that the policy must not emit."""
