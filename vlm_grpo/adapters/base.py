@@ -21,6 +21,7 @@ from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch, image_parts
 from vlm_grpo.adapters.features import ImageFeatures
 from vlm_grpo.adapters.image_layout import ImageCell, LayoutFacts, token_runs
 from vlm_grpo.adapters.module_groups import ModuleLayout, group_parameters
+from vlm_grpo.adapters.quirks import CacheQuirk
 from vlm_grpo.images import prepare_sample_image
 
 Conversation = list[dict[str, Any]]
@@ -255,6 +256,8 @@ class VLMAdapter(ABC):
     # Family files prove them in the contract suite; the generic adapter measures them per model (calibrate.py).
     shares_features: ClassVar[bool] = True
     shares_prefix: ClassVar[bool] = True
+    # known generation-cache quirks by transformers version: `auto` skips the KV cache where one applies (compat/)
+    cache_quirks: ClassVar[tuple[CacheQuirk, ...]] = ()
 
     def _extra_suppressed_ids(self) -> list[int]:
         """Delimiter and layout tokens beside the image placeholder that the policy must not emit."""

@@ -79,6 +79,18 @@ def class_for_model_type(model_type: str, where: str = "") -> type[VLMAdapter]:
     )
 
 
+def composer_for(vision_type: str) -> type[VLMAdapter]:
+    """The family that composes hybrids from a vision donor of `vision_type` (`Composer.vision_donor_types`)."""
+    from vlm_grpo.adapters.assembly import UnsupportedPairing
+
+    composers = [cls for cls in families().values() if getattr(cls, "vision_donor_types", ())]
+    for cls in composers:
+        if vision_type in cls.vision_donor_types:
+            return cls
+    raise UnsupportedPairing(f"unsupported vision source model_type {vision_type!r}. Supported: "
+                             + "; ".join(cls.pairing for cls in composers))
+
+
 def all_presets() -> dict[str, type[VLMAdapter]]:
     """preset name -> the adapter class that builds it."""
     return {name: cls for cls in families().values() for name in cls.presets}

@@ -27,7 +27,7 @@ from vlm_grpo.adapters.generic.groups import check_layout, discover_layout
 from vlm_grpo.adapters.generic.layout import GenericLayout
 from vlm_grpo.adapters.generic.rows import alone_rows, sample_rows
 
-TEXT_KEYS = ("input_ids", "attention_mask")
+TEXT_KEYS = ("input_ids", "attention_mask", "labels")  # labels: a training target some processors add, never an input
 
 
 class GenericAdapter(GenericLayout, VLMAdapter):

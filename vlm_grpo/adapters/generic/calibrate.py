@@ -13,12 +13,13 @@ On a probe batch (two prompts of different lengths, so one is left-padded, with 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
 from PIL import Image, ImageDraw
 
-from vlm_grpo.adapters.batch import PromptBatch
+from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch
 from vlm_grpo.adapters.chat_templates import chatml_template
 from vlm_grpo.adapters.generic.support import GenericUnsupported
 from vlm_grpo.adapters.sharing import embed_with_features, generate_shared, image_features, text_side
@@ -80,11 +81,11 @@ def placeholders(processor) -> list[str]:
         if text(start) and text(end):
             out.append(text(start) + image + text(end))
     out += [t for t in (text("boi_token"), text("start_of_image_token"), text("image_start_token")) if t]
-    return list(dict.fromkeys(out))
+    return list(dict.fromkeys(out + ["<image>"]))  # the literal most processors replace in the text
 
 
 def _encode(adapter, conversations, images, twin: bool) -> tuple[PromptBatch, str | None]:
-    last: Exception | None = None
+    first: Exception | None = None
     param = next(adapter.model.parameters())
     for placeholder in placeholders(adapter.processor) if twin else [None]:
         if placeholder is not None:
@@ -99,9 +100,12 @@ def _encode(adapter, conversations, images, twin: bool) -> tuple[PromptBatch, st
             except GenericUnsupported:
                 raise
             except Exception as err:  # the processor refuses this layout, or its tokens disagree with the features
-                last = err
+                if first is None or (isinstance(err, ImageTokenMismatch) and not isinstance(first, ImageTokenMismatch)):
+                    first = err
+                if os.environ.get("VLM_GRPO_DEBUG_CALIBRATION"):
+                    print(f"calibrate {adapter.family} [{placeholder}] nested={nested}: {type(err).__name__}: {err}")
     raise GenericUnsupported(f"{adapter.family}: the processor's image tokens do not match the model's image features "
-                             f"({type(last).__name__}: {str(last).splitlines()[0] if str(last) else ''})")
+                             f"({type(first).__name__}: {str(first).splitlines()[0] if str(first) else ''})")
 
 
 def _greedy(adapter, batch: PromptBatch, use_cache: bool):

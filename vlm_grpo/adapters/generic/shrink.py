@@ -21,6 +21,7 @@ LAYERS = 2
 EXPERTS = 4
 EXPERTS_PER_TOKEN = 2
 PATCHES_PER_SIDE = 8  # the vision side's patch grid for a fixed-size image
+POOLED_TOKENS = (PATCHES_PER_SIDE // 2) ** 2  # image tokens of a model that pools an image to a fixed count
 
 WIDTH_KEYS = {
     "hidden_size", "embed_dim", "d_model", "hidden_dim", "width", "out_hidden_size", "text_hidden_size", "projection_dim",
@@ -51,6 +52,7 @@ EXPERT_KEYS = {"num_experts", "num_local_experts", "n_routed_experts", "moe_num_
 TOP_K_KEYS = {"num_experts_per_tok", "moe_topk", "moe_k", "top_k", "num_selected_experts", "experts_per_token"}
 SHARED_EXPERT_KEYS = {"moe_num_shared_experts", "n_shared_experts", "num_shared_experts"}
 GROUP_KEYS = {"n_group", "topk_group", "num_expert_group"}
+POOLED_KEYS = {"mm_tokens_per_image", "vision_soft_tokens_per_image"}
 LORA_RANK_KEYS = {"q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8}
 # lists indexing layers (of this config, or the vision side's for feature layers)
 INDEX_LIST_KEYS = {"fullatt_block_indexes", "deepstack_visual_indexes", "vision_feature_layer", "moe_layers",
@@ -123,6 +125,8 @@ def _shrunk_value(key: str, value: Any, old_heads: int | None):
             return HEAD_DIM
         if key in LORA_RANK_KEYS and value > LORA_RANK_KEYS[key]:
             return LORA_RANK_KEYS[key]
+        if key in POOLED_KEYS and value > POOLED_TOKENS:
+            return POOLED_TOKENS
         if key in LAYER_KEYS and value > LAYERS:
             return LAYERS
         if key in EXPERT_KEYS and value > EXPERTS:

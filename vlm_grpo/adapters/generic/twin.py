@@ -230,6 +230,11 @@ def bind_token_ids(config, processor, names: dict[str, list[tuple[Any, str]]]) -
     """Every token id the config declares points at that token of the twin's tokenizer; vocabularies fit it."""
     tokenizer = processor.tokenizer
     for name, fields in names.items():
+        own_id = getattr(processor, f"{name}_id", None)  # the id the processor itself writes for this token
+        if isinstance(own_id, int) and not isinstance(own_id, bool):
+            for node, key in fields:
+                setattr(node, key, own_id)
+            continue
         text = getattr(processor, name, None)
         if not isinstance(text, str):
             text = getattr(tokenizer, name, None) if isinstance(getattr(tokenizer, name, None), str) else _token_text(name)
