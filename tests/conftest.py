@@ -14,12 +14,19 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-from vlm_grpo.adapters.registry import adapter_class, families  # noqa: E402
+from vlm_grpo.adapters.generic.status import generic_types  # noqa: E402
+from vlm_grpo.adapters.registry import adapter_class, families, is_generic_type  # noqa: E402
 
 
 def _families() -> list[str]:
-    extra = [t for t in os.environ.get("VLM_GRPO_TEST_TYPES", "").split(",") if t]
-    return sorted(families()) + extra
+    return sorted(families())
+
+
+def contract_types() -> list[str]:
+    """Every family, and every model type recorded as passing through the generic adapter (adapters/generic/
+    model_types.json); `VLM_GRPO_CONTRACT_TYPES=a,b` (used by `vlm-grpo families --all --measure`) picks others."""
+    only = [t for t in os.environ.get("VLM_GRPO_CONTRACT_TYPES", "").split(",") if t]
+    return only or _families() + [t for t in generic_types() if is_generic_type(t)]
 
 
 @functools.lru_cache(maxsize=None)

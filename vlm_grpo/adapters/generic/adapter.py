@@ -21,8 +21,9 @@ import torch
 from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.base import VLMAdapter
 from vlm_grpo.adapters.batch import PromptBatch
-from vlm_grpo.adapters.features import flatten_pooled, hf_core, with_mask_positions
+from vlm_grpo.adapters.features import hf_core, with_mask_positions
 from vlm_grpo.adapters.generic import support
+from vlm_grpo.adapters.generic.support import GenericUnsupported
 from vlm_grpo.adapters.generic.groups import check_layout, discover_layout
 from vlm_grpo.adapters.generic.layout import GenericLayout
 from vlm_grpo.adapters.generic.rows import alone_rows, sample_rows
@@ -38,6 +39,7 @@ class GenericAdapter(GenericLayout, VLMAdapter):
     # decided by calibration (calibrate.py), per loaded model
     nested_images: bool = False
     mask_positions: bool = False
+    completion_token_type: int = 0  # the value token-shaped inputs take over a completion
 
     def __init__(self, model, processor, source: str = "", use_cache: bool | None = None,
                  calibrate: bool = True):
@@ -60,7 +62,15 @@ class GenericAdapter(GenericLayout, VLMAdapter):
     def build(cls, arch=None, seed: int = 0, dtype: torch.dtype = torch.float32) -> "GenericAdapter":
         from vlm_grpo.adapters.generic.twin_model import build_twin
 
-        model, processor = build_twin(cls.family, cls.model_class, seed=seed, dtype=dtype)
+        from vlm_grpo.adapters.generic.twin import TwinError
+
+        try:
+            model, processor = build_twin(cls.family, cls.model_class, seed=seed, dtype=dtype)
+        except (TwinError, GenericUnsupported):
+            raise
+        except Exception as err:  # anything else the type's classes raise: named, in one line
+            raise TwinError(f"{cls.family}: its tiny twin cannot be built ({type(err).__name__}: "
+                            f"{(str(err).splitlines() or [''])[0][:160]})") from err
         return cls(model, processor, source=f"tiny:{cls.family}")
 
     # ---------------------------------------------------------------- tokens
@@ -74,12 +84,16 @@ class GenericAdapter(GenericLayout, VLMAdapter):
     # ---------------------------------------------------------------- encoding
     def _process(self, texts, images):
         kwargs: dict[str, Any] = {"padding": True, "return_tensors": "pt"}
-        if "mm_token_type_ids" in getattr(self.processor, "model_input_names", ()):
+        if "mm_token_type_ids" in getattr(self.processor, "model_input_names", ()) and self._forward_takes(
+                "mm_token_type_ids"):
             kwargs["return_mm_token_type_ids"] = True  # rotary index and token types are built from them
         if not any(images):
             return self.processor(text=texts, **kwargs)
         pictures = [list(s) for s in images] if self.nested_images else [img for s in images for img in s]
         return self.processor(text=texts, images=pictures, **kwargs)
+
+    def _forward_takes(self, name: str) -> bool:
+        return name in inspect.signature(type(hf_core(self.model)).forward).parameters
 
     def _run_processor(self, texts, images):
         features = self._process(texts, images)
@@ -96,7 +110,10 @@ class GenericAdapter(GenericLayout, VLMAdapter):
         tensors = {k: v for k, v in features.items() if isinstance(v, torch.Tensor) and k not in TEXT_KEYS}
         token_keys = tuple(k for k, v in tensors.items() if tuple(v.shape) == shape)
         mm_rows = {k: [1] * shape[0] for k in token_keys}
-        mm_rows.update(sample_rows(self.family, {k: v for k, v in tensors.items() if k not in token_keys}, self._alone))
+        image_side, image_rows = sample_rows(self.family, {k: v for k, v in tensors.items() if k not in token_keys},
+                                             self._alone)
+        tensors = {**{k: tensors[k] for k in token_keys}, **image_side}
+        mm_rows.update(image_rows)
         batch = PromptBatch(input_ids=features["input_ids"], attention_mask=features["attention_mask"], mm=tensors,
                             mm_rows=mm_rows, image_spans=[[(0, 0)] * len(s) for s in images], token_keys=token_keys)
         return self.with_image_spans(batch)
@@ -127,20 +144,15 @@ class GenericAdapter(GenericLayout, VLMAdapter):
                       for k, v in vision.items()}
             with torch.no_grad():
                 out = owner.get_image_features(**inputs, return_dict=True)
-            pooled = getattr(out, "pooler_output", None)
-            pooled = out if pooled is None and isinstance(out, (torch.Tensor, list, tuple)) else pooled
-            if isinstance(pooled, (list, tuple)):
-                per_image = [int(p.reshape(-1, p.shape[-1]).shape[0]) for p in pooled]
-            elif pooled.dim() == 3:
-                per_image = [int(pooled.shape[1])] * int(pooled.shape[0])
-            else:
-                per_image = [int(flatten_pooled(pooled).shape[0])]
+            per_image = support.features_per_image(out, self.family)
             self._features_per_shape[signature] = per_image
         return self._features_per_shape[signature]
 
     # ---------------------------------------------------------------- forward
     def completion_inputs(self, batch, completion_ids, completion_mask):
         inputs = super().completion_inputs(batch, completion_ids, completion_mask)
+        for key in batch.token_keys:  # completion tokens get the value calibration found (0, or 1 for a suffix)
+            inputs[key][:, batch.input_ids.shape[1]:] = self.completion_token_type
         # generate() counts positions from the attention mask; where the model's own forward counts pads instead,
         # calibration found it and the teacher-forced forward gets generate()'s positions
         return with_mask_positions(inputs) if self.mask_positions else inputs

@@ -4,7 +4,8 @@ On a probe batch (two prompts of different lengths, so one is left-padded, with 
 1. encoding: images passed flat or nested per sample (and, for a tiny twin, which placeholder the chat template
    writes), the first way whose image tokens equal the model's image features and whose plain forward runs;
 2. positions: the teacher-forced forward must give the logits `generate()` gave; with the model's own positions,
-   else with generate()'s (counted from the attention mask); neither is a refusal;
+   else with generate()'s (counted from the attention mask), and token-type inputs over the completion 0 (text),
+   else 1 (a prefix-LM's suffix); none of these is a refusal;
 3. shared image features (encode each image once for its G sequences): used only if the forward with the
    features placed at the image tokens gives the same logits as the plain one;
 4. shared prompt prefix (prefill once, expand the KV cache G times): used only if generation from it gives the
@@ -114,6 +115,16 @@ def _greedy(adapter, batch: PromptBatch, use_cache: bool):
 
 
 def calibrate(adapter) -> Calibration:
+    try:
+        return _calibrate(adapter)
+    except GenericUnsupported:
+        raise
+    except Exception as err:  # the model failed on the probe in a way no rule covers: named, in one line
+        raise GenericUnsupported(f"{adapter.family}: calibration failed ({type(err).__name__}: "
+                                 f"{(str(err).splitlines() or [''])[0][:160]})") from err
+
+
+def _calibrate(adapter) -> Calibration:
     twin = adapter.source.startswith("tiny:")
     param = next(adapter.model.parameters())
     conversations, images = probe_inputs()
@@ -122,8 +133,9 @@ def calibrate(adapter) -> Calibration:
         completion, logits = _greedy(adapter, batch, use_cache=False)
         ones = torch.ones_like(completion)
         forced = None
-        for mask in (False, True):
-            adapter.mask_positions = mask
+        fills = (0, 1) if batch.token_keys else (0,)  # token types over a completion: text (0), or a suffix (1)
+        for mask, fill in [(m, f) for m in (False, True) for f in fills]:
+            adapter.mask_positions, adapter.completion_token_type = mask, fill
             forced = completion_logits(adapter, batch, completion, ones)
             if _close(forced, logits, param.dtype):
                 break

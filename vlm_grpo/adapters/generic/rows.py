@@ -25,19 +25,24 @@ def alone_rows(adapter, texts: list[str], images: list[list], keys: list[str]) -
     return rows
 
 
-def sample_rows(model_type: str, tensors: dict[str, torch.Tensor], alone: list[dict[str, int]]) -> dict[str, list[int]]:
+def sample_rows(model_type: str, tensors: dict[str, torch.Tensor], alone: list[dict[str, int]]
+                ) -> tuple[dict[str, torch.Tensor], dict[str, list[int]]]:
+    """(the tensors, each sample's rows of them). A tensor padded per sample keeps only the rows of samples with
+    images: a sample without any owns none (a model given an all-padding image row may not cope)."""
     samples = len(alone)
-    out = {}
+    kept, rows = {}, {}
     for key, tensor in tensors.items():
         total = int(tensor.shape[0]) if tensor.dim() else 0
         concatenated = [a.get(key, 0) for a in alone]
         if sum(concatenated) == total:
-            out[key] = concatenated
+            kept[key], rows[key] = tensor, concatenated
         elif total == samples:
-            out[key] = [1] * samples
+            owners = [i for i in range(samples) if alone[i]]
+            kept[key] = tensor if len(owners) == samples else tensor[torch.tensor(owners, dtype=torch.long)]
+            rows[key] = [1 if alone[i] else 0 for i in range(samples)]
         else:
             raise GenericUnsupported(
                 f"{model_type}: the processor's {key!r} has {total} rows for {samples} samples, neither the samples' "
                 f"own rows ({concatenated}) nor one per sample; it cannot be regrouped per prompt"
             )
-    return out
+    return kept, rows

@@ -13,13 +13,14 @@ import math
 from typing import Any
 
 WIDTH = 64  # every hidden width, vision and text alike
-FFN = 128  # every feed-forward width
+FFN = 4 * WIDTH  # every feed-forward width (4x: a pixel shuffle of ratio 1/2 feeds the hidden width x 4 into it)
 MOE_FFN = 32  # an expert's feed-forward width
 HEADS = 4
 HEAD_DIM = WIDTH // HEADS
 LAYERS = 2
 EXPERTS = 4
 EXPERTS_PER_TOKEN = 2
+SLIDING_WINDOW = 32  # shorter than the probe prompts, so sliding layers really slide
 PATCHES_PER_SIDE = 8  # the vision side's patch grid for a fixed-size image
 POOLED_TOKENS = (PATCHES_PER_SIDE // 2) ** 2  # image tokens of a model that pools an image to a fixed count
 
@@ -96,6 +97,10 @@ def _shrink_node(node) -> None:
         new = _shrunk_value(key, value, old_heads)
         if new is not _KEEP:
             setattr(node, key, new)
+    kinds = getattr(node, "layer_types", None)
+    if "sliding_window" in vars(node) and node.sliding_window is None and isinstance(kinds, (list, tuple)) \
+            and any("sliding" in str(k) for k in kinds):
+        node.sliding_window = SLIDING_WINDOW  # sliding layers with no window set
     new_layers = _layer_count(node)
     if old_layers and new_layers and new_layers != old_layers:
         _shrink_layer_lists(node, old_layers, new_layers)
@@ -115,13 +120,13 @@ def _shrunk_value(key: str, value: Any, old_heads: int | None):
             return FFN
         if key in MOE_FFN_KEYS and value > MOE_FFN:
             return MOE_FFN
-        if key in HEAD_KEYS and value > HEADS:
+        if (key in HEAD_KEYS or key.endswith("_num_heads") or key.endswith("_n_heads")) and value > HEADS:
             return HEADS
         if key in KV_HEAD_KEYS:
             if old_heads and value >= old_heads:
                 return HEADS
             return min(value, 2)
-        if key in HEAD_DIM_KEYS and value > HEAD_DIM:
+        if (key in HEAD_DIM_KEYS or (key.endswith("_head_dim") and key not in LORA_RANK_KEYS)) and value > HEAD_DIM:
             return HEAD_DIM
         if key in LORA_RANK_KEYS and value > LORA_RANK_KEYS[key]:
             return LORA_RANK_KEYS[key]
@@ -148,12 +153,12 @@ def _shrunk_value(key: str, value: Any, old_heads: int | None):
 def _shrink_layer_lists(node, old: int, new: int) -> None:
     """Per-layer lists cut to the new depth (every distinct kind kept); layer-index lists mapped onto it."""
     for key, value in list(vars(node).items()):
-        if key.startswith("_") or not isinstance(value, list):
+        if key.startswith("_") or not isinstance(value, (list, tuple)):
             continue
         if key in INDEX_LIST_KEYS:
-            setattr(node, key, _mapped_indices(value, old, new))
+            setattr(node, key, type(value)(_mapped_indices(list(value), old, new)))
         elif len(value) == old:
-            setattr(node, key, _cut_keeping_kinds(value, new))
+            setattr(node, key, type(value)(_cut_keeping_kinds(list(value), new)))
 
 
 def _cut_keeping_kinds(values: list, new: int) -> list:
@@ -187,8 +192,8 @@ def _fix_feature_layers(config) -> None:
         value = getattr(config, key, None)
         if isinstance(value, int) and not isinstance(value, bool):
             setattr(config, key, max(value, -depth) if value < 0 else min(value, depth - 1))
-        elif isinstance(value, list) and all(isinstance(v, int) for v in value):
-            setattr(config, key, [max(v, -depth) if v < 0 else min(v, depth - 1) for v in value])
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
+            setattr(config, key, type(value)(max(v, -depth) if v < 0 else min(v, depth - 1) for v in value))
 
 
 def _rescaled_rope(rope: dict, old_head_dim: int) -> dict:

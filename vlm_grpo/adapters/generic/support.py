@@ -95,3 +95,20 @@ def layout_token_ids(config, processor, keep: set[int]) -> list[int]:
                 ids.add(token_id)
     vocab = len(tokenizer)
     return sorted(i for i in ids if 0 <= i < max(vocab, config.get_text_config().vocab_size or 0) and i not in keep)
+
+
+def features_per_image(out, model_type: str) -> list[int]:
+    """Image features per image in what `get_image_features` returned: its pooled (projected) features, else its
+    last hidden state (features before the projector: the same count)."""
+    import torch
+
+    pooled = getattr(out, "pooler_output", None)
+    if pooled is None:
+        pooled = out if isinstance(out, (torch.Tensor, list, tuple)) else getattr(out, "last_hidden_state", None)
+    if isinstance(pooled, (list, tuple)):
+        return [int(p.reshape(-1, p.shape[-1]).shape[0]) for p in pooled]
+    if not isinstance(pooled, torch.Tensor):
+        raise GenericUnsupported(f"{model_type}: get_image_features returns no features to count")
+    if pooled.dim() == 3:
+        return [int(pooled.shape[1])] * int(pooled.shape[0])
+    return [int(pooled.reshape(-1, pooled.shape[-1]).shape[0])]

@@ -177,8 +177,9 @@ def _matched_config(part, config) -> dict[str, Any]:
             if getattr(part, key, None) is not None and _config_value(config, key) is not None}
 
 
-def _processor_kwargs(cls, config) -> dict[str, Any]:
-    """`__init__` arguments of the processor that the model config also holds (patch size, feature strategy...)."""
+def _processor_kwargs(cls, config, side: int) -> dict[str, Any]:
+    """`__init__` arguments of the processor that the model config also holds (patch size, feature strategy...),
+    and its own image size at the twin's."""
     skip = {"self", "chat_template", "kwargs", "args", *cls.get_attributes()}
     kwargs = {}
     for name in inspect.signature(cls.__init__).parameters:
@@ -187,6 +188,8 @@ def _processor_kwargs(cls, config) -> dict[str, Any]:
         value = _config_value(config, name)
         if value is not None:
             kwargs[name] = value
+        elif name in ("img_size", "image_size"):
+            kwargs[name] = side
     return kwargs
 
 
@@ -196,7 +199,7 @@ def build_processor(model_type: str, config, tokens: TwinTokens, image_part_of, 
     names = auto_names(model_type)
     cls = _transformers_class(names["processor"], "processor", model_type)
     patch = side // PATCHES_PER_SIDE
-    kwargs = _processor_kwargs(cls, config)
+    kwargs = _processor_kwargs(cls, config, side)
     for _ in range(12):
         tokenizer = tokens.tokenizer(chatml_template("<image>"))
         try:

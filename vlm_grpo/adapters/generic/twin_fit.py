@@ -14,6 +14,8 @@ import inspect
 import torch
 from PIL import Image
 
+from vlm_grpo.adapters.generic.support import features_per_image
+
 COUNT_NAMES = ("image_seq_len", "image_seq_length", "num_image_tokens", "image_tokens", "num_query_tokens",
                "tokens_per_image", "mm_tokens_per_image")
 EXTRA_NAMES = ("num_additional_image_tokens",)
@@ -39,15 +41,17 @@ def model_features(model, processor, side: int) -> int | None:
              if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     try:
         pixels = processor.image_processor(images=[_image(side)], return_tensors="pt")
-        inputs = {k: v for k, v in pixels.items() if k in names and isinstance(v, torch.Tensor)}
+        dtype = next(model.parameters()).dtype  # some image processors hand out bfloat16 pixels
+        inputs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in pixels.items()
+                  if k in names and isinstance(v, torch.Tensor)}
         with torch.no_grad():
             out = owner.get_image_features(**inputs, return_dict=True)
     except Exception:  # the image processor's output alone does not drive the feature function
         return None
-    pooled = getattr(out, "pooler_output", None)
-    if isinstance(pooled, (list, tuple)):
-        return sum(int(p.reshape(-1, p.shape[-1]).shape[0]) for p in pooled)
-    return int(pooled.reshape(-1, pooled.shape[-1]).shape[0]) if isinstance(pooled, torch.Tensor) else None
+    try:
+        return sum(features_per_image(out, ""))
+    except ValueError:
+        return None
 
 
 def processor_tokens(processor, image_token_id: int, side: int) -> int | None:
@@ -57,6 +61,30 @@ def processor_tokens(processor, image_token_id: int, side: int) -> int | None:
     except Exception:
         return None
     return int((out["input_ids"] == image_token_id).sum())
+
+
+def rebind_image_token(model, processor, image_token_id: int, side: int) -> int:
+    """The id a processor really writes once per image feature: where it expands its placeholder into another token
+    (a patch token) that many times, the config's image id follows it. Returns the id in force."""
+    features = model_features(model, processor, side)
+    text = getattr(processor, "image_token", None) or "<image>"
+    try:
+        ids = processor(text=[text], images=[_image(side)], return_tensors="pt")["input_ids"].flatten().tolist()
+    except Exception:
+        return image_token_id
+    special = set(processor.tokenizer.added_tokens_decoder)
+    counts = {i: ids.count(i) for i in set(ids) if i in special}
+    if features is None or counts.get(image_token_id, 0) == features:
+        return image_token_id
+    matching = [i for i, n in counts.items() if n == features]
+    if len(matching) != 1:
+        return image_token_id
+    written = matching[0]
+    for node in [model.config] + [v for v in vars(model.config).values() if hasattr(v, "to_dict")]:
+        for key, value in list(vars(node).items()):
+            if value == image_token_id and isinstance(value, int) and "image_token" in key:
+                setattr(node, key, written)
+    return written
 
 
 def _owners(processor) -> list:

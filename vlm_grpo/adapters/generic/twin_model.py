@@ -20,7 +20,7 @@ from vlm_grpo.adapters.generic.twin import (
     set_vision_image_size,
 )
 from vlm_grpo.adapters.generic.support import check_generation, image_token_id
-from vlm_grpo.adapters.generic.twin_fit import fit_token_counts
+from vlm_grpo.adapters.generic.twin_fit import fit_token_counts, rebind_image_token
 from vlm_grpo.adapters.seeding import seeded_model
 
 # a rotary split the modeling code falls back to when the config has none: `rope_parameters.get("mrope_section", [..])`
@@ -112,7 +112,8 @@ def build_twin(model_type: str, model_class: type, seed: int = 0, dtype: torch.d
         raise TwinError(f"{model_type}: the shrunk config does not build a model ({type(err).__name__}: "
                         f"{str(err).splitlines()[0][:160]})") from None
     check_generation(model_type, model)
-    fit_token_counts(model, processor, image_token_id(model.config, processor, model_type), side)
+    token_id = rebind_image_token(model, processor, image_token_id(model.config, processor, model_type), side)
+    fit_token_counts(model, processor, token_id, side)
     tokenizer = processor.tokenizer
     model.generation_config.eos_token_id = [tokenizer.eos_token_id]
     model.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -127,7 +127,8 @@ def group_scores(
     import contextlib
 
     model = adapter.model if model is None else model
-    if not share_features:
+    share_prompt = share_prompt and adapter.shares_prefix  # only where the adapter proved them for this model
+    if not share_features or not adapter.shares_features:
         return score_completions(adapter, prompts.select(prompt_index), completion_ids, completion_mask, model=model,
                                  **options)
     distinct = sorted(set(prompt_index))

@@ -33,9 +33,21 @@ class ModelConfig:
     trust_remote_code: bool = setting(False, help="run code shipped with a checkpoint")
     allow_pickle_weights: bool = setting(False, help="also load pickled .bin weights (only safetensors otherwise)")
     init_from: str | None = setting(None, help="a checkpoint to start from (e.g. an SFT run's final/); wins over name")
+    module_groups: dict[str, list[str]] = setting(factory=dict, help="regexes per module group replacing the adapter's "
+                                                  "(e.g. {vision: [model\\.audio_tower\\.]}), for a model whose "
+                                                  "structure the generic adapter cannot group")
 
     def __post_init__(self) -> None:
         check_fields(self)
+        for group, patterns in self.module_groups.items():
+            if group not in MODULE_GROUPS:
+                raise SettingError("module_groups", f"unknown group {group!r}; groups are {', '.join(MODULE_GROUPS)}")
+            for pattern in [patterns] if isinstance(patterns, str) else patterns:
+                try:
+                    re.compile(pattern)
+                except re.error as err:
+                    raise SettingError("module_groups", f"{group}: {pattern!r} is not a regex ({err})") from None
+            self.module_groups[group] = [patterns] if isinstance(patterns, str) else list(patterns)
 
 
 @dataclass
