@@ -12,7 +12,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         required=True,
-        help="tiny:FAMILY | preset:NAME | pretrained:NAME | FAMILY:PATH_OR_HUB_ID | PATH (family read from config.model_type)",
+        help="tiny:FAMILY|TYPE | preset:NAME | pretrained:NAME | FAMILY:PATH_OR_HUB_ID | TYPE:PATH | PATH (family read "
+        "from config.model_type; a model type without a family file goes to the generic adapter)",
     )
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 (checkpoints and presets)")

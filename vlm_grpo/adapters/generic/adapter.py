@@ -107,7 +107,9 @@ class GenericAdapter(GenericLayout, VLMAdapter):
 
     def _to_batch(self, features, images) -> PromptBatch:
         shape = tuple(features["input_ids"].shape)
-        tensors = {k: v for k, v in features.items() if isinstance(v, torch.Tensor) and k not in TEXT_KEYS}
+        dtype = next(self.model.parameters()).dtype  # some image processors hand out bfloat16 pixels
+        tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in features.items()
+                   if isinstance(v, torch.Tensor) and k not in TEXT_KEYS}
         token_keys = tuple(k for k, v in tensors.items() if tuple(v.shape) == shape)
         mm_rows = {k: [1] * shape[0] for k in token_keys}
         image_side, image_rows = sample_rows(self.family, {k: v for k, v in tensors.items() if k not in token_keys},

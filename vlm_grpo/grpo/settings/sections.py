@@ -23,8 +23,8 @@ TRACKERS = ("tensorboard", "wandb", "mlflow")  # accelerate's trackers; each is 
 
 @dataclass
 class ModelConfig:
-    name: str = setting("pretrained:shapes-tiny", help="the model: pretrained:NAME | tiny:FAMILY | preset:NAME | "
-                        "FAMILY:PATH_OR_HUB_ID | PATH (= --model)")
+    name: str = setting("pretrained:shapes-tiny", help="the model: pretrained:NAME | tiny:FAMILY|TYPE | preset:NAME | "
+                        "FAMILY:PATH_OR_HUB_ID | TYPE:PATH | PATH (= --model)")
     dtype: str = setting("auto", help="weights dtype of checkpoints and presets", choices=("auto", "float32", "bfloat16", "float16"))
     device: str | None = setting(None, help="cpu, cuda, cuda:1 ... (None: cuda if available, else cpu)")
     attn_implementation: str | None = setting(None, help="eager | sdpa | flash_attention_2 (None: the model's default)")
