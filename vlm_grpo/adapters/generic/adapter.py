@@ -23,10 +23,10 @@ from vlm_grpo.adapters.base import VLMAdapter
 from vlm_grpo.adapters.batch import PromptBatch
 from vlm_grpo.adapters.features import hf_core, with_mask_positions
 from vlm_grpo.adapters.generic import support
-from vlm_grpo.adapters.generic.support import GenericUnsupported
 from vlm_grpo.adapters.generic.groups import check_layout, discover_layout
 from vlm_grpo.adapters.generic.layout import GenericLayout
 from vlm_grpo.adapters.generic.rows import alone_rows, sample_rows
+from vlm_grpo.adapters.generic.support import GenericUnsupported
 
 TEXT_KEYS = ("input_ids", "attention_mask", "labels")  # labels: a training target some processors add, never an input
 
@@ -35,14 +35,12 @@ class GenericAdapter(GenericLayout, VLMAdapter):
     """One subclass per model type (`generic_adapter_class`); instances calibrate themselves on construction."""
 
     tiny_architecture: ClassVar[Architecture] = Architecture(vision={}, text={}, note="the type's default config, shrunk")
-    generic: ClassVar[bool] = True
     # decided by calibration (calibrate.py), per loaded model
     nested_images: bool = False
     mask_positions: bool = False
     completion_token_type: int = 0  # the value token-shaped inputs take over a completion
 
-    def __init__(self, model, processor, source: str = "", use_cache: bool | None = None,
-                 calibrate: bool = True):
+    def __init__(self, model, processor, source: str = "", use_cache: bool | None = None, calibrate: bool = True):
         super().__init__(model, processor, source=source, use_cache=use_cache)
         support.check_generation(self.family, model)
         # found from the structure; checked by `check_module_groups` once any `model.module_groups` override is in
@@ -60,9 +58,8 @@ class GenericAdapter(GenericLayout, VLMAdapter):
     # ---------------------------------------------------------------- construction
     @classmethod
     def build(cls, arch=None, seed: int = 0, dtype: torch.dtype = torch.float32) -> "GenericAdapter":
-        from vlm_grpo.adapters.generic.twin_model import build_twin
-
         from vlm_grpo.adapters.generic.twin import TwinError
+        from vlm_grpo.adapters.generic.twin_model import build_twin
 
         try:
             model, processor = build_twin(cls.family, cls.model_class, seed=seed, dtype=dtype)

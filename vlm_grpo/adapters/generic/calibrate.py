@@ -14,7 +14,8 @@ On a probe batch (two prompts of different lengths, so one is left-padded, with 
 
 from __future__ import annotations
 
-import os
+import logging
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +28,8 @@ from vlm_grpo.adapters.sharing import embed_with_features, generate_shared, imag
 from vlm_grpo.adapters.teacher_forcing import completion_logits
 
 STEPS = 3
+MISMATCH = re.compile(r"holds (\d+) image tokens but its images give (\d+) image features")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -103,10 +106,15 @@ def _encode(adapter, conversations, images, twin: bool) -> tuple[PromptBatch, st
             except Exception as err:  # the processor refuses this layout, or its tokens disagree with the features
                 if first is None or (isinstance(err, ImageTokenMismatch) and not isinstance(first, ImageTokenMismatch)):
                     first = err
-                if os.environ.get("VLM_GRPO_DEBUG_CALIBRATION"):
-                    print(f"calibrate {adapter.family} [{placeholder}] nested={nested}: {type(err).__name__}: {err}")
-    raise GenericUnsupported(f"{adapter.family}: the processor's image tokens do not match the model's image features "
-                             f"({type(first).__name__}: {str(first).splitlines()[0] if str(first) else ''})")
+                log.debug("calibrate %s [%s] nested=%s: %s: %s", adapter.family, placeholder, nested,
+                          type(err).__name__, err)
+    counts = MISMATCH.search(str(first)) if isinstance(first, ImageTokenMismatch) else None
+    if counts:
+        raise GenericUnsupported(f"{adapter.family}: the processor's image tokens do not match the model's image "
+                                 f"features ({counts.group(1)} image tokens in a probe prompt, {counts.group(2)} "
+                                 "features from get_image_features)")
+    raise GenericUnsupported(f"{adapter.family}: the probe prompts do not encode and run through the model "
+                             f"({type(first).__name__}: {(str(first).splitlines() or [''])[0][:160]})")
 
 
 def _greedy(adapter, batch: PromptBatch, use_cache: bool):
