@@ -1,9 +1,9 @@
 """`compose`: load a vision donor and a language donor, assemble the hybrid (the pairing family's file, found by
 the vision donor's model type; shared pieces in adapters/assembly.py), save it.
 
-The vision donor is any `--model` value of a Qwen2.5-VL-classes family (a checkpoint directory or hub id,
-`FAMILY:PATH`, `tiny:...`, `preset:...`, loaded by the one loader) or a SigLIP/CLIP checkpoint; the
-language donor is a causal-LM checkpoint or a GGUF file (vlm_grpo/gguf.py: a .gguf file, a directory holding
+The vision donors are the ones a hybrid family declares (`Composer.vision_donor_types`): a whole VLM, given as any
+`--model` value and loaded by the one loader when its pairing asks for it (families/hybrid.py), or a vision-model
+checkpoint (families/hybrid_llava.py); the language donor is a causal-LM checkpoint or a GGUF file (vlm_grpo/gguf.py: a .gguf file, a directory holding
 one, or a bundled name such as `smollm2`), read as float weights. The output is an ordinary checkpoint
 (`--model hybrid:DIR`).
 """
@@ -36,8 +36,10 @@ def compose(vision_src: str, llm_src: str, out_dir: str, seed: int = 0) -> Path:
     else:
         lm = AutoModelForCausalLM.from_pretrained(llm_src, dtype="auto")
         lm_tokenizer = AutoTokenizer.from_pretrained(llm_src)
-    donor = lambda: load_model(vision_src, seed=seed, dtype="auto", device="cpu", decide_cache=False)  # noqa: E731
-    result = composer.assemble_from(vision_spec.name, lm, lm_tokenizer, seed, donor)
+    def vision_donor():  # a whole VLM as the donor (the Qwen pairing), loaded only by a pairing that needs it
+        return load_model(vision_src, seed=seed, dtype="auto", device="cpu", decide_cache=False)
+
+    result = composer.assemble_from(vision_spec.name, lm, lm_tokenizer, seed, vision_donor)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     result.model.save_pretrained(out)

@@ -62,8 +62,8 @@ def adapter_class(name: str) -> type[VLMAdapter]:
         return MODEL_TYPES[name]
     if name in image_text_types():
         return generic_adapter_class(name)
-    raise ValueError(f"unknown model family or type {name!r}; families: {', '.join(sorted(FAMILIES))}; or any "
-                     "image-text-to-text model type of transformers (`vlm-grpo families --all` lists them)")
+    raise ValueError(f"unknown model family {name!r}, nor an image-text-to-text model type of transformers "
+                     f"(`vlm-grpo families --all` lists them); families: {', '.join(sorted(FAMILIES))}")
 
 
 def class_for_model_type(model_type: str, where: str = "") -> type[VLMAdapter]:
