@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from vlm_grpo.adapters.generic.shrink import HEAD_DIM, is_config, shrink_config, sub_configs
+from vlm_grpo.adapters.generic.shrink import HEAD_DIM, shrink_config, sub_configs
 from vlm_grpo.adapters.generic.twin import (
     TwinError,
     TwinTokens,
@@ -120,5 +120,3 @@ def build_twin(model_type: str, model_class: type, seed: int = 0, dtype: torch.d
     model.generation_config.bos_token_id = tokenizer.pad_token_id
     return model, processor
 
-
-__all__ = ["build_twin", "default_config", "is_config"]
