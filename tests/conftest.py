@@ -14,16 +14,24 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-from vlm_grpo.adapters.registry import families, family_class  # noqa: E402
+from vlm_grpo.adapters.generic.status import generic_types  # noqa: E402
+from vlm_grpo.adapters.registry import adapter_class, families, is_generic_type  # noqa: E402
 
 
 def _families() -> list[str]:
     return sorted(families())
 
 
+def contract_types() -> list[str]:
+    """Every family, and every model type recorded as passing through the generic adapter (adapters/generic/
+    model_types.json); `VLM_GRPO_CONTRACT_TYPES=a,b` (used by `vlm-grpo families --all --measure`) picks others."""
+    only = [t for t in os.environ.get("VLM_GRPO_CONTRACT_TYPES", "").split(",") if t]
+    return only or _families() + [t for t in generic_types() if is_generic_type(t)]
+
+
 @functools.lru_cache(maxsize=None)
 def tiny_adapter(family: str):
-    return family_class(family).tiny(seed=0)
+    return adapter_class(family).tiny(seed=0)
 
 
 @pytest.fixture(params=_families())
@@ -38,7 +46,7 @@ def adapter(family):
 
 # Markers whose tests run only when asked for by name (`pytest -m NAME`): full matrices too slow for `make test`,
 # each with a fast representative subset in the default run.
-OPT_IN_MARKERS = ("tools_matrix", "multinode")
+OPT_IN_MARKERS = ("tools_matrix", "multinode", "generic_matrix")
 
 
 def pytest_collection_modifyitems(config, items):

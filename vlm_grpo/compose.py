@@ -1,8 +1,9 @@
-"""`compose`: load a vision donor and a language donor, assemble the hybrid (adapters/assembly.py), save it.
+"""`compose`: load a vision donor and a language donor, assemble the hybrid (the pairing family's file, found by
+the vision donor's model type; shared pieces in adapters/assembly.py), save it.
 
-The vision donor is any `--model` value of a Qwen2.5-VL-classes family (a checkpoint directory or hub id,
-`FAMILY:PATH`, `tiny:...`, `preset:...`, loaded by the one loader) or a SigLIP/CLIP checkpoint; the
-language donor is a causal-LM checkpoint or a GGUF file (vlm_grpo/gguf.py: a .gguf file, a directory holding
+The vision donors are the ones a hybrid family declares (`Composer.vision_donor_types`): a whole VLM, given as any
+`--model` value and loaded by the one loader when its pairing asks for it (families/hybrid.py), or a vision-model
+checkpoint (families/hybrid_llava.py); the language donor is a causal-LM checkpoint or a GGUF file (vlm_grpo/gguf.py: a .gguf file, a directory holding
 one, or a bundled name such as `smollm2`), read as float weights. The output is an ordinary checkpoint
 (`--model hybrid:DIR`).
 """
@@ -10,43 +11,35 @@ one, or a bundled name such as `smollm2`), read as float weights. The output is 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from vlm_grpo.adapters.assembly import (
-    QWEN_VISION_TYPES,
-    assemble_llava,
-    assemble_qwen,
-    check_pairing,
-    vision_part,
-)
-from vlm_grpo.adapters.model_spec import ModelSpec, parse_model_spec
 from vlm_grpo.adapters.model_dirs import read_model_type
-from vlm_grpo.adapters.registry import all_presets, family_class
+from vlm_grpo.adapters.model_spec import ModelSpec, parse_model_spec
+from vlm_grpo.adapters.registry import adapter_class, all_presets, composer_for
 from vlm_grpo.gguf import find_gguf, gguf_model_type, load_gguf
 from vlm_grpo.loader import load_model
 
 
 def compose(vision_src: str, llm_src: str, out_dir: str, seed: int = 0) -> Path:
-    """Build the hybrid of `vision_src` + `llm_src` and save it (model, processor, tokenizer) in `out_dir`."""
+    """Build the hybrid of `vision_src` + `llm_src` and save it (model, processor, tokenizer) in `out_dir`.
+
+    The family that pairs with the vision donor's `model_type` is found through the registry (each hybrid family
+    declares its vision donors); it checks the LM before anything large loads, then assembles."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     vision_spec = parse_model_spec(vision_src)
     vision_type = _model_type(vision_spec)
+    composer = composer_for(vision_type)
     gguf = find_gguf(llm_src)
-    check_pairing(vision_type, gguf_model_type(gguf) if gguf else read_model_type(llm_src))  # before loading anything large
+    composer.check_lm_donor(vision_type, gguf_model_type(gguf) if gguf else read_model_type(llm_src))
     if gguf:
         lm, lm_tokenizer = load_gguf(gguf)
     else:
         lm = AutoModelForCausalLM.from_pretrained(llm_src, dtype="auto")
         lm_tokenizer = AutoTokenizer.from_pretrained(llm_src)
-    if vision_type in QWEN_VISION_TYPES:
-        donor = load_model(vision_src, seed=seed, dtype="auto", device="cpu", decide_cache=False)
-        result = assemble_qwen(donor.model, donor.processor, lm, lm_tokenizer, seed)
-    else:
-        from transformers import AutoModel
+    def vision_donor():  # a whole VLM as the donor (the Qwen pairing), loaded only by a pairing that needs it
+        return load_model(vision_src, seed=seed, dtype="auto", device="cpu", decide_cache=False)
 
-        vision = vision_part(AutoModel.from_pretrained(vision_spec.name, dtype="auto"))
-        result = assemble_llava(vision, image_processor(vision_spec.name, vision.config), lm, lm_tokenizer, seed)
+    result = composer.assemble_from(vision_spec.name, lm, lm_tokenizer, seed, vision_donor)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     result.model.save_pretrained(out)
@@ -59,26 +52,5 @@ def compose(vision_src: str, llm_src: str, out_dir: str, seed: int = 0) -> Path:
 def _model_type(spec: ModelSpec) -> str:
     if spec.kind == "checkpoint":
         return read_model_type(spec.name)
-    cls = family_class(spec.name) if spec.kind == "tiny" else all_presets()[spec.name]
+    cls = adapter_class(spec.name) if spec.kind == "tiny" else all_presets()[spec.name]
     return cls.model_class.config_class.model_type
-
-
-def image_processor(vision_src: str, vision_config) -> Any:
-    """The vision checkpoint's own image processor, or the family's default at its size when it has none."""
-    from transformers import AutoImageProcessor
-
-    try:
-        return AutoImageProcessor.from_pretrained(vision_src)
-    except (OSError, ValueError):
-        return default_image_processor(vision_config)
-
-
-def default_image_processor(vision_config) -> Any:
-    size = {"height": vision_config.image_size, "width": vision_config.image_size}
-    if vision_config.model_type.startswith("siglip"):
-        from transformers import SiglipImageProcessor
-
-        return SiglipImageProcessor(size=size)
-    from transformers import CLIPImageProcessor
-
-    return CLIPImageProcessor(size={"shortest_edge": vision_config.image_size}, crop_size=size)

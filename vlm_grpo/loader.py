@@ -12,7 +12,8 @@ import torch
 from vlm_grpo.adapters.base import VLMAdapter
 from vlm_grpo.adapters.model_spec import parse_model_spec
 from vlm_grpo.adapters.model_dirs import read_model_type
-from vlm_grpo.adapters.registry import all_presets, class_for_model_type, family_class
+from vlm_grpo.adapters.generic.groups import with_overrides
+from vlm_grpo.adapters.registry import adapter_class, all_presets, class_for_model_type
 from vlm_grpo.compat.cache_policy import resolve_use_cache
 from vlm_grpo.compat.cache_probe import STEPS
 
@@ -34,28 +35,32 @@ def load_model(
     cache_policy: str = "auto",
     decide_cache: bool = True,
     probe_steps: int = STEPS,
+    module_groups: dict[str, list[str]] | None = None,
 ) -> VLMAdapter:
     """`spec` (see model_spec.py) on `device` (default: cuda if available, else cpu).
 
     Twins are built in float32 (`seed` draws their weights), presets in bfloat16 unless `dtype` names another;
     checkpoints load in `dtype` ("auto": as saved). `decide_cache=False` leaves the cache decision open (the
     cache probe command decides it itself); `probe_steps`: decode steps the cache probe compares (a run's
-    max_new_tokens when smaller than the default 16).
+    max_new_tokens when smaller than the default 16); `module_groups`: regexes replacing module groups (group ->
+    patterns), checked like the adapter's own: every parameter in exactly one group.
     """
     parsed = parse_model_spec(spec)
     device = default_device(device)
     if parsed.kind == "tiny":
-        adapter = family_class(parsed.name).tiny(seed=seed)
+        adapter = adapter_class(parsed.name).tiny(seed=seed)
     elif parsed.kind == "preset":
         preset_dtype = torch.bfloat16 if dtype == "auto" else _torch_dtype(dtype)
         adapter = all_presets()[parsed.name].preset(parsed.name, seed=seed, dtype=preset_dtype)
     else:
-        cls = family_class(parsed.family) if parsed.family else class_for_model_type(read_model_type(parsed.name), where=parsed.name)
+        cls = adapter_class(parsed.family) if parsed.family else class_for_model_type(read_model_type(parsed.name), where=parsed.name)
         adapter = cls.load(
             parsed.name, dtype=dtype, device_map=None if device.type == "cpu" else str(device),
             attn_implementation=attn_implementation, load_in_4bit=load_in_4bit, trust_remote_code=trust_remote_code,
             allow_pickle_weights=allow_pickle_weights,
         )
+    adapter.module_layout = with_overrides(adapter.module_layout, module_groups)
+    adapter.check_module_groups()  # a parameter in no group (or two) stops here, before any training
     if not load_in_4bit:  # a 4-bit model is placed by its device map and cannot be moved
         adapter.model.to(device)
     if decide_cache:

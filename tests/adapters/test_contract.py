@@ -1,4 +1,5 @@
-"""The adapter contract: written once, run against every family's tiny twin."""
+"""The adapter contract: written once, run against every family's tiny twin and every model type the generic
+adapter is recorded to serve."""
 
 from __future__ import annotations
 
@@ -6,10 +7,16 @@ import pytest
 import torch
 
 from tests.adapters.samples import mixed_batch
+from tests.conftest import contract_types, tiny_adapter
 from vlm_grpo.adapters import ImageTokenMismatch
 from vlm_grpo.grpo.logprobs.completions import completion_logprobs, token_logprobs
 
 STEPS = 6
+
+
+@pytest.fixture(params=contract_types())
+def adapter(request):
+    return tiny_adapter(request.param)
 
 
 def _encode(adapter):

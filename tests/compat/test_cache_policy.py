@@ -15,6 +15,7 @@ from vlm_grpo.loader import apply_cache_policy
 from vlm_grpo.grpo.logprobs.completions import completion_logprobs, token_logprobs
 from tests.adapters.samples import picture, user_turn
 from tests.conftest import tiny_adapter
+from vlm_grpo.adapters.registry import family_class
 
 
 def test_every_family_passes_the_probe_today(adapter):
@@ -78,13 +79,15 @@ def test_tolerance_comes_from_the_measured_noise():
 
 
 def test_known_quirk_table_skips_the_probe(monkeypatch):
-    assert known_cache_quirk("smolvlm", "4.49.0") is not None
-    assert known_cache_quirk("idefics3", "4.46.1") is not None
-    assert known_cache_quirk("qwen2_5_vl", "4.49.0") is None
-    assert known_cache_quirk("smolvlm", "5.23.0") is None
+    smolvlm, idefics3 = family_class("smolvlm"), family_class("idefics3")
+    assert known_cache_quirk(smolvlm, "4.49.0") is not None
+    assert known_cache_quirk(idefics3, "4.46.1") is not None
+    assert known_cache_quirk(family_class("qwen2_5_vl"), "4.49.0") is None
+    assert known_cache_quirk(smolvlm, "5.23.0") is None
 
     class Stub:
         family = "smolvlm"
+        cache_quirks = smolvlm.cache_quirks
 
     monkeypatch.setattr(cache_policy.transformers, "__version__", "4.49.0")
     monkeypatch.setattr(cache_policy, "probe_cache", lambda *a, **k: pytest.fail("auto must not probe a known quirk"))
@@ -93,6 +96,17 @@ def test_known_quirk_table_skips_the_probe(monkeypatch):
     assert resolve_use_cache(Stub(), "no-cache") is False
     with pytest.raises(ValueError, match="auto, cache, no-cache"):
         resolve_use_cache(Stub(), "sometimes")
+
+
+def test_quirk_entries_live_in_family_files_and_the_generic_adapter_has_none():
+    """A cache quirk is declared by the family it concerns; for a model type without a family file the probe alone
+    decides."""
+    from vlm_grpo.adapters.generic.adapter import generic_adapter_class
+    from vlm_grpo.adapters.registry import families
+
+    declaring = sorted(name for name, cls in families().items() if cls.cache_quirks)
+    assert declaring == ["idefics3", "smolvlm"]
+    assert generic_adapter_class("idefics2").cache_quirks == ()
 
 
 def test_report_verdicts():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vlm_grpo import pretrained
-from vlm_grpo.adapters.families.hybrid import LlavaHybridAdapter
+from vlm_grpo.adapters.families.hybrid_llava import LlavaHybridAdapter
 from vlm_grpo.loader import load_model
 from vlm_grpo.grpo.training.policy import load_policy
 from vlm_grpo.grpo.settings.sources import load_recipe_config

@@ -30,10 +30,13 @@ INNER_FLOORS = {
          "vlm_grpo.adapters.image_layout", "vlm_grpo.adapters.module_groups", "vlm_grpo.adapters.quantization",
          "vlm_grpo.adapters.seeding", "vlm_grpo.adapters.chat_templates", "vlm_grpo.adapters.tiny_tokenizer",
          "vlm_grpo.adapters.model_dirs", "vlm_grpo.adapters.teacher_forcing",
-         "vlm_grpo.adapters.visual_spans", "vlm_grpo.adapters.completion_images"),  # parts of the contract
+         "vlm_grpo.adapters.visual_spans", "vlm_grpo.adapters.completion_images",
+         "vlm_grpo.adapters.quirks"),  # parts of the contract
         ("vlm_grpo.adapters.video_hooks",),  # the contract's video side
-        ("vlm_grpo.adapters.base", "vlm_grpo.adapters.sharing"),  # the contract, the sharing engine
-        ("vlm_grpo.adapters.families", "vlm_grpo.adapters.assembly"),  # one file per family
+        ("vlm_grpo.adapters.base", "vlm_grpo.adapters.sharing",
+         "vlm_grpo.adapters.assembly"),  # the contract, the sharing engine, what every hybrid pairing shares
+        ("vlm_grpo.adapters.generic",),  # the adapter of any model type without a family file
+        ("vlm_grpo.adapters.families",),  # one file per family
         ("vlm_grpo.adapters.registry", "vlm_grpo.adapters.model_spec", "vlm_grpo.adapters.families_table",
          "vlm_grpo.adapters"),
     ],

@@ -29,6 +29,7 @@ from vlm_grpo.adapters.features import ImageFeatures
 from vlm_grpo.adapters.image_layout import ImageCell, LayoutFacts, token_runs
 from vlm_grpo.adapters.module_groups import ModuleLayout, group_parameters
 from vlm_grpo.adapters.video_hooks import VideoHooks
+from vlm_grpo.adapters.quirks import CacheQuirk
 from vlm_grpo.images import prepare_sample_image
 from vlm_grpo.videos import Video, prepare_sample_video
 
@@ -311,11 +312,22 @@ class VLMAdapter(VideoHooks, ABC):
             return 0.0
         return float(getattr(text, "router_aux_loss_coef", 0.0) if override is None else override)
 
+    def check_module_groups(self) -> None:
+        """Raise (one line naming the parameters) unless every parameter is in exactly one group."""
+        self.module_groups()
+
     # ================================================================ optional hooks (defaults)
     # tensors read only by the vision encoder: dropped once features are computed (sharing.text_side)
     pixel_keys: ClassVar[tuple[str, ...]] = ("pixel_values", "pixel_attention_mask")
     # token-shaped inputs the forward still needs beside `inputs_embeds` (e.g. token types behind the mask)
     embedding_forward_keys: ClassVar[tuple[str, ...]] = ()
+    # the faster paths of sharing.py hold for this model: image features encoded once and placed at the image
+    # tokens (`shares_features`); a prompt prefilled once, its KV cache expanded G times (`shares_prefix`).
+    # Family files prove them in the contract suite; the generic adapter measures them per model (calibrate.py).
+    shares_features: ClassVar[bool] = True
+    shares_prefix: ClassVar[bool] = True
+    # known generation-cache quirks by transformers version: `auto` skips the KV cache where one applies (compat/)
+    cache_quirks: ClassVar[tuple[CacheQuirk, ...]] = ()
 
     def _extra_suppressed_ids(self) -> list[int]:
         """Delimiter and layout tokens beside the image placeholder that the policy must not emit."""

@@ -24,3 +24,38 @@ def families_table() -> str:
             ]
         )
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
+def _how(record) -> str:
+    paths = [name for name, on in (("shared image features", record.shares_features),
+                                   ("shared prompt prefix", record.shares_prefix)) if on]
+    return (f"contract suite, cache probe ({record.cache}), 2 GRPO steps pass; faster paths: "
+            + (", ".join(paths) if paths else "none (plain path)"))
+
+
+def model_types_table() -> str:
+    """Every image-text-to-text model type of transformers with its status: a family file, the generic adapter
+    (measured, adapters/generic/model_types.json), or not supported and why (`vlm-grpo families --all`)."""
+    from vlm_grpo.adapters.generic.status import GENERIC, recorded
+    from vlm_grpo.adapters.generic.support import image_text_types
+    from vlm_grpo.adapters.registry import MODEL_TYPES
+
+    families()
+    version, records = recorded()
+    rows, counts = [], {"family file": 0, GENERIC: 0, "not supported": 0}
+    for model_type, class_name in sorted(image_text_types().items()):
+        if model_type in MODEL_TYPES:
+            status, how = "family file", f"`{MODEL_TYPES[model_type].family}` (contract suite, cache probe, every recipe)"
+        elif model_type in records and records[model_type].status == GENERIC:
+            status, how = GENERIC, _how(records[model_type])
+        else:
+            status = "not supported"
+            how = records[model_type].reason if model_type in records else f"not measured (transformers {version})"
+        counts[status] += 1
+        rows.append(f"| {model_type} | {class_name} | {status} | {how} |")
+    passing = counts["family file"] + counts[GENERIC]
+    summary = (f"{passing} of {len(rows)} model types pass ({counts['family file']} with a family file, "
+               f"{counts[GENERIC]} through the generic adapter); {counts['not supported']} not supported "
+               f"(measured with transformers {version}).")
+    head = "| model type | transformers class | status | how / why not |\n| --- | --- | --- | --- |"
+    return summary + "\n\n" + head + "\n" + "\n".join(rows)

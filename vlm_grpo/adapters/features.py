@@ -48,10 +48,6 @@ class ImageFeatures:
         rows = [r for i in indices for r in range(starts[i], starts[i] + self.counts[i])]
         return None if rows == list(range(self.flat.shape[0])) else rows
 
-    def for_samples(self, indices: Sequence[int]) -> torch.Tensor:
-        """The features of samples `indices` (repeats allowed), concatenated in that order: [n, D]."""
-        return self.select(indices).flat
-
     def select(self, indices: Sequence[int]) -> "ImageFeatures":
         rows = self._rows(indices)
         counts = [self.counts[int(i)] for i in indices]

@@ -2,6 +2,8 @@
 
 Families are discovered, not listed: every module of `vlm_grpo.adapters.families` is imported once and
 each `VLMAdapter` subclass it defines with its own `family` is registered. Adding a family is adding a file.
+A model type of transformers' image-text-to-text mapping that no family file claims is served by the generic
+adapter (adapters/generic/).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import importlib
 import pkgutil
 
 from vlm_grpo.adapters.base import VLMAdapter
+from vlm_grpo.adapters.generic.adapter import generic_adapter_class
+from vlm_grpo.adapters.generic.support import image_text_types
 
 FAMILIES: dict[str, type[VLMAdapter]] = {}  # family name -> adapter class (filled by `families()`)
 MODEL_TYPES: dict[str, type[VLMAdapter]] = {}  # config.model_type -> adapter class
@@ -43,14 +47,48 @@ def family_class(family: str) -> type[VLMAdapter]:
     return FAMILIES[family]
 
 
+def is_generic_type(name: str) -> bool:
+    """A model type of transformers' image-text-to-text mapping that no family file claims."""
+    families()
+    return name not in FAMILIES and name not in MODEL_TYPES and name in image_text_types()
+
+
+def adapter_class(name: str) -> type[VLMAdapter]:
+    """The adapter of a family name, or of a model type (a family file's, else the generic adapter's)."""
+    families()
+    if name in FAMILIES:
+        return FAMILIES[name]
+    if name in MODEL_TYPES:
+        return MODEL_TYPES[name]
+    if name in image_text_types():
+        return generic_adapter_class(name)
+    raise ValueError(f"unknown model family {name!r}, nor an image-text-to-text model type of transformers "
+                     f"(`vlm-grpo families --all` lists them); families: {', '.join(sorted(FAMILIES))}")
+
+
 def class_for_model_type(model_type: str, where: str = "") -> type[VLMAdapter]:
     families()
-    if model_type not in MODEL_TYPES:
-        raise ValueError(
-            f"unsupported model_type {model_type!r}{' in ' + where if where else ''}; "
-            f"supported model types: {', '.join(sorted(MODEL_TYPES))}"
-        )
-    return MODEL_TYPES[model_type]
+    if model_type in MODEL_TYPES:
+        return MODEL_TYPES[model_type]
+    if model_type in image_text_types():
+        return generic_adapter_class(model_type)
+    raise ValueError(
+        f"unsupported model_type {model_type!r}{' in ' + where if where else ''}; "
+        f"family files serve: {', '.join(sorted(MODEL_TYPES))}; the generic adapter serves any other "
+        "image-text-to-text model type of transformers (`vlm-grpo families --all`)"
+    )
+
+
+def composer_for(vision_type: str) -> type[VLMAdapter]:
+    """The family that composes hybrids from a vision donor of `vision_type` (`Composer.vision_donor_types`)."""
+    from vlm_grpo.adapters.assembly import UnsupportedPairing
+
+    composers = [cls for cls in families().values() if getattr(cls, "vision_donor_types", ())]
+    for cls in composers:
+        if vision_type in cls.vision_donor_types:
+            return cls
+    raise UnsupportedPairing(f"unsupported vision source model_type {vision_type!r}. Supported: "
+                             + "; ".join(cls.pairing for cls in composers))
 
 
 def all_presets() -> dict[str, type[VLMAdapter]]:

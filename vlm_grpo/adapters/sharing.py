@@ -102,13 +102,15 @@ def generate_shared(
 
     Each prompt's images are encoded once and its prompt (all but the last token) prefilled once; the KV
     cache is expanded G times and `generate()` continues from it with the same suppression, EOS and
-    sampling settings as `adapter.generate`. Where the cache policy forbids the KV cache, or the prompt cannot
-    be split before its last token, this is exactly `adapter.generate(batch.repeat(G))`.
+    sampling settings as `adapter.generate`. Where the cache policy forbids the KV cache, the adapter does not share
+    prefixes (`shares_prefix`), or the prompt cannot be split before its last token, this is exactly
+    `adapter.generate(batch.repeat(G))`.
     """
     model = adapter.model
     kwargs = adapter.generation_kwargs(**settings)
     length = batch.input_ids.shape[1]
-    if not kwargs["use_cache"] or length < 2 or bool((batch.input_ids[:, -1] == adapter.image_token_id).any()):
+    if not kwargs["use_cache"] or not adapter.shares_prefix or length < 2 \
+            or bool((batch.input_ids[:, -1] == adapter.image_token_id).any()):
         grouped = batch.repeat(num_generations)
         with torch.no_grad():
             out = model.generate(**adapter.model_inputs(grouped), **kwargs)

@@ -9,7 +9,7 @@ import argparse
 from vlm_grpo.commands.settings import add_dataclass_args
 
 MODEL_FIELDS = ("name", "device", "dtype", "attn_implementation", "cache_policy", "trust_remote_code",
-                "allow_pickle_weights")
+                "allow_pickle_weights", "module_groups")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -34,6 +34,7 @@ def load_from_args(args: argparse.Namespace, decide_cache: bool = True):
         allow_pickle_weights=args.allow_pickle_weights,
         cache_policy=args.cache_policy,
         decide_cache=decide_cache,
+        module_groups=args.module_groups or None,
     )
 
 

@@ -231,7 +231,8 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
     # ---------------------------------------------------------------- log-probs
     def _reuse_features(self) -> bool:
         perf = self.cfg.perf
-        return perf.share_image_features and perf.reuse_frozen_features and self.encoder_frozen
+        return (perf.share_image_features and perf.reuse_frozen_features and self.encoder_frozen
+                and self.adapter.shares_features)  # the adapter proved the shared-features path for this model
 
     def _encode_once(self) -> bool:
         """Whether the policy's features, with gradient, can be computed before the rollout and serve both it and
@@ -239,7 +240,8 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
         at the rollout's weights (one update, one micro-batch) and nothing drops the graph in between
         (gradient checkpointing, resharding)."""
         cfg, perf = self.cfg, self.cfg.perf
-        return (perf.encode_once and perf.shared_prefix and perf.share_image_features and not self.encoder_frozen
+        return (perf.encode_once and perf.shared_prefix and perf.share_image_features and self.adapter.shares_features
+                and not self.encoder_frozen
                 and cfg.num_iterations == 1 and cfg.gradient_accumulation_steps == 1
                 and not perf.gradient_checkpointing and not fsdp.is_sharded(self.model))
 

@@ -1,70 +1,52 @@
-"""Hybrid VLMs: a donor vision tower + a donor LM (compose.py assembles real checkpoints).
+"""The Qwen2.5-VL-classes hybrid ("hybrid"): a Qwen2.5-VL ViT + a Qwen2 LM inside the Qwen2.5-VL classes (the
+pairing of the qwen-0.5b-learns-to-see recipe); once loaded it behaves exactly like Qwen2.5-VL. `--model
+hybrid:DIR` also accepts a LLaVA-classes hybrid (hybrid_llava.py).
 
-- `HybridAdapter` ("hybrid"): a Qwen2.5-VL ViT + a Qwen2 LM inside the Qwen2.5-VL classes (the pairing of
-  the qwen-0.5b-learns-to-see recipe); once loaded it behaves exactly like Qwen2.5-VL. `--model hybrid:DIR`
-  also accepts a LLaVA-classes hybrid.
-- `LlavaHybridAdapter` ("hybrid_llava"): SigLIP/CLIP + any causal LM inside the LLaVA classes.
+The pairing lives here: the ViT and the LM load unchanged; only the merger's last linear changes shape. With three
+equal M-RoPE position rows the text path is the donor LM's 1-D RoPE, so text logits are preserved.
 """
 
 from __future__ import annotations
 
-import torch
-from transformers import LlavaForConditionalGeneration, Qwen2Config, Qwen2ForCausalLM, SiglipImageProcessor, \
-    SiglipVisionConfig, SiglipVisionModel
+import copy
+
 
 from vlm_grpo.adapters.architecture import Architecture
+from vlm_grpo.adapters.assembly import (
+    Composed, Composer, UnsupportedPairing, cast_state, check_text_logits, load_language, record_dtype, reinit_linear,
+    tokenizer_with,
+)
 from vlm_grpo.adapters.base import VLMAdapter
-from vlm_grpo.adapters.batch import PromptBatch
-from vlm_grpo.adapters.assembly import assemble_llava, mrope_section
+from vlm_grpo.adapters.families.hybrid_llava import TINY_LM, LlavaHybridAdapter
 from vlm_grpo.adapters.families.qwen2_5_vl import (
-    BENCH_PIXELS, QWEN_VOCAB, REAL_PIXELS, TINY_PIXELS, TINY_VISION, VISION_3B, Qwen2_5_VLAdapter, qwen_rope,
-    qwen_tokenizer,
+    BENCH_PIXELS, QWEN_CHAT_TEMPLATE, QWEN_VOCAB, REAL_PIXELS, TINY_PIXELS, TINY_VISION, VISION_3B, Qwen2_5_VLAdapter,
+    qwen_rope, qwen_token_ids,
 )
-from vlm_grpo.adapters.features import with_mask_positions
-from vlm_grpo.adapters.image_layout import LayoutFacts, grid_cells
-from vlm_grpo.adapters.module_groups import LLAVA_STYLE
 from vlm_grpo.adapters.model_dirs import read_model_type
-from vlm_grpo.adapters.seeding import seeded
+from vlm_grpo.adapters.seeding import default_dtype, seeded
 
-# Deliberately not the tiny Qwen2.5-VL's text width (64), so the merger's output differs from the donor's.
-TINY_LM = dict(
-    hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=1,
-    max_position_embeddings=2048, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-)
-TINY_SIGLIP = dict(
-    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8,
-)
+QWEN_VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+QWEN_LM_TYPES = ("qwen2",)
+
+
+def mrope_section(head_dim: int) -> list[int]:
+    """Temporal/height/width split of the rotary half-dim; Qwen's 128-dim heads use [16, 24, 24]."""
+    half = head_dim // 2
+    t = half // 4
+    h = (half - t) // 2
+    return [t, h, half - t - h]
+
+
 # Public architecture of Qwen/Qwen2.5-0.5B, its 64-dim heads split for M-RoPE.
 TEXT_0_5B = dict(
     hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
     max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True, rope_parameters=qwen_rope(mrope_section(64)),
 )
-# The shipped `pretrained:shapes-tiny` before training (`vlm-grpo sft --model preset:shapes_tiny_init`): a LLaVA
-# hybrid sized for 64-px shape counting on CPU; weights come from the seed alone, always float32.
-SHAPES_TINY_SIGLIP = dict(
-    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, image_size=64, patch_size=8,
-)
-SHAPES_TINY_LM = dict(
-    hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-    max_position_embeddings=1024, rope_parameters={"rope_type": "default", "rope_theta": 1e4}, tie_word_embeddings=True,
-)
-
-
-def qwen2_lm(text: dict, seed: int, dtype: torch.dtype = torch.float32) -> tuple[Qwen2ForCausalLM, object]:
-    """A random-weight Qwen2 causal LM and its tiny tokenizer: the language donor of the hybrids' twins."""
-    tokenizer = qwen_tokenizer()
-    text = {"tie_word_embeddings": False, **text}
-    config = Qwen2Config(
-        vocab_size=len(tokenizer), bos_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, **text,
-    )
-    with seeded(seed):
-        return Qwen2ForCausalLM(config).to(dtype).eval(), tokenizer
-
-
-class HybridAdapter(Qwen2_5_VLAdapter):
+class HybridAdapter(Composer, Qwen2_5_VLAdapter):
     family = "hybrid"
     model_types = ()  # a composed checkpoint says qwen2_5_vl (or llava): bare paths go to those adapters
+    vision_donor_types = ("qwen2_5_vl",)
+    pairing = "vision qwen2_5_vl (Qwen2.5-VL checkpoint) + LM qwen2 (Qwen2/Qwen2.5 causal LM) -> Qwen2.5-VL classes"
     tiny_architecture = Architecture(
         vision=dict(TINY_VISION, out_hidden_size=TINY_LM["hidden_size"]),
         text=dict(TINY_LM, rope_parameters=qwen_rope(mrope_section(16))),
@@ -94,80 +76,92 @@ class HybridAdapter(Qwen2_5_VLAdapter):
             raise ValueError(f"{path}: a hybrid checkpoint has model_type qwen2_5_vl or llava, not {model_type!r}")
         return super().load(path, **kwargs)
 
-
-class LlavaHybridAdapter(VLMAdapter):
-    family = "hybrid_llava"
-    model_types = ("llava",)
-    model_class = LlavaForConditionalGeneration
-    module_layout = LLAVA_STYLE
-    tiny_architecture = Architecture(vision=TINY_SIGLIP, text=TINY_LM)
-    presets = {"shapes_tiny_init": Architecture(vision=SHAPES_TINY_SIGLIP, text=SHAPES_TINY_LM)}
+    @classmethod
+    def check_lm_donor(cls, vision_type, lm_type):
+        if lm_type not in QWEN_LM_TYPES:
+            raise UnsupportedPairing(
+                f"a {vision_type} vision tower pairs only with a Qwen2 LM (model_type qwen2), got {lm_type!r}. "
+                f"Supported: {cls.pairing}"
+            )
 
     @classmethod
-    def build(cls, arch, seed=0, dtype=torch.float32):
-        vision_cfg = SiglipVisionConfig(**arch.vision)
-        with seeded(seed):
-            vision = SiglipVisionModel(vision_cfg).to(dtype).eval()
-        lm, tokenizer = qwen2_lm(dict(arch.text), seed + 1, dtype)
-        size = {"height": vision_cfg.image_size, "width": vision_cfg.image_size}
-        composed = assemble_llava(vision, SiglipImageProcessor(size=size), lm, tokenizer, seed=seed)
-        return cls(composed.model, composed.processor, source=f"tiny:{cls.family}")
+    def assemble_from(cls, vision_name, lm, lm_tokenizer, seed, load_donor):
+        donor = load_donor()
+        return assemble_qwen(donor.model, donor.processor, lm, lm_tokenizer, seed)
 
-    @property
-    def tokens_per_image(self) -> int:
-        """Image features per image, from the vision config (not the prompt), so tampering is caught."""
-        cfg = self.model.config
-        vision = cfg.vision_config
-        n = (vision.image_size // vision.patch_size) ** 2
-        if vision.model_type.startswith("clip"):
-            n += 1  # the CLS token
-        if cfg.vision_feature_select_strategy == "default":
-            n -= 1  # ... which "default" drops
-        return n
 
-    def _to_batch(self, features, images) -> PromptBatch:
-        mm, mm_rows = {}, {}
-        if "pixel_values" in features:
-            mm["pixel_values"] = features["pixel_values"]  # [n_images, 3, H, W], fixed size
-            mm_rows["pixel_values"] = [len(s) for s in images]
-        return self._batch(features, images, mm, mm_rows)
+def assemble_qwen(vl_model, vl_processor, lm, lm_tokenizer, seed: int = 0) -> Composed:
+    """Qwen2.5-VL vision tower (with merger) + Qwen2 causal LM inside Qwen2_5_VLForConditionalGeneration."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
 
-    def feature_counts(self, batch: PromptBatch) -> list[int]:
-        if "pixel_values" not in batch.mm:
-            return [0] * len(batch)
-        return [n * self.tokens_per_image for n in batch.mm_rows["pixel_values"]]
+    HybridAdapter.check_lm_donor(vl_model.config.model_type, lm.config.model_type)
+    notes: list[str] = []
+    tokenizer = tokenizer_with(lm_tokenizer, QWEN_VISION_TOKENS, notes)
+    lm_cfg = lm.config
+    vocab = max(lm_cfg.vocab_size, len(tokenizer))
+    width = lm_cfg.hidden_size
+    vision_cfg = copy.deepcopy(vl_model.config.vision_config)
+    donor_width = vision_cfg.out_hidden_size
+    vision_cfg.out_hidden_size = width
+    config = Qwen2_5_VLConfig(
+        text_config=_qwen_text_config(lm_cfg, vocab),
+        vision_config=vision_cfg.to_dict(),
+        tie_word_embeddings=bool(lm_cfg.tie_word_embeddings),
+        **qwen_token_ids(tokenizer),
+    )
+    dtype = lm.dtype
+    record_dtype(config, dtype)
+    with seeded(seed), default_dtype(dtype):
+        model = Qwen2_5_VLForConditionalGeneration(config)
 
-    def _group_runs(self, runs, n_images):
-        # No delimiters around LLaVA images: adjacent images form one run, so cut runs per image.
-        k = self.tokens_per_image
-        return [(s, min(s + k, end)) for start, end in runs for s in range(start, end, k)]
+    visual_sd = {k: v for k, v in vl_model.model.visual.state_dict().items()}
+    if donor_width != width:
+        # The merger's last linear maps into the LM's embedding space: a new width needs a new layer.
+        visual_sd = {k: v for k, v in visual_sd.items() if not k.startswith("merger.mlp.2.")}
+        notes.append(f"merger.mlp.2 re-initialised: {donor_width} -> {width} (seed {seed})")
+    missing, unexpected = model.model.visual.load_state_dict(cast_state(visual_sd, dtype), strict=False)
+    if unexpected or any(not k.startswith("merger.mlp.2.") for k in missing):
+        raise RuntimeError(f"vision tower did not load: missing {missing}, unexpected {unexpected}")
+    if missing:
+        reinit_linear(model.model.visual.merger.mlp[2], seed, config.vision_config.initializer_range)
 
-    def completion_inputs(self, batch, completion_ids, completion_mask, completion_types=None):
-        # generate() derives positions from the attention mask; a plain forward counts pads unless told.
-        return with_mask_positions(super().completion_inputs(batch, completion_ids, completion_mask, completion_types))
+    load_language(model.model.language_model, model.lm_head, lm, vocab, tied=config.tie_word_embeddings)
+    model.generation_config = copy.deepcopy(lm.generation_config)
+    template = getattr(vl_processor, "chat_template", None) or QWEN_CHAT_TEMPLATE
+    tokenizer.chat_template = template
+    processor = Qwen2_5_VLProcessor(
+        image_processor=copy.deepcopy(vl_processor.image_processor),
+        tokenizer=tokenizer,
+        video_processor=copy.deepcopy(vl_processor.video_processor),
+        chat_template=template,
+    )
+    model.eval()
+    notes.append(f"text-only logits equal the donor LM's: max |diff| {check_text_logits(model, lm, tokenizer):.3g}")
+    return Composed(model, processor, notes)
 
-    # ---------------------------------------------------------------- attention-map layout
-    def layout_facts(self, batch, sample, image):
-        side = batch.mm["pixel_values"].shape[-1] // self.model.config.vision_config.patch_size
-        return LayoutFacts(tiles=1, grid=(side, side))
 
-    def covered_box(self, image_size: tuple[int, int] | None) -> tuple[float, float, float, float]:
-        """(y0, x0, y1, x1) of the original image the patch grid sees: all of it when the processor resizes
-        to a square (SigLIP); the central crop when it resizes the shortest edge and crops (CLIP)."""
-        ip = self.processor.image_processor
-        if not getattr(ip, "do_center_crop", False) or image_size is None:
-            return 0.0, 0.0, 1.0, 1.0
-        h, w = image_size
-        short = (ip.size or {}).get("shortest_edge")
-        scale = short / min(h, w) if short else 1.0
-        rh, rw = h * scale, w * scale
-        ch, cw = min(ip.crop_size["height"], rh), min(ip.crop_size["width"], rw)
-        y0, x0 = (rh - ch) / 2 / rh, (rw - cw) / 2 / rw
-        return y0, x0, y0 + ch / rh, x0 + cw / rw
+def _qwen_text_config(lm_cfg, vocab: int) -> dict:
+    heads = lm_cfg.num_attention_heads
+    head_dim = lm_cfg.hidden_size // heads
+    if getattr(lm_cfg, "head_dim", None) not in (None, head_dim):
+        raise UnsupportedPairing(f"LM head_dim {lm_cfg.head_dim} != hidden/heads; Qwen2.5-VL assumes hidden/heads")
+    rope = dict(lm_cfg.rope_parameters or {"rope_type": "default", "rope_theta": 1e6})
+    rope["mrope_section"] = mrope_section(head_dim)
+    keys = (
+        "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+        "hidden_act", "max_position_embeddings", "initializer_range", "rms_norm_eps", "use_sliding_window",
+        "sliding_window", "max_window_layers", "layer_types", "attention_dropout", "bos_token_id", "eos_token_id",
+        "pad_token_id",
+    )
+    text = {k: getattr(lm_cfg, k) for k in keys if getattr(lm_cfg, k, None) is not None}
+    return {**text, "vocab_size": vocab, "rope_parameters": rope, "tie_word_embeddings": bool(lm_cfg.tie_word_embeddings)}
 
-    def image_token_positions(self, batch, sample, image, image_size=None):
-        """The square patch grid row-major; a CLS token kept by the feature strategy (first) has no place."""
-        vision = self.model.config.vision_config
-        side = vision.image_size // vision.patch_size
-        tokens = self.image_token_indices(batch, sample, image)
-        return grid_cells(tokens[len(tokens) - side * side :], side, side, self.covered_box(image_size))
+
+def mrope_section(head_dim: int) -> list[int]:
+    """Temporal/height/width split of the rotary half-dim; Qwen's 128-dim heads use [16, 24, 24]."""
+    half = head_dim // 2
+    t = half // 4
+    h = (half - t) // 2
+    return [t, h, half - t - h]
+
+

@@ -26,6 +26,7 @@ from vlm_grpo.adapters.chat_templates import user_assistant_template
 from vlm_grpo.adapters.features import with_mask_positions
 from vlm_grpo.adapters.image_layout import LayoutFacts, tiled_cells, token_runs
 from vlm_grpo.adapters.module_groups import ModuleLayout
+from vlm_grpo.adapters.quirks import CacheQuirk
 from vlm_grpo.adapters.seeding import seeded_model
 from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
 
@@ -82,6 +83,12 @@ class TiledImageAdapter(VLMAdapter):
     spec: ClassVar[TiledSpec]
     module_layout = TILED_LAYOUT
     tiny_architecture = TINY
+    cache_quirks = (
+        # The VSR study (seed) saw cached decoding lose the image tokens with a pre-5 transformers; it did not pin
+        # the range, so the whole 4.x line is treated as unsafe.
+        CacheQuirk(transformers="<5.0", reason="Idefics3 merges image features only when image tokens are in the "
+                   "step's input; cached decode steps dropped them (the VSR study's no-cache workaround)"),
+    )
 
     @classmethod
     def build(cls, arch, seed=0, dtype=torch.float32):

@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import torch
-from transformers import (
-    Qwen2_5_VLConfig,
-    Qwen2_5_VLForConditionalGeneration,
-    Qwen2_5_VLProcessor,
-    Qwen2VLImageProcessor,
-    Qwen2VLVideoProcessor,
-)
+from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen2VLImageProcessor, Qwen2VLVideoProcessor)
 
 from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.base import VLMAdapter
@@ -17,7 +12,7 @@ from vlm_grpo.adapters.batch import PromptBatch, sum_per_sample
 from vlm_grpo.adapters.chat_templates import chatml_template
 from vlm_grpo.adapters.image_layout import LayoutFacts, grid_cells
 from vlm_grpo.adapters.module_groups import ModuleLayout
-from vlm_grpo.adapters.seeding import seeded_model
+from vlm_grpo.adapters.seeding import seeded, seeded_model
 from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
 
 QWEN_SPECIAL_TOKENS = [
@@ -82,6 +77,18 @@ def qwen_config(config_cls, tokenizer, arch: Architecture):
 def qwen_rope(sections: list[int], theta: float = 1e6) -> dict:
     """M-RoPE: the rotary half-dim split into temporal/height/width sections (they sum to head_dim / 2)."""
     return {"rope_type": "default", "rope_theta": theta, "mrope_section": sections}
+
+
+def qwen2_lm(text: dict, seed: int, dtype: torch.dtype = torch.float32) -> tuple[Qwen2ForCausalLM, object]:
+    """A random-weight Qwen2 causal LM and its tiny tokenizer: the language donor of the hybrids' twins."""
+    tokenizer = qwen_tokenizer()
+    text = {"tie_word_embeddings": False, **text}
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), bos_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, **text,
+    )
+    with seeded(seed):
+        return Qwen2ForCausalLM(config).to(dtype).eval(), tokenizer
 
 
 TINY_VISION = dict(

@@ -108,8 +108,9 @@ def group_scores(
 
     model = adapter.model if model is None else model
     types = None if turns is None else turns.token_types
-    share_prompt = share_prompt and not router_aux and differentiable_prompt_cache(model)
-    if not share_features:
+    # faster paths only where the adapter proved them for this model
+    share_prompt = share_prompt and adapter.shares_prefix and not router_aux and differentiable_prompt_cache(model)
+    if not share_features or not adapter.shares_features:
         rows = with_turn_images(adapter, prompts.select(prompt_index), turns)
         inputs = adapter.completion_inputs(rows, completion_ids, completion_mask, types)
         return score_completions(adapter, rows, completion_ids, completion_mask, model=model, inputs=inputs,

@@ -7,6 +7,7 @@ TrainConfig with the other sections.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from vlm_grpo.grpo.settings.fields import SettingError, check_fields, setting
@@ -14,8 +15,9 @@ from vlm_grpo.grpo.settings.fields import SettingError, check_fields, setting
 
 @dataclass
 class ModelConfig:
-    name: str = setting("pretrained:shapes-tiny", help="the model: pretrained:NAME | tiny:FAMILY | preset:NAME | "
-                        "FAMILY:PATH_OR_HUB_ID | PATH (= --model)")
+    name: str = setting("pretrained:shapes-tiny", help="the model: pretrained:NAME | tiny:FAMILY|TYPE | preset:NAME | "
+                        "FAMILY:PATH_OR_HUB_ID | TYPE:PATH | PATH (= --model; a model type without a family file goes "
+                        "to the generic adapter)")
     dtype: str = setting("auto", help="weights dtype of checkpoints and presets", choices=("auto", "float32", "bfloat16", "float16"))
     device: str | None = setting(None, help="cpu, cuda, cuda:1 ... (None: cuda if available, else cpu)")
     attn_implementation: str | None = setting(None, help="eager | sdpa | flash_attention_2 (None: the model's default)")
@@ -24,9 +26,23 @@ class ModelConfig:
     trust_remote_code: bool = setting(False, help="run code shipped with a checkpoint")
     allow_pickle_weights: bool = setting(False, help="also load pickled .bin weights (only safetensors otherwise)")
     init_from: str | None = setting(None, help="a checkpoint to start from (e.g. an SFT run's final/); wins over name")
+    module_groups: dict[str, list[str]] = setting(factory=dict, help="regexes per module group replacing the adapter's "
+                                                  "(e.g. {vision: [model\\.audio_tower\\.]}), for a model whose "
+                                                  "structure the generic adapter cannot group")
 
     def __post_init__(self) -> None:
         check_fields(self)
+        from vlm_grpo.adapters.module_groups import MODULE_GROUPS  # here, not at import: the CLI's flags load light
+
+        for group, patterns in self.module_groups.items():
+            if group not in MODULE_GROUPS:
+                raise SettingError("module_groups", f"unknown group {group!r}; groups are {', '.join(MODULE_GROUPS)}")
+            for pattern in [patterns] if isinstance(patterns, str) else patterns:
+                try:
+                    re.compile(pattern)
+                except re.error as err:
+                    raise SettingError("module_groups", f"{group}: {pattern!r} is not a regex ({err})") from None
+            self.module_groups[group] = [patterns] if isinstance(patterns, str) else list(patterns)
 
 
 @dataclass

@@ -23,4 +23,5 @@ def load_policy(cfg: TrainConfig, device: torch.device | None = None, decide_cac
         cache_policy=cfg.model.cache_policy,
         probe_steps=probe_steps(cfg.generation.max_new_tokens),
         decide_cache=decide_cache,
+        module_groups=cfg.model.module_groups or None,
     )

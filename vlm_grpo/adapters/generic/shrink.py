@@ -1,0 +1,212 @@
+"""A model type's default config shrunk to a tiny twin, by rules on config field names (no model type named).
+
+Every width-like field of every sub-config becomes the same width (`WIDTH`): a field that must equal another
+(a projector's input = the vision width, `out_hidden_size` = the text width, ...) then does, whatever the
+defaults said. Heads, head dims, layers, experts and their per-layer lists shrink with them; rotary sections are
+rescaled to the new head dim. Token ids and the vocabulary are set afterwards, from the twin's tokenizer
+(`twin.py`); image sizes from the vision side's patch size (`image_side`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+WIDTH = 64  # every hidden width, vision and text alike
+FFN = 4 * WIDTH  # every feed-forward width (4x: a pixel shuffle of ratio 1/2 feeds the hidden width x 4 into it)
+MOE_FFN = 32  # an expert's feed-forward width
+HEADS = 4
+HEAD_DIM = WIDTH // HEADS
+LAYERS = 2
+EXPERTS = 4
+EXPERTS_PER_TOKEN = 2
+SLIDING_WINDOW = 32  # shorter than the probe prompts, so sliding layers really slide
+PATCHES_PER_SIDE = 8  # the vision side's patch grid for a fixed-size image
+POOLED_TOKENS = (PATCHES_PER_SIDE // 2) ** 2  # image tokens of a model that pools an image to a fixed count
+
+WIDTH_KEYS = {
+    "hidden_size", "embed_dim", "d_model", "hidden_dim", "width", "out_hidden_size", "text_hidden_size", "projection_dim",
+    "vision_output_dim", "projector_input_dim", "projector_output_dim", "mm_hidden_size", "vision_hidden_size",
+    "projector_hidden_size", "projection_hidden_dim", "projection_hidden_size", "word_embed_proj_dim",
+    "vision_embed_dim", "text_embed_dim", "output_dim", "patch_embed_hidden_size", "vision_dim", "text_dim",
+    "lm_hidden_size", "llm_hidden_size", "encoder_hidden_size", "hidden_channels", "embedding_dim", "n_embd",
+}
+FFN_KEYS = {
+    "intermediate_size", "ffn_dim", "mlp_dim", "intermediate_size_mlp", "projection_intermediate_size", "encoder_ffn_dim",
+    "decoder_ffn_dim", "n_inner", "ffn_hidden_size", "mlp_hidden_size",
+}
+MOE_FFN_KEYS = {
+    "moe_intermediate_size", "shared_expert_intermediate_size", "shared_experts_intermediate_size",
+    "shared_intermediate_size", "expert_intermediate_size", "share_expert_dim",
+}
+HEAD_KEYS = {
+    "num_attention_heads", "num_heads", "n_heads", "encoder_attention_heads", "decoder_attention_heads",
+    "resampler_n_heads", "resampler_heads", "swa_num_attention_heads", "n_head", "attention_heads",
+}
+KV_HEAD_KEYS = {"num_key_value_heads", "n_kv_heads", "swa_num_key_value_heads", "num_kv_heads"}
+HEAD_DIM_KEYS = {"head_dim", "resampler_head_dim", "swa_head_dim", "resampler_dim_head", "v_head_dim", "attention_head_dim"}
+LAYER_KEYS = {
+    "num_hidden_layers", "num_layers", "depth", "n_layers", "encoder_layers", "decoder_layers", "num_encoder_layers",
+    "num_decoder_layers", "resampler_depth", "n_layer", "num_global_layers", "vision_layers",
+}
+EXPERT_KEYS = {"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts"}
+TOP_K_KEYS = {"num_experts_per_tok", "moe_topk", "moe_k", "top_k", "num_selected_experts", "experts_per_token"}
+SHARED_EXPERT_KEYS = {"moe_num_shared_experts", "n_shared_experts", "num_shared_experts"}
+GROUP_KEYS = {"n_group", "topk_group", "num_expert_group"}
+POOLED_KEYS = {"mm_tokens_per_image", "vision_soft_tokens_per_image"}
+LORA_RANK_KEYS = {"q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8}
+# lists indexing layers (of this config, or the vision side's for feature layers)
+INDEX_LIST_KEYS = {"fullatt_block_indexes", "deepstack_visual_indexes", "vision_feature_layer", "moe_layers",
+                   "spatial_target_layers", "summary_idxs", "ple_layer_ids", "global_layer_indexes"}
+
+
+def is_config(value: Any) -> bool:
+    return hasattr(value, "to_dict") and hasattr(value, "model_type")
+
+
+def sub_configs(config) -> list[tuple[str, Any]]:
+    return [(k, v) for k, v in vars(config).items() if not k.startswith("_") and is_config(v)]
+
+
+def shrink_config(config) -> None:
+    """Shrink `config` and its sub-configs in place."""
+    _shrink_node(config)
+    for _, sub in sub_configs(config):
+        shrink_config(sub)
+    _fix_feature_layers(config)
+
+
+def _layer_count(node) -> int | None:
+    for key in LAYER_KEYS:
+        value = getattr(node, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _shrink_node(node) -> None:
+    old_layers = _layer_count(node)
+    old_heads = next((v for k in HEAD_KEYS if isinstance(v := getattr(node, k, None), int)), None)
+    old_head_dim = getattr(node, "head_dim", None)
+    if not isinstance(old_head_dim, int) and old_heads:
+        width = next((v for k in ("hidden_size", "embed_dim", "d_model") if isinstance(v := getattr(node, k, None), int)), 0)
+        old_head_dim = width // old_heads if width else None
+    for key, value in list(vars(node).items()):
+        if key.startswith("_") or isinstance(value, bool):
+            continue
+        new = _shrunk_value(key, value, old_heads)
+        if new is not _KEEP:
+            setattr(node, key, new)
+    kinds = getattr(node, "layer_types", None)
+    if "sliding_window" in vars(node) and node.sliding_window is None and isinstance(kinds, (list, tuple)) \
+            and any("sliding" in str(k) for k in kinds):
+        node.sliding_window = SLIDING_WINDOW  # sliding layers with no window set
+    new_layers = _layer_count(node)
+    if old_layers and new_layers and new_layers != old_layers:
+        _shrink_layer_lists(node, old_layers, new_layers)
+    rope = getattr(node, "rope_parameters", None)
+    if isinstance(rope, dict) and old_head_dim:
+        setattr(node, "rope_parameters", _rescaled_rope(rope, old_head_dim))
+
+
+_KEEP = object()
+
+
+def _shrunk_value(key: str, value: Any, old_heads: int | None):
+    if isinstance(value, int):
+        if key in WIDTH_KEYS and value > WIDTH:
+            return WIDTH
+        if key in FFN_KEYS and value > FFN:
+            return FFN
+        if key in MOE_FFN_KEYS and value > MOE_FFN:
+            return MOE_FFN
+        if (key in HEAD_KEYS or key.endswith("_num_heads") or key.endswith("_n_heads")) and value > HEADS:
+            return HEADS
+        if key in KV_HEAD_KEYS:
+            if old_heads and value >= old_heads:
+                return HEADS
+            return min(value, 2)
+        if (key in HEAD_DIM_KEYS or (key.endswith("_head_dim") and key not in LORA_RANK_KEYS)) and value > HEAD_DIM:
+            return HEAD_DIM
+        if key in LORA_RANK_KEYS and value > LORA_RANK_KEYS[key]:
+            return LORA_RANK_KEYS[key]
+        if key in POOLED_KEYS and value > POOLED_TOKENS:
+            return POOLED_TOKENS
+        if key in LAYER_KEYS and value > LAYERS:
+            return LAYERS
+        if key in EXPERT_KEYS and value > EXPERTS:
+            return EXPERTS
+        if key in TOP_K_KEYS and value > EXPERTS_PER_TOKEN:
+            return EXPERTS_PER_TOKEN
+        if key in SHARED_EXPERT_KEYS and value > 1:
+            return 1
+        if key in GROUP_KEYS and value > 1:
+            return 1
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        if key in MOE_FFN_KEYS:
+            return [min(v, MOE_FFN) for v in value]
+        if key in FFN_KEYS:
+            return [min(v, FFN) for v in value]
+    return _KEEP
+
+
+def _shrink_layer_lists(node, old: int, new: int) -> None:
+    """Per-layer lists cut to the new depth (every distinct kind kept); layer-index lists mapped onto it."""
+    for key, value in list(vars(node).items()):
+        if key.startswith("_") or not isinstance(value, (list, tuple)):
+            continue
+        if key in INDEX_LIST_KEYS:
+            setattr(node, key, type(value)(_mapped_indices(list(value), old, new)))
+        elif len(value) == old:
+            setattr(node, key, type(value)(_cut_keeping_kinds(list(value), new)))
+
+
+def _cut_keeping_kinds(values: list, new: int) -> list:
+    head = list(values[:new])
+    kinds = [v for i, v in enumerate(values) if v not in values[:i]]  # distinct, in first-seen order
+    missing = [k for k in kinds if k not in head and not isinstance(k, (int, float))]
+    for k, kind in enumerate(missing[: new - 1]):  # replace from the end, keeping the first layer's kind
+        head[new - 1 - k] = kind
+    return head
+
+
+def _mapped_indices(values: list, old: int, new: int) -> list:
+    out = []
+    for v in values:
+        if not isinstance(v, int) or isinstance(v, bool):
+            return values
+        if v < 0:
+            out.append(max(v, -new))
+        else:
+            out.append(min(new - 1, (v * new) // max(old, 1)))
+    return sorted(set(out), key=out.index) if len(out) > new else out
+
+
+def _fix_feature_layers(config) -> None:
+    """Feature-layer indices on the top config point into the vision side: keep them inside its new depth."""
+    vision = getattr(config, "vision_config", None)
+    depth = _layer_count(vision) if vision is not None else None
+    if not depth:
+        return
+    for key in ("vision_feature_layer", "vision_feature_layers", "vit_layer"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            setattr(config, key, max(value, -depth) if value < 0 else min(value, depth - 1))
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
+            setattr(config, key, type(value)(max(v, -depth) if v < 0 else min(v, depth - 1) for v in value))
+
+
+def _rescaled_rope(rope: dict, old_head_dim: int) -> dict:
+    """Rotary sections (M-RoPE) summing to the old head's half-dim, rescaled to the new one."""
+    if rope and all(isinstance(v, dict) for v in rope.values()):  # one set per attention kind
+        return {kind: _rescaled_rope(inner, old_head_dim) for kind, inner in rope.items()}
+    rope = dict(rope)
+    for key in ("mrope_section", "section"):
+        sections = rope.get(key)
+        if isinstance(sections, list) and sections and all(isinstance(s, int) for s in sections):
+            total = sum(sections)
+            target = max(len(sections), round(total * HEAD_DIM / old_head_dim))
+            scaled = [max(1, math.floor(s * target / total)) for s in sections]
+            scaled[-1] += target - sum(scaled)
+            rope[key] = scaled
+    return rope

@@ -1,0 +1,114 @@
+"""Fit a twin's processor to its shrunk model: the placeholder tokens it writes per image must equal the features
+the model's own image-feature function gives that image.
+
+Processors carry per-image token counts sized for the real vision tower (`image_seq_len`, `num_image_tokens`,
+`image_seq_length`, ...), or an extra-token count (a CLS token kept or dropped). One image is encoded both ways:
+the processor's count T and the model's count F. A count setting of the processor or its image processor that
+holds T (or is unset) is set to F; an extra-token setting moves by F - T. The model is never changed here.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from PIL import Image
+
+from vlm_grpo.adapters.generic.support import features_per_image
+
+COUNT_NAMES = ("image_seq_len", "image_seq_length", "num_image_tokens", "image_tokens", "num_query_tokens",
+               "tokens_per_image", "mm_tokens_per_image")
+EXTRA_NAMES = ("num_additional_image_tokens",)
+
+
+def _image(side: int) -> Image.Image:
+    img = Image.new("RGB", (side, side), (255, 255, 255))
+    img.paste((200, 30, 30), (side // 4, side // 4, side // 2, side // 2))
+    return img
+
+
+def feature_owner(model: torch.nn.Module) -> torch.nn.Module:
+    inner = getattr(model, "model", None)
+    return inner if hasattr(inner, "get_image_features") else model
+
+
+def model_features(model, processor, side: int) -> int | None:
+    """Image features the model gives one side x side image (None when its processor output does not run)."""
+    owner = feature_owner(model)
+    if not hasattr(owner, "get_image_features"):
+        return None
+    names = [p.name for p in inspect.signature(owner.get_image_features).parameters.values()
+             if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    try:
+        pixels = processor.image_processor(images=[_image(side)], return_tensors="pt")
+        dtype = next(model.parameters()).dtype  # some image processors hand out bfloat16 pixels
+        inputs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in pixels.items()
+                  if k in names and isinstance(v, torch.Tensor)}
+        with torch.no_grad():
+            out = owner.get_image_features(**inputs, return_dict=True)
+    except Exception:  # the image processor's output alone does not drive the feature function
+        return None
+    try:
+        return sum(features_per_image(out, ""))
+    except ValueError:
+        return None
+
+
+def processor_tokens(processor, image_token_id: int, side: int) -> int | None:
+    text = getattr(processor, "image_token", None) or "<image>"
+    try:
+        out = processor(text=[text], images=[_image(side)], return_tensors="pt")
+    except Exception:
+        return None
+    return int((out["input_ids"] == image_token_id).sum())
+
+
+def rebind_image_token(model, processor, image_token_id: int, side: int) -> int:
+    """The id a processor really writes once per image feature: where it expands its placeholder into another token
+    (a patch token) that many times, the config's image id follows it. Returns the id in force."""
+    features = model_features(model, processor, side)
+    text = getattr(processor, "image_token", None) or "<image>"
+    try:
+        ids = processor(text=[text], images=[_image(side)], return_tensors="pt")["input_ids"].flatten().tolist()
+    except Exception:
+        return image_token_id
+    special = set(processor.tokenizer.added_tokens_decoder)
+    counts = {i: ids.count(i) for i in set(ids) if i in special}
+    if features is None or counts.get(image_token_id, 0) == features:
+        return image_token_id
+    matching = [i for i, n in counts.items() if n == features]
+    if len(matching) != 1:
+        return image_token_id
+    written = matching[0]
+    for node in [model.config] + [v for v in vars(model.config).values() if hasattr(v, "to_dict")]:
+        for key, value in list(vars(node).items()):
+            if value == image_token_id and isinstance(value, int) and "image_token" in key:
+                setattr(node, key, written)
+    return written
+
+
+def _owners(processor) -> list:
+    return [processor] + [p for p in (getattr(processor, "image_processor", None),) if p is not None]
+
+
+def fit_token_counts(model, processor, image_token_id: int, side: int) -> list[str]:
+    """Adjust the processor's per-image count settings until it writes the model's feature count; returns what
+    it changed (empty when nothing needed to, or nothing could be fitted)."""
+    features = model_features(model, processor, side)
+    if features is None:
+        return []
+    changed: list[str] = []
+    tokens = processor_tokens(processor, image_token_id, side)
+    if tokens == features:
+        return changed
+    for owner in _owners(processor):
+        for name in COUNT_NAMES:
+            if name in vars(owner) and (vars(owner)[name] is None or vars(owner)[name] == tokens):
+                setattr(owner, name, features)
+                changed.append(f"{type(owner).__name__}.{name} = {features}")
+        for name in EXTRA_NAMES:
+            value = vars(owner).get(name)
+            if isinstance(value, int) and tokens is not None and 0 <= value + features - tokens <= 2:
+                setattr(owner, name, value + features - tokens)
+                changed.append(f"{type(owner).__name__}.{name} = {value + features - tokens}")
+    return changed
