@@ -8,6 +8,7 @@ import sys
 
 from vlm_grpo.commands import (
     attention,
+    audit_rewards,
     bench,
     check,
     check_cache,
@@ -25,8 +26,8 @@ from vlm_grpo.commands import (
 )
 
 COMMANDS = (
-    train, sft, eval, check, check_cache, plot, attention, completions, generate, compose, convert_gguf, families, demo,
-    bench, verify,
+    train, sft, eval, check, check_cache, audit_rewards, plot, attention, completions, generate, compose, convert_gguf,
+    families, demo, bench, verify,
 )
 
 

@@ -31,6 +31,7 @@ from vlm_grpo.grpo.rollout.sampling import Rollout, encode, rollout
 from vlm_grpo.grpo.settings.sections import TrainConfig
 from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
 from vlm_grpo.grpo.training.base import BaseTrainer
+from vlm_grpo.grpo.training.hacking_watch import HackingWatch
 from vlm_grpo.grpo.training.lora import is_lora_wrapped, reference_disabled
 from vlm_grpo.grpo.training.optimizer import update_step
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
@@ -67,6 +68,7 @@ class GRPOTrainer(BaseTrainer):
         super().__init__(cfg, adapter=adapter, recipe=recipe, after_run=after_run)
         self.collective = Collective(reduce_sum=lambda x: self.accelerator.reduce(x, reduction="sum"),
                                      gather=self._gather_tensor)
+        self.watch = HackingWatch(self)  # the reward audit now; each step the hacking and grounding monitors
 
     # ---------------------------------------------------------------- held-out evaluation around the run
     def _heldout(self, when: str, step: int) -> dict[str, Any]:
@@ -178,6 +180,7 @@ class GRPOTrainer(BaseTrainer):
         metrics = self._mean_over_processes({
             **losses, **self._reward_metrics(traj, reward_errors, reward_metrics), **self._cost_metrics(traj),
         })
+        metrics.update(self.watch.step(step, samples, traj))  # after the update: guards read, never change, the step
         metrics.update(step=step + 1, step_time=time.perf_counter() - started)
         self._log_completions(step + 1, traj)
         return metrics
@@ -349,6 +352,7 @@ class GRPOTrainer(BaseTrainer):
                     "reward": traj.rewards[i].item(),
                     "rewards": {name: v[i].item() for name, v in traj.reward_components.items()},
                     "advantage": advantages[i].item(),
+                    **self.watch.flags(i),
                     **({"extra": {k: _loggable(v[i]) for k, v in traj.extra.items()}} if traj.extra else {}),
                 }
             )

@@ -49,6 +49,7 @@ class Recipe:
     defaults: dict[str, Any] = field(default_factory=dict)  # config overrides this task needs
     checks_rows: bool = False  # build() reads a dataset's rows and takes on_bad_sample (error | skip), path, hub_id
     takes_columns: bool = False  # build() takes the column names prompt_key, image_key, answer_key
+    audit: "AuditHints | None" = None  # recipes/audit_hints.py: the right answer, allowed answers, the layout
 
 
 def user_turn(text: str, n_images: int = 1) -> list[dict[str, Any]]:

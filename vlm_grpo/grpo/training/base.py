@@ -35,7 +35,7 @@ from vlm_grpo.grpo.settings.sections import TrainConfig
 from vlm_grpo.grpo.data.order import batch_indices
 from vlm_grpo.grpo.data.source import build_split, resolve_recipe
 from vlm_grpo.grpo.evaluate import evaluate_run, heldout_split
-from vlm_grpo.grpo.training.guards import KLWatchdog, NonFiniteGuard, check_disk_space
+from vlm_grpo.grpo.training.guards import KLWatchdog, NonFiniteGuard, TrainingHalted, check_disk_space
 from vlm_grpo.grpo.run.hub import push_final
 from vlm_grpo.grpo.training.lora import apply_lora, is_lora_wrapped, save_merged
 from vlm_grpo.grpo.run.manifest import verify, write_manifest
@@ -77,6 +77,7 @@ PREFLIGHT_SAMPLES = 4  # samples the cheap pre-flight checks encode at the start
 
 class BaseTrainer:
     stage = "train"  # names the progress bar and is recorded in checkpoints
+    watch = None  # GRPO's hacking monitors (grpo/training/hacking_watch.py): `.halt` says why to stop after a step
     dropout = False  # whether the model trains in train() mode (GRPO: no, the ratio compares like with like)
 
     def __init__(self, cfg: TrainConfig, adapter=None, recipe=None, after_run: Sequence[Callable[[Path], Any]] = ()):
@@ -362,6 +363,9 @@ class BaseTrainer:
                 nonfinite.observe(metrics)
                 kl_watch.observe(metrics)
                 done = step + 1
+                if self.watch is not None and self.watch.halt:  # guard.on_hacking stop: this step saved, then stop
+                    self.save(done)
+                    raise TrainingHalted(f"{self.watch.halt}; checkpoint-{done} saved, stopped (guard.on_hacking stop)")
                 if stop.signum is not None:
                     self.save(done)
                     progress.close()

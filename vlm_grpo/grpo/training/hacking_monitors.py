@@ -1,0 +1,159 @@
+"""Monitors for a policy that games its rewards or stops looking at the image, judged once per step.
+
+Each monitor's `observe(step, stats, rows)` reads the step's process-averaged statistics (the `Trend` of a metric
+over the last `window` steps: the mean of its first third against the mean of its last third) and, when it trips,
+returns a `Trip`: a message naming the step, and which of the step's completions show it (`rows`: this process's
+completions by what they show). The statistics are made in hacking_watch.py.
+
+- rising component, flat accuracy: a reward component gains `rise` of its largest value over the window while the
+  share of right completions moves less than `flat`;
+- image reliance falling toward zero: below `reliance_floor` of its first measurement (or ~0 from the start);
+- identical groups: all G completions identical in at least `identical_groups` of the groups, 2 steps in a row;
+- enumeration rising: the share of completions listing several allowed answers gains `enumeration_rise`;
+- length drifting to the limit: at least `length_limit_share` of completions cut at the length limit, having
+  risen by 0.2 over the window (a model that never stopped early does not trip it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+MIN_POINTS = 3  # steps a trend needs before it is judged
+RELIANCE_NONE = 0.01  # nats per token: an image reliance this small means the answers ignore the image
+LENGTH_DRIFT = 0.2  # rise of the share of completions cut at the limit that counts as a drift
+
+
+@dataclass
+class Trip:
+    monitor: str
+    message: str
+    rows: list[int] = field(default_factory=list)  # the step's completions that show it (examples, flagged)
+    key: str = ""  # what is warned of once per run (default: the monitor)
+
+
+class Trend:
+    """A metric's values over the last `window` steps; early and late: the means of the first and last thirds."""
+
+    def __init__(self, window: int):
+        self.window, self.values = window, []
+
+    def add(self, value: float) -> None:
+        if value is not None and not math.isnan(value):
+            self.values = (self.values + [float(value)])[-self.window:]
+
+    @property
+    def ready(self) -> bool:
+        return len(self.values) >= MIN_POINTS
+
+    def _third(self) -> int:
+        return max(1, len(self.values) // 3)
+
+    @property
+    def early(self) -> float:
+        return sum(self.values[: self._third()]) / self._third()
+
+    @property
+    def late(self) -> float:
+        return sum(self.values[-self._third():]) / self._third()
+
+
+class RisingWithoutAccuracy:
+    name = "rising_component"
+
+    def __init__(self, cfg, accuracy: str | None):
+        self.cfg, self.accuracy = cfg, accuracy
+        self.trends: dict[str, Trend] = {}
+        self.scale: dict[str, float] = {}  # largest value a completion got for the component so far
+        self.accuracy_trend = Trend(cfg.monitor_window)
+
+    def observe(self, step: int, stats: dict[str, float], rows: dict[str, list[int]]) -> list[Trip]:
+        if self.accuracy is None:
+            return []
+        self.accuracy_trend.add(stats.get("guards/accuracy_rate", math.nan))
+        trips = []
+        for name, value in stats.items():
+            if not name.startswith("rewards/") or name == f"rewards/{self.accuracy}":
+                continue
+            component = name.split("/", 1)[1]
+            trend = self.trends.setdefault(component, Trend(self.cfg.monitor_window))
+            trend.add(value)
+            self.scale[component] = max(self.scale.get(component, 0.0), stats.get(f"max/{component}", 0.0))
+            acc = self.accuracy_trend
+            if not (trend.ready and acc.ready and self.scale[component] > 0):
+                continue
+            rise = (trend.late - trend.early) / self.scale[component]
+            if rise >= self.cfg.hacking_rise and abs(acc.late - acc.early) <= self.cfg.hacking_flat:
+                trips.append(Trip(self.name, (
+                    f"step {step}: reward {component!r} rose by {rise:.0%} of its largest value ({trend.early:.3g} -> "
+                    f"{trend.late:.3g}) over the last {len(trend.values)} steps while the share of right answers "
+                    f"({self.accuracy!r} > 0) stayed at {acc.early:.0%} -> {acc.late:.0%}: it is being earned without "
+                    "getting answers right"), rows.get(f"paid/{component}", []), key=f"{self.name}:{component}"))
+        return trips
+
+
+class RelianceFalling:
+    name = "image_reliance"
+
+    def __init__(self, cfg):
+        self.cfg, self.first = cfg, None
+
+    def observe(self, step: int, stats: dict[str, float], rows: dict[str, list[int]]) -> list[Trip]:
+        value = stats.get("grounding/image_reliance")
+        if value is None or math.isnan(value):
+            return []
+        if self.first is None:
+            self.first = value
+            if value <= RELIANCE_NONE:
+                return [Trip(self.name, f"step {step}: image reliance {value:.3g} nats/token: the policy's answers "
+                             "are as likely with a blank image as with theirs (the model does not use the image)",
+                             rows.get("reliance", []))]
+            return []
+        if self.first > RELIANCE_NONE and value <= self.cfg.reliance_floor * self.first:
+            return [Trip(self.name, f"step {step}: image reliance fell to {value:.3g} nats/token from {self.first:.3g} "
+                         "at the first measurement: the answers depend less and less on the image", rows.get("reliance", []))]
+        return []
+
+
+class IdenticalGroups:
+    name = "identical_groups"
+
+    def __init__(self, cfg, patience: int = 2):
+        self.cfg, self.patience, self.streak = cfg, patience, 0
+
+    def observe(self, step: int, stats: dict[str, float], rows: dict[str, list[int]]) -> list[Trip]:
+        share = stats.get("guards/identical_groups", 0.0)
+        self.streak = self.streak + 1 if share >= self.cfg.identical_groups else 0
+        if self.streak < self.patience:
+            return []
+        return [Trip(self.name, f"step {step}: in {share:.0%} of the groups all completions were identical, "
+                     f"{self.streak} steps in a row: the policy has collapsed onto one answer per prompt (no learning "
+                     "signal left; sample hotter, or check what it learned)", rows.get(self.name, []))]
+
+
+class RisingShare:
+    """A per-step share (enumeration, cut at the limit) that rises over the window."""
+
+    def __init__(self, name: str, key: str, rise: float, level: float, what: str, window: int):
+        self.name, self.key, self.rise, self.level, self.what = name, key, rise, level, what
+        self.trend = Trend(window)
+
+    def observe(self, step: int, stats: dict[str, float], rows: dict[str, list[int]]) -> list[Trip]:
+        self.trend.add(stats.get(self.key, math.nan))
+        t = self.trend
+        if not t.ready or t.late < self.level or t.late - t.early < self.rise:
+            return []
+        return [Trip(self.name, f"step {step}: {self.what} rose from {t.early:.0%} to {t.late:.0%} of the "
+                     f"completions over the last {len(t.values)} steps", rows.get(self.name, []))]
+
+
+def monitors(cfg, accuracy: str | None, fixed_length: bool) -> dict[str, object]:
+    """Every monitor of a run, by name (the length monitor only when completions may stop early)."""
+    out = {m.name: m for m in (RisingWithoutAccuracy(cfg, accuracy), RelianceFalling(cfg), IdenticalGroups(cfg))}
+    out["enumeration"] = RisingShare("enumeration", "guards/enumeration", cfg.enumeration_rise, cfg.enumeration_rise,
+                                     "listing several allowed answers", cfg.monitor_window)
+    if not fixed_length:
+        out["length_limit"] = RisingShare("length_limit", "guards/at_length_limit", LENGTH_DRIFT,
+                                          cfg.length_limit_share, "completions cut at the length limit",
+                                          cfg.monitor_window)
+    return out
