@@ -205,7 +205,7 @@ class GuardConfig:
     hacking_rise: float = setting(0.3, help="a reward component rising by this share of its largest value over the "
                                   "window, with flat accuracy, trips the monitor", above=0.0)
     hacking_flat: float = setting(0.05, help="accuracy is flat when the share of right completions moves less than this "
-                                  "over the window", at_least=0.0, at_most=1.0)
+                                  "over the window, plus twice its sampling noise", at_least=0.0, at_most=1.0)
     identical_groups: float = setting(0.5, help="share of groups with G identical completions that trips the monitor "
                                       "(2 steps in a row)", above=0.0, at_most=1.0)
     enumeration_rise: float = setting(0.2, help="rise of the share of completions listing several allowed answers that "

@@ -6,7 +6,8 @@ returns a `Trip`: a message naming the step, and which of the step's completions
 completions by what they show). The statistics are made in hacking_watch.py.
 
 - rising component, flat accuracy: a reward component gains `rise` of its largest value over the window while the
-  share of right completions moves less than `flat`;
+  share of right completions moves less than `flat` plus twice the sampling noise of that difference (with n
+  completions a step and m steps a third, sqrt(p(1-p) * 2 / (n m)));
 - image reliance falling toward zero: below `reliance_floor` of its first measurement (or ~0 from the start);
 - identical groups: all G completions identical in at least `identical_groups` of the groups, 2 steps in a row;
 - enumeration rising: the share of completions listing several allowed answers gains `enumeration_rise`;
@@ -19,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-MIN_POINTS = 3  # steps a trend needs before it is judged
+MIN_POINTS = 6  # steps a trend needs before it is judged (fewer when the window is shorter): thirds of 2 steps
 RELIANCE_NONE = 0.01  # nats per token: an image reliance this small means the answers ignore the image
 LENGTH_DRIFT = 0.2  # rise of the share of completions cut at the limit that counts as a drift
 
@@ -44,7 +45,7 @@ class Trend:
 
     @property
     def ready(self) -> bool:
-        return len(self.values) >= MIN_POINTS
+        return len(self.values) >= min(self.window, MIN_POINTS)
 
     def _third(self) -> int:
         return max(1, len(self.values) // 3)
@@ -56,6 +57,11 @@ class Trend:
     @property
     def late(self) -> float:
         return sum(self.values[-self._third():]) / self._third()
+
+    def noise(self, per_step: float) -> float:
+        """Standard error of late - early for a share measured on `per_step` completions a step."""
+        p = min(max((self.early + self.late) / 2, 0.0), 1.0)
+        return math.sqrt(p * (1 - p) * 2 / max(per_step * self._third(), 1.0))
 
 
 class RisingWithoutAccuracy:
@@ -83,12 +89,13 @@ class RisingWithoutAccuracy:
             if not (trend.ready and acc.ready and self.scale[component] > 0):
                 continue
             rise = (trend.late - trend.early) / self.scale[component]
-            if rise >= self.cfg.hacking_rise and abs(acc.late - acc.early) <= self.cfg.hacking_flat:
+            flat = self.cfg.hacking_flat + 2 * acc.noise(stats.get("n/completions", 1.0))
+            if rise >= self.cfg.hacking_rise and abs(acc.late - acc.early) <= flat:
                 trips.append(Trip(self.name, (
                     f"step {step}: reward {component!r} rose by {rise:.0%} of its largest value ({trend.early:.3g} -> "
                     f"{trend.late:.3g}) over the last {len(trend.values)} steps while the share of right answers "
-                    f"({self.accuracy!r} > 0) stayed at {acc.early:.0%} -> {acc.late:.0%}: it is being earned without "
-                    "getting answers right"), rows.get(f"paid/{component}", []), key=f"{self.name}:{component}"))
+                    f"({self.accuracy!r} > 0) did not move beyond noise ({acc.early:.0%} -> {acc.late:.0%}): it is "
+                    "being earned without getting answers right"), rows.get(f"paid/{component}", []), key=f"{self.name}:{component}"))
         return trips
 
 

@@ -25,12 +25,12 @@ import torch
 from vlm_grpo.grpo.algorithm.trajectory import Trajectory
 from vlm_grpo.grpo.distributed import fsdp
 from vlm_grpo.grpo.rewards.audit import audit_rewards, completion_tokens
+from vlm_grpo.grpo.run.model_card import AUDIT_FILE
 from vlm_grpo.grpo.training.hacking_monitors import Trip, monitors
 from vlm_grpo.grpo.training.image_reliance import ImageReliance
 from vlm_grpo.recipes.audit_hints import DEFAULT_HINTS, AuditHints
 
 log = logging.getLogger(__name__)
-AUDIT_FILE = "reward-audit.json"
 AUDIT_SAMPLES = 8  # samples the audit at the start of a run scores (vlm-grpo audit-rewards: --samples)
 ACCURACY_NAMES = ("accuracy", "correctness")
 EXAMPLES = 3  # completions shown with a warning
@@ -142,6 +142,7 @@ class HackingWatch:
             stats.update(measured)
             rows["reliance"] = [k * traj.num_generations for k in range(min(self.cfg.reliance_samples, len(samples)))]
         stats = self.trainer._mean_over_processes(stats)
+        stats["n/completions"] = len(traj) * self.trainer.accelerator.num_processes
         trips = [trip for m in self.monitors.values() for trip in m.observe(step + 1, stats, rows)]
         self.flagged = {}
         for trip in trips:
