@@ -147,12 +147,15 @@ class GRPOTrainer(BaseTrainer):
         return {"reward": f"{metrics['reward']:.3f}", "kl": f"{metrics.get('kl', 0.0):.2e}"}
 
     def extra_state(self) -> dict[str, Any]:
-        return {"optimizer_updates": self.updates, "entropy_control": self.entropy_control.state_dict()}
+        return {"optimizer_updates": self.updates, "entropy_control": self.entropy_control.state_dict(),
+                "guards": self.watch.state_dict()}
 
     def load_extra_state(self, state: dict[str, Any], checkpoint) -> None:
         self.updates = int(state.get("optimizer_updates", 0))
         if "entropy_control" in state:
             self.entropy_control.load_state_dict(state["entropy_control"])
+        if "guards" in state:
+            self.watch.load_state_dict(state["guards"])
         if self.cfg.loss.sync_ref_model:
             reference_sync.load(self.reference, checkpoint)
 

@@ -41,7 +41,7 @@ ADVERSARIES: dict[str, str] = {  # name -> kind, in table order
 }
 TOLERANCE = 0.05  # an adversary within 5% of the right answer's mean counts as "as well"
 REPEATS = 16
-STUB = "I looked at the image."  # the reasoning of the formatted wrong answer
+STUB = "I looked at the image."  # the reasoning of the formatted wrong answer and of the enumeration
 FILLER = "Let me look at the image carefully and think about the question before I give my final reply. "
 
 
@@ -70,7 +70,7 @@ def adversarial_completions(sample: Sample, hints: AuditHints, words: int = 120,
         return {**out, **{name: None for name in ADVERSARIES if name not in out}}
     candidates = hints.candidates(sample, answer)
     out.update(
-        enumerate=hints.layout(sample, "", " ".join(candidates)) if len(candidates) > 1 else None,
+        enumerate=hints.layout(sample, STUB, " ".join(candidates)) if len(candidates) > 1 else None,
         repeat=" ".join([answer] * REPEATS),
         right_answer_bare=answer,
         wrong_answer=hints.layout(sample, STUB, hints.wrong(sample, answer)),

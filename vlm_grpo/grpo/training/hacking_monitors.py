@@ -3,7 +3,8 @@
 Each monitor's `observe(step, stats, rows)` reads the step's process-averaged statistics (the `Trend` of a metric
 over the last `window` steps: the mean of its first third against the mean of its last third) and, when it trips,
 returns a `Trip`: a message naming the step, and which of the step's completions show it (`rows`: this process's
-completions by what they show). The statistics are made in hacking_watch.py.
+completions by what they show). The statistics are made in hacking_watch.py. Their state (`state_dict`) travels in
+checkpoints, so a resumed run judges as the uninterrupted one.
 
 - rising component, flat accuracy: a reward component gains `rise` of its largest value over the window while the
   share of right completions moves less than `flat` plus twice the sampling noise of that difference (with n
@@ -39,6 +40,12 @@ class Trend:
     def __init__(self, window: int):
         self.window, self.values = window, []
 
+    def state_dict(self) -> list[float]:
+        return list(self.values)
+
+    def load_state_dict(self, values: list[float]) -> None:
+        self.values = [float(v) for v in values]
+
     def add(self, value: float) -> None:
         if value is not None and not math.isnan(value):
             self.values = (self.values + [float(value)])[-self.window:]
@@ -73,6 +80,16 @@ class RisingWithoutAccuracy:
         self.scale: dict[str, float] = {}  # largest value a completion got for the component so far
         self.accuracy_trend = Trend(cfg.monitor_window)
 
+    def state_dict(self) -> dict:
+        return {"trends": {k: t.state_dict() for k, t in self.trends.items()}, "scale": dict(self.scale),
+                "accuracy": self.accuracy_trend.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, values in state["trends"].items():
+            self.trends.setdefault(name, Trend(self.cfg.monitor_window)).load_state_dict(values)
+        self.scale = {k: float(v) for k, v in state["scale"].items()}
+        self.accuracy_trend.load_state_dict(state["accuracy"])
+
     def observe(self, step: int, stats: dict[str, float], rows: dict[str, list[int]]) -> list[Trip]:
         if self.accuracy is None:
             return []
@@ -105,6 +122,12 @@ class RelianceFalling:
     def __init__(self, cfg):
         self.cfg, self.first = cfg, None
 
+    def state_dict(self) -> dict:
+        return {"first": self.first}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.first = state["first"]
+
     def observe(self, step: int, stats: dict[str, float], rows: dict[str, list[int]]) -> list[Trip]:
         value = stats.get("grounding/image_reliance")
         if value is None or math.isnan(value):
@@ -128,6 +151,12 @@ class IdenticalGroups:
     def __init__(self, cfg, patience: int = 2):
         self.cfg, self.patience, self.streak = cfg, patience, 0
 
+    def state_dict(self) -> dict:
+        return {"streak": self.streak}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.streak = int(state["streak"])
+
     def observe(self, step: int, stats: dict[str, float], rows: dict[str, list[int]]) -> list[Trip]:
         share = stats.get("guards/identical_groups", 0.0)
         self.streak = self.streak + 1 if share >= self.cfg.identical_groups else 0
@@ -144,6 +173,12 @@ class RisingShare:
     def __init__(self, name: str, key: str, rise: float, level: float, what: str, window: int):
         self.name, self.key, self.rise, self.level, self.what = name, key, rise, level, what
         self.trend = Trend(window)
+
+    def state_dict(self) -> dict:
+        return {"trend": self.trend.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.trend.load_state_dict(state["trend"])
 
     def observe(self, step: int, stats: dict[str, float], rows: dict[str, list[int]]) -> list[Trip]:
         self.trend.add(stats.get(self.key, math.nan))

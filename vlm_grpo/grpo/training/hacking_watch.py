@@ -164,6 +164,18 @@ class HackingWatch:
         shown = "; ".join(repr(_clip(traj.completions[r])) for r in trip.rows[:EXAMPLES]) or "-"
         log.warning("guard %s: %s. Examples: %s", trip.monitor, trip.message, shown)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The monitors' history, trip counts and what was warned of (JSON, for trainer_state.json)."""
+        return {"trips": dict(self.trips), "warned": sorted(self.warned),
+                "monitors": {name: m.state_dict() for name, m in self.monitors.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.trips.update({k: int(v) for k, v in state["trips"].items() if k in self.trips})
+        self.warned = set(state["warned"])
+        for name, monitor_state in state["monitors"].items():
+            if name in self.monitors:
+                self.monitors[name].load_state_dict(monitor_state)
+
     def flags(self, row: int) -> dict[str, Any]:
         """completions.jsonl's `flags` of a completion of this step (nothing when none)."""
         return {"flags": self.flagged[row]} if row in self.flagged else {}
