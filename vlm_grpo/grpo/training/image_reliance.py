@@ -94,16 +94,19 @@ class ImageReliance:
         return token_mean(self.score(other, list(range(len(other)))), other.completion_mask)
 
     def measure(self, samples: list[Sample], traj: Trajectory, count: int) -> dict[str, float]:
-        """The metrics (`grounding/...`) on the first `count` prompts that have images; {} when none has."""
+        """The metrics (`grounding/...`) on the first `count` prompts that have images; NaN what cannot be measured
+        (every process logs the same keys: they are averaged over processes)."""
+        keys = ("logprob_with_image", "image_reliance", "image_reliance_swap", "attention_to_image")
+        nothing = {f"{PREFIX}{k}": math.nan for k in keys}
         chosen = [k for k, s in enumerate(samples) if s.images][:count]
         if not chosen:
-            return {}
+            return nothing
         picked = [samples[k] for k in chosen]
         sub = subset(traj, chosen)
         with torch.no_grad():
             own = token_mean(self.score(sub, list(range(len(sub)))), sub.completion_mask)
             blank, other = self._variant(sub, blanked(picked)), self._variant(sub, swapped(picked))
-            metrics = {f"{PREFIX}logprob_with_image": own, f"{PREFIX}image_reliance": own - blank,
+            metrics = {**nothing, f"{PREFIX}logprob_with_image": own, f"{PREFIX}image_reliance": own - blank,
                        f"{PREFIX}image_reliance_swap": own - other}
             if self.attention:
                 first = [k * traj.num_generations for k in range(len(chosen))]  # one completion per prompt
