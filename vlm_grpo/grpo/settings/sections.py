@@ -215,8 +215,8 @@ class GuardConfig:
     reliance_every: int = setting(10, help="measure image reliance every N steps (0: never)", at_least=0)
     reliance_samples: int = setting(2, help="prompts image reliance is measured on (with all their completions)",
                                     at_least=1)
-    reliance_floor: float = setting(0.25, help="image reliance below this share of its first measurement trips the "
-                                    "monitor", above=0.0, below=1.0)
+    reliance_floor: float = setting(0.25, help="image reliance (mean of the last 3 measurements) below this share of "
+                                    "its first 3 trips the monitor", above=0.0, below=1.0)
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -9,7 +9,8 @@ checkpoints, so a resumed run judges as the uninterrupted one.
 - rising component, flat accuracy: a reward component gains `rise` of its largest value over the window while the
   share of right completions moves less than `flat` plus twice the sampling noise of that difference (with n
   completions a step and m steps a third, sqrt(p(1-p) * 2 / (n m)));
-- image reliance falling toward zero: below `reliance_floor` of its first measurement (or ~0 from the start);
+- image reliance falling toward zero: the mean of the last 3 measurements below `reliance_floor` of the mean of
+  the first 3 (or ~0 at the first measurement);
 - identical groups: all G completions identical in at least `identical_groups` of the groups, 2 steps in a row;
 - enumeration rising: the share of completions listing several allowed answers gains `enumeration_rise`;
 - length drifting to the limit: at least `length_limit_share` of completions cut at the length limit, having
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 
 MIN_POINTS = 6  # steps a trend needs before it is judged (fewer when the window is shorter): thirds of 2 steps
 RELIANCE_NONE = 0.01  # nats per token: an image reliance this small means the answers ignore the image
+SMOOTH = 3  # image reliance measurements averaged before judging
 LENGTH_DRIFT = 0.2  # rise of the share of completions cut at the limit that counts as a drift
 
 
@@ -117,31 +119,35 @@ class RisingWithoutAccuracy:
 
 
 class RelianceFalling:
+    """Measurements on a few prompts are noisy (the default run's: 0.2-1.6 nats/token): the mean of the last
+    `SMOOTH` measurements is judged against the mean of the first `SMOOTH`."""
+
     name = "image_reliance"
 
     def __init__(self, cfg):
-        self.cfg, self.first = cfg, None
+        self.cfg, self.values = cfg, []
 
     def state_dict(self) -> dict:
-        return {"first": self.first}
+        return {"values": list(self.values)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.first = state["first"]
+        self.values = [float(v) for v in state["values"]]
 
     def observe(self, step: int, stats: dict[str, float], rows: dict[str, list[int]]) -> list[Trip]:
         value = stats.get("grounding/image_reliance")
         if value is None or math.isnan(value):
             return []
-        if self.first is None:
-            self.first = value
-            if value <= RELIANCE_NONE:
-                return [Trip(self.name, f"step {step}: image reliance {value:.3g} nats/token: the policy's answers "
-                             "are as likely with a blank image as with theirs (the model does not use the image)",
-                             rows.get("reliance", []))]
-            return []
-        if self.first > RELIANCE_NONE and value <= self.cfg.reliance_floor * self.first:
-            return [Trip(self.name, f"step {step}: image reliance fell to {value:.3g} nats/token from {self.first:.3g} "
-                         "at the first measurement: the answers depend less and less on the image", rows.get("reliance", []))]
+        self.values.append(float(value))
+        if len(self.values) == 1 and value <= RELIANCE_NONE:
+            return [Trip(self.name, f"step {step}: image reliance {value:.3g} nats/token: the policy's answers "
+                         "are as likely with a blank image as with theirs (the model does not use the image)",
+                         rows.get("reliance", []))]
+        first, last = self.values[:SMOOTH], self.values[-SMOOTH:]
+        baseline, now = sum(first) / len(first), sum(last) / len(last)
+        if len(self.values) > SMOOTH and baseline > RELIANCE_NONE and now <= self.cfg.reliance_floor * baseline:
+            return [Trip(self.name, f"step {step}: image reliance fell to {now:.3g} nats/token (mean of the last "
+                         f"{len(last)} measurements) from {baseline:.3g} (the first {len(first)}): the answers depend "
+                         "less and less on the image", rows.get("reliance", []))]
         return []
 
 

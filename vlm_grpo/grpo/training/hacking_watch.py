@@ -140,7 +140,7 @@ class HackingWatch:
         if self.cfg.reliance_every and step % self.cfg.reliance_every == 0:
             measured = self.reliance.measure(samples, traj, self.cfg.reliance_samples)
             stats.update(measured)
-            rows["reliance"] = [k * traj.num_generations for k in range(min(self.cfg.reliance_samples, len(samples)))]
+            rows["reliance"] = self.reliance.rows
         stats = self.trainer._mean_over_processes(stats)
         stats["n/completions"] = len(traj) * self.trainer.accelerator.num_processes
         trips = [trip for m in self.monitors.values() for trip in m.observe(step + 1, stats, rows)]
@@ -161,6 +161,8 @@ class HackingWatch:
         if key in self.warned:
             return
         self.warned.add(key)
+        if not self.trainer.is_main:  # every process judges alike; one says so
+            return
         shown = "; ".join(repr(_clip(traj.completions[r])) for r in trip.rows[:EXAMPLES]) or "-"
         log.warning("guard %s: %s. Examples: %s", trip.monitor, trip.message, shown)
 

@@ -76,6 +76,7 @@ class ImageReliance:
     def __init__(self, adapter, device, score: Callable, attention: bool = True):
         self.adapter, self.device, self.score, self.attention = adapter, device, score, attention
         self.told: set[str] = set()
+        self.rows: list[int] = []  # the last measurement's completions: the first of each prompt measured
 
     def _once(self, key: str, message: str) -> None:
         if key not in self.told:
@@ -99,9 +100,11 @@ class ImageReliance:
         keys = ("logprob_with_image", "image_reliance", "image_reliance_swap", "attention_to_image")
         nothing = {f"{PREFIX}{k}": math.nan for k in keys}
         chosen = [k for k, s in enumerate(samples) if s.images][:count]
+        self.rows = []
         if not chosen:
             return nothing
         picked = [samples[k] for k in chosen]
+        self.rows = [k * traj.num_generations for k in chosen]
         sub = subset(traj, chosen)
         with torch.no_grad():
             own = token_mean(self.score(sub, list(range(len(sub)))), sub.completion_mask)
