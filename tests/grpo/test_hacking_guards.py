@@ -123,7 +123,7 @@ def test_image_reliance_is_zero_when_the_vision_output_is_cut_off(tmp_path):
     assert metrics["guards/trips/image_reliance"] == 1  # "the model does not use the image" from the first measurement
 
 
-def test_the_guards_do_not_change_what_a_run_trains(tmp_path):
+def test_the_guards_do_not_change_what_a_run_trains_and_the_default_model_relies_on_the_image(tmp_path):
     base = [*SHAPES, "--max-steps", "2", "--max-new-tokens", "12"]
     on = GRPOTrainer(load_config(overrides=[*base, "--reliance-every", "1", "--output-dir", str(tmp_path / "on")]))
     on_history = on.train()
@@ -134,3 +134,5 @@ def test_the_guards_do_not_change_what_a_run_trains(tmp_path):
         assert {k: v for k, v in a.items() if k in b and k != "step_time"} == {k: v for k, v in b.items() if k != "step_time"}
     assert all(torch.equal(p, q) for p, q in zip(on.adapter.model.parameters(), off.adapter.model.parameters()))
     assert "grounding/image_reliance" in on_history[1] and "grounding/image_reliance" not in off_history[1]
+    # the default run's model and settings: its sampled answers need their image (a blank one makes them unlikely)
+    assert min(m["grounding/image_reliance"] for m in on_history) > 0.3
