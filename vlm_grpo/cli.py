@@ -16,6 +16,7 @@ import sys
 
 from vlm_grpo.commands import (
     attention,
+    audit_rewards,
     bench,
     check,
     check_cache,
@@ -38,8 +39,8 @@ from vlm_grpo.grpo.settings.fields import SettingError
 
 FAILED, REFUSED = 1, 2
 COMMANDS = (
-    train, sft, eval, check, check_cache, plot, attention, completions, generate, compose, convert_gguf, families, demo,
-    bench, verify, env,
+    train, sft, eval, check, check_cache, audit_rewards, plot, attention, completions, generate, compose, convert_gguf,
+    families, demo, bench, verify, env,
 )
 
 

@@ -33,8 +33,9 @@ INNER_FLOORS = {
          "vlm_grpo.adapters.visual_spans", "vlm_grpo.adapters.completion_images",
          "vlm_grpo.adapters.quirks"),  # parts of the contract
         ("vlm_grpo.adapters.video_hooks",),  # the contract's video side
-        ("vlm_grpo.adapters.base", "vlm_grpo.adapters.sharing",
-         "vlm_grpo.adapters.assembly"),  # the contract, the sharing engine, what every hybrid pairing shares
+        ("vlm_grpo.adapters.base", "vlm_grpo.adapters.sharing", "vlm_grpo.adapters.image_attention",
+         "vlm_grpo.adapters.assembly"),  # the contract, the sharing engine, attention to the image, what every
+        # hybrid pairing shares
         ("vlm_grpo.adapters.generic",),  # the adapter of any model type without a family file
         ("vlm_grpo.adapters.families",),  # one file per family
         ("vlm_grpo.adapters.registry", "vlm_grpo.adapters.model_spec", "vlm_grpo.adapters.families_table",

@@ -15,6 +15,7 @@ def add_parser(sub) -> None:
     p.add_argument("--width", type=int, default=None, help="columns (default: the terminal's)")
     p.add_argument("--max-lines", type=int, default=6, help="lines of text per completion before cutting")
     p.add_argument("--prompt", action="store_true", help="also show each prompt")
+    p.add_argument("--flagged", action="store_true", help="only completions a hacking guard flagged during training")
     p.set_defaults(func=run)
 
 
@@ -23,7 +24,7 @@ def run(args) -> int:
 
     rows = load_completions(args.run_dir)
     order = "best" if args.best else "worst" if args.worst else "log"
-    chosen = select(rows, step=args.step, order=order, limit=None, sort_key=args.by)
+    chosen = select(rows, step=args.step, order=order, limit=None, sort_key=args.by, flagged=args.flagged)
     head = f"{summary(chosen)} (of {len(rows)} logged)"
     print(head if order == "log" else f"{head}; {order} first by {args.by}")
     shown = chosen[: args.limit] if args.limit else chosen

@@ -33,6 +33,7 @@ from vlm_grpo.grpo.tools.toolset import run_toolset
 from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
 from vlm_grpo.grpo.training.base import BaseTrainer
 from vlm_grpo.grpo.training.before_after import BeforeAfter
+from vlm_grpo.grpo.training.hacking_watch import HackingWatch
 from vlm_grpo.grpo.training.lora import is_lora_wrapped, reference_disabled
 from vlm_grpo.grpo.training.optimizer import update_step
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
@@ -76,6 +77,7 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
         self.session = None  # the step's tool session (environments, tools per rollout)
         self.collective = Collective(reduce_sum=lambda x: self.accelerator.reduce(x, reduction="sum"),
                                      gather=self._gather_tensor)
+        self.watch = HackingWatch(self)  # the reward audit now; each step the hacking and grounding monitors
 
     # ---------------------------------------------------------------- hooks
     def _after_freeze(self) -> None:
@@ -106,12 +108,15 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
         return {"reward": f"{metrics['reward']:.3f}", "kl": f"{metrics.get('kl', 0.0):.2e}"}
 
     def extra_state(self) -> dict[str, Any]:
-        return {"optimizer_updates": self.updates, "entropy_control": self.entropy_control.state_dict()}
+        return {"optimizer_updates": self.updates, "entropy_control": self.entropy_control.state_dict(),
+                "guards": self.watch.state_dict()}
 
     def load_extra_state(self, state: dict[str, Any], checkpoint) -> None:
         self.updates = int(state.get("optimizer_updates", 0))
         if "entropy_control" in state:
             self.entropy_control.load_state_dict(state["entropy_control"])
+        if "guards" in state:
+            self.watch.load_state_dict(state["guards"])
         if self.cfg.loss.sync_ref_model:
             reference_sync.load(self.reference, checkpoint)
 
@@ -139,6 +144,7 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
         metrics = self._mean_over_processes({
             **losses, **self._reward_metrics(traj, reward_errors, reward_metrics), **self._cost_metrics(traj),
         })
+        metrics.update(self.watch.step(step, samples, traj))  # after the update: guards read, never change, the step
         metrics.update(step=step + 1, step_time=time.perf_counter() - started)
         self._log_completions(step + 1, traj)
         return metrics
@@ -337,6 +343,7 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
                     "reward": traj.rewards[i].item(),
                     "rewards": {name: v[i].item() for name, v in traj.reward_components.items()},
                     "advantage": advantages[i].item(),
+                    **self.watch.flags(i),
                     **({"extra": {k: _loggable(v[i]) for k, v in traj.extra.items()}} if traj.extra else {}),
                     **({"turns": loggable_messages(traj.conversations[i])} if traj.conversations else {}),
                 }

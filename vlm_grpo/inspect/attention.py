@@ -9,7 +9,6 @@ every family, tiles and thumbnails included, lands on one grid in image coordina
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -19,6 +18,7 @@ import torch
 from PIL import Image
 
 from vlm_grpo.adapters.base import VLMAdapter
+from vlm_grpo.adapters.image_attention import _attn_tree, answer_queries, eager_attention, mean_attention  # noqa: F401
 from vlm_grpo.adapters.image_layout import ImageCell
 
 
@@ -80,26 +80,6 @@ def attention_to_heatmap(
 
 
 # ---------------------------------------------------------------- model side
-def _attn_tree(config) -> dict:
-    tree = {"": config._attn_implementation}
-    for key in getattr(config, "sub_configs", {}):
-        sub = getattr(config, key, None)
-        if sub is not None:
-            tree[key] = _attn_tree(sub)
-    return tree
-
-
-@contextlib.contextmanager
-def eager_attention(model: torch.nn.Module):
-    """Eager attention (the one that returns weights) inside the block, the previous implementations after."""
-    before = _attn_tree(model.config)
-    model.set_attn_implementation("eager")
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(before)
-
-
 def answer_rows(adapter: VLMAdapter, batch, *, max_new_tokens: int, layer: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy answer to a one-prompt batch, then ([T, K] attention of each answer token's query over the prompt +
     answer keys, mean over heads and over layers or one `layer`; the answer ids [1, T])."""
@@ -109,19 +89,8 @@ def answer_rows(adapter: VLMAdapter, batch, *, max_new_tokens: int, layer: int |
     completion = out.sequences[:, prompt_len:]
     completion = completion[:, : _answer_length(completion[0].tolist(), adapter)]
     inputs = adapter.completion_inputs(batch, completion, torch.ones_like(completion))
-    with eager_attention(model), torch.no_grad():
-        outputs = model(**inputs, output_attentions=True)
-    attentions = outputs.attentions
-    if not attentions or any(a is None for a in attentions):
-        raise RuntimeError(f"{adapter.family}: the model returned no attention weights")
-    if layer is None:
-        att = torch.stack([a[0].float() for a in attentions]).mean(0)  # [heads, Q, K]
-    else:
-        if not -len(attentions) <= layer < len(attentions):
-            raise ValueError(f"layer {layer} out of range: the language model has {len(attentions)} layers")
-        att = attentions[layer][0].float()
-    att = att.mean(0)  # [Q, K], mean over heads
-    queries = torch.arange(prompt_len - 1, prompt_len - 1 + completion.shape[1], device=att.device)
+    att = mean_attention(model, inputs, layer=layer, family=adapter.family)[0]  # [Q, K], mean over heads (and layers)
+    queries = answer_queries(prompt_len, completion.shape[1], att.device)
     return att[queries], completion
 
 

@@ -2,7 +2,8 @@
 
 Plain text, sized to the terminal. A completion that scores high for the wrong reason (a format tag
 with no answer, a keyword stuffed in to please a component) is quickest to see next to its
-components and its advantage, sorted best or worst first.
+components and its advantage, sorted best or worst first. Completions a guard flagged during training (an example
+of a tripped hacking monitor: `flags` in completions.jsonl) are marked, and `flagged=True` keeps only them.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ def load_completions(run_dir: str | Path) -> list[dict[str, Any]]:
 
 def select(
     rows: list[dict[str, Any]], *, step: int | None = None, order: str = "log", limit: int | None = None,
-    sort_key: str = "reward",
+    sort_key: str = "reward", flagged: bool = False,
 ) -> list[dict[str, Any]]:
-    """Filter to `step` (-1: the last logged step), sort (`best`/`worst` by `sort_key`, or log order), cut to `limit`.
+    """Filter to `step` (-1: the last logged step) and, with `flagged`, to completions a guard flagged; sort
+    (`best`/`worst` by `sort_key`, or log order), cut to `limit`.
 
     `sort_key` is "reward", "advantage" or a reward component's name. Ties keep log order.
     """
@@ -34,6 +36,8 @@ def select(
         if step == -1 and rows:
             step = max(int(r["step"]) for r in rows)
         rows = [r for r in rows if int(r["step"]) == step]
+    if flagged:
+        rows = [r for r in rows if r.get("flags")]
     if order in ("best", "worst"):
         def key(r):
             value = r.get(sort_key, r.get("rewards", {}).get(sort_key))
@@ -86,6 +90,7 @@ def format_rows(rows: Iterable[dict[str, Any]], *, width: int | None = None, max
         head = (
             f"#{n} step {r.get('step')}  sample {r.get('sample_index')}  proc {r.get('process', 0)}  "
             f"reward {_num(r.get('reward'))}  adv {_num(r.get('advantage'))}"
+            + (f"  FLAGGED: {', '.join(r['flags'])}" if r.get("flags") else "")
         )
         lines = textwrap.wrap(head, width) + textwrap.wrap("   " + comps, width, subsequent_indent="   ")
         if r.get("turns"):  # a multi-turn rollout with tools: what it did, before the trajectory itself
@@ -108,4 +113,6 @@ def summary(rows: list[dict[str, Any]]) -> str:
     rewards = [float(r.get("reward", 0.0)) for r in rows]
     steps = sorted({int(r["step"]) for r in rows})
     where = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}–{steps[-1]}"
-    return f"{len(rows)} completions, {where}, reward mean {sum(rewards) / len(rewards):.3f} (min {min(rewards):.3f}, max {max(rewards):.3f})"
+    flagged = sum(bool(r.get("flags")) for r in rows)
+    return (f"{len(rows)} completions, {where}, reward mean {sum(rewards) / len(rewards):.3f} (min {min(rewards):.3f}, "
+            f"max {max(rewards):.3f})" + (f", {flagged} flagged by a guard" if flagged else ""))

@@ -227,6 +227,7 @@ def charts(data: RunData, *, accuracy_component: str | None = None, length_unit:
     """The charts this run's logs can fill, in overview order."""
     component = data.accuracy_component(accuracy_component)
     comps = [(f"rewards/{c}", c) for c in data.reward_components()]
+    trips = sorted({k for row in data.metrics for k in row if k.startswith("guards/trips/")})
     candidates = [
         _line_chart(data, "reward", "Reward (total)", [("reward", "reward")], "mean reward"),
         _line_chart(data, "loss", "Training loss", [("loss", "loss")], "loss"),
@@ -250,6 +251,16 @@ def charts(data: RunData, *, accuracy_component: str | None = None, length_unit:
         _line_chart(data, "tool_failures", "Tool failures",
                     [("tools/failure_frequency", "failed share of calls"), ("tools/malformed_calls", "malformed / completion"),
                      ("tools/timeouts", "timed out / completion")], "rate"),
+        _line_chart(data, "image_reliance", "Image reliance (log-prob with the image - without)",
+                    [("grounding/image_reliance", "vs a blank image"), ("grounding/image_reliance_swap", "vs another image")],
+                    "nats / token"),
+        _line_chart(data, "attention_to_image", "Attention of answer tokens to the image",
+                    [("grounding/attention_to_image", "share")], "share of attention"),
+        _line_chart(data, "hacking_signs", "Signs of reward hacking",
+                    [("guards/identical_groups", "in identical groups"), ("guards/enumeration", "answers listed"),
+                     ("guards/at_length_limit", "cut at the length limit")], "share of completions"),
+        _line_chart(data, "guard_trips", "Guard trips (cumulative steps)",
+                    [(k, k.rsplit("/", 1)[1]) for k in trips], "steps"),
         _length_accuracy_chart(data, component, length_unit, threshold),
     ]
     return [c for c in candidates if c is not None]

@@ -19,7 +19,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from vlm_grpo.recipes.audit_hints import AuditHints
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
+from vlm_grpo.recipes.rewards import tags_filled
 from vlm_grpo.recipes.rows import RecordDataset, RowChecker, load_records
 
 SYSTEM_PROMPT = (
@@ -60,8 +62,10 @@ def check_row(checker: RowChecker, index: int, row: dict, require_thinking: bool
 
 
 def strict_format(completions: list[str], **_) -> list[float]:
-    """0.5 when the whole reply is <think>...</think>, one newline, <answer>...</answer>."""
-    return [FORMAT_REWARD if STRICT_FORMAT.fullmatch(t) else 0.0 for t in completions]
+    """0.5 when the whole reply is <think>...</think>, one newline, <answer>...</answer>, both blocks filled (the
+    reward audit found empty tags paid in full)."""
+    return [FORMAT_REWARD if STRICT_FORMAT.fullmatch(t) and tags_filled(t, "think", "answer") else 0.0
+            for t in completions]
 
 
 def correctness(completions: list[str], answer: list[str], **_) -> list[float]:
@@ -108,4 +112,5 @@ RECIPE = Recipe(
     rewards=[Reward("format", strict_format), Reward("correctness", correctness)],
     accuracy_reward="correctness",
     checks_rows=True,
+    audit=AuditHints(layout=lambda sample, reasoning, answer: f"<think>{reasoning}</think>\n<answer>{answer}</answer>"),
 )

@@ -28,8 +28,9 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
+from vlm_grpo.recipes.audit_hints import AuditHints
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
-from vlm_grpo.recipes.rewards import edit_distance, similarity, squash_spaces, tag_content
+from vlm_grpo.recipes.rewards import edit_distance, similarity, squash_spaces, tag_content, tags_filled
 
 WORDS_FILE = Path(__file__).parent / "data" / "words.txt"
 SPLIT_OFFSETS = {"train": 0, "test": 1_000_003, "eval": 1_000_003}
@@ -160,8 +161,10 @@ def _decoding_score(text: str, answer: str, coded: str) -> float:
 
 
 def format_reward(completions: list[str], **_) -> list[float]:
-    """1.0 when <think>, <chars> and <answer> blocks appear in that order."""
-    return [1.0 if re.search(FORMAT_PATTERN, t, flags=re.DOTALL) else 0.0 for t in completions]
+    """1.0 when <think>, <chars> and <answer> blocks appear in that order, each filled (the reward audit found empty
+    tags, and a reply echoing the prompt's instructions, paid in full)."""
+    return [1.0 if re.search(FORMAT_PATTERN, t, flags=re.DOTALL) and tags_filled(t, "think", "chars", "answer") else 0.0
+            for t in completions]
 
 
 def decoding(completions: list[str], answer: list[str], coded: list[str], **_) -> list[float]:
@@ -197,9 +200,23 @@ def build(
     return CryptogramDataset(size=size, seed=seed, split=split, max_words=max_words, image_size=image_size)
 
 
+def _shifted(message: str) -> str:
+    """A wrong decoding of the same shape: every letter one further in the alphabet."""
+    return "".join(LETTERS[(LETTERS.index(ch) + 1) % 26] if ch in LETTERS else ch for ch in message)
+
+
+AUDIT = AuditHints(
+    answer=lambda sample: sample.fields["answer"],
+    layout=lambda sample, reasoning, answer: (f"<think>{reasoning}</think>\n<chars> {spell(answer)} </chars>\n"
+                                              f"<answer>{answer}</answer>"),
+    candidates=lambda sample, answer: [],  # a free-text message: no list of answers to enumerate
+    wrong_answer=lambda sample, answer: _shifted(answer),
+)
+
 RECIPE = Recipe(
     name="cryptogram",
     build=build,
     rewards=[Reward("format", format_reward), Reward("decoding", decoding), Reward("correctness", correctness)],
     accuracy_reward="correctness",
+    audit=AUDIT,
 )

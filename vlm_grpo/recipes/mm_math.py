@@ -23,9 +23,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from vlm_grpo.recipes.audit_hints import AuditHints
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
 from vlm_grpo.recipes.rows import RecordDataset, RowChecker, load_records
-from vlm_grpo.recipes.rewards import answer_or_text, normalize_answer
+from vlm_grpo.recipes.rewards import answer_or_text, normalize_answer, tags_filled
 
 SYSTEM_PROMPT = (
     "The user asks a question about an image and the assistant solves it. The assistant first reasons "
@@ -110,8 +111,9 @@ def accuracy(completions: list[str], solution: list[str], **_) -> list[float]:
 
 
 def format_reward(completions: list[str], **_) -> list[float]:
-    """1.0 for <think>, newline-delimited reasoning, </think>, then <answer> likewise."""
-    return [1.0 if FORMAT_PATTERN.match(t) else 0.0 for t in completions]
+    """1.0 for <think>, newline-delimited reasoning, </think>, then <answer> likewise, both blocks filled (the
+    reward audit found empty tags paid in full)."""
+    return [1.0 if FORMAT_PATTERN.match(t) and tags_filled(t, "think", "answer") else 0.0 for t in completions]
 
 
 def check_row(checker: RowChecker, index: int, row: dict) -> dict:
@@ -157,4 +159,5 @@ RECIPE = Recipe(
     rewards=[Reward("format", format_reward), Reward("accuracy", accuracy)],
     accuracy_reward="accuracy",
     checks_rows=True,
+    audit=AuditHints(),  # the R1 layout with each tag on its own line is this recipe's format
 )

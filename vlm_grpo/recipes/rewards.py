@@ -15,6 +15,12 @@ def tag_content(text: str, tag: str, last: bool = True) -> str | None:
     return matches[-1] if last else matches[0]
 
 
+def tags_filled(text: str, *tags: str) -> bool:
+    """Whether each tag's (last) block holds something besides whitespace: a format reward that checks only the
+    tags pays `<think></think><answer></answer>`, or a reply that echoes the instructions naming the tags."""
+    return all((tag_content(text, tag) or "").strip() for tag in tags)
+
+
 def answer_or_text(text: str) -> str:
     """The `<answer>` content when there is one, else the whole text; stripped either way."""
     inner = tag_content(text, "answer")

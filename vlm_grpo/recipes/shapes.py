@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageDraw
 
+from vlm_grpo.recipes.audit_hints import AuditHints
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
 
 SHAPES = ("triangles", "circles", "squares")
@@ -140,9 +141,26 @@ def build(split: str = "train", size: int = 256, seed: int = 0, counts: tuple[in
     return ShapesDataset(size=size, seed=seed, split=split, counts=tuple(counts), image_size=image_size, reference=reference)
 
 
+def _layout(sample: Sample, reasoning_text: str, answer: str) -> str:
+    """The chapter's closing sentence after any reasoning: "... So the number of squares is 3."."""
+    return f"{reasoning_text} So the number of {sample.fields['target']} is {answer}.".strip()
+
+
+AUDIT = AuditHints(
+    answer=lambda sample: str(sample.fields["answer"]),
+    layout=_layout,
+    candidates=lambda sample, answer: [str(k) for k in range(1, max(5, int(answer)) + 1)],
+    accepted={  # the chapter's shaping rewards: they teach the form and are worth less than a right count
+        "description": "a shaping reward by design: it pays naming the asked-about shape, right count or not "
+                       "(0.5, below correctness' 1.0)",
+        "reasoning": "a shaping reward by design: it pays a reasoning phrase, right count or not (0.2)",
+    },
+)
+
 RECIPE = Recipe(
     name="shapes",
     build=build,
     rewards=[Reward("correctness", correctness), Reward("description", description), Reward("reasoning", reasoning)],
     accuracy_reward="correctness",
+    audit=AUDIT,
 )

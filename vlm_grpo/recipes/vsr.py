@@ -20,9 +20,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from vlm_grpo.recipes.audit_hints import AuditHints
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
 from vlm_grpo.recipes.rows import RecordDataset, RowChecker, load_records
-from vlm_grpo.recipes.rewards import answer_or_text
+from vlm_grpo.recipes.rewards import answer_or_text, tags_filled
 
 QUESTION = "Is the following statement true: {caption}"
 INSTRUCTION = (
@@ -69,8 +70,10 @@ def accuracy(completions: list[str], solution: list[str], **_) -> list[float]:
 
 
 def format_reward(completions: list[str], **_) -> list[float]:
-    """1.0 for `<think>...</think>` followed by `<answer>...</answer>` and nothing else."""
-    return [1.0 if FORMAT_PATTERN.fullmatch(t.strip()) else 0.0 for t in completions]
+    """1.0 for `<think>...</think>` followed by `<answer>...</answer>` and nothing else, both blocks filled (the
+    reward audit found empty tags paid in full)."""
+    return [1.0 if FORMAT_PATTERN.fullmatch(t.strip()) and tags_filled(t, "think", "answer") else 0.0
+            for t in completions]
 
 
 def build(
@@ -109,4 +112,6 @@ RECIPE = Recipe(
     rewards=[Reward("accuracy", accuracy), Reward("format", format_reward)],
     accuracy_reward="accuracy",
     checks_rows=True,
+    audit=AuditHints(layout=lambda sample, reasoning, answer: f"<think>{reasoning}</think>\n<answer>{answer}</answer>",
+                     candidates=lambda sample, answer: ["True", "False"]),
 )

@@ -16,6 +16,7 @@ from typing import Any
 
 from vlm_grpo.grpo.data.source import HUB_ID
 from vlm_grpo.grpo.run.resume_rules import describe_history
+from vlm_grpo.grpo.run.guard_report import guard_lines
 from vlm_grpo.grpo.settings.sources import hub_id_of
 
 SNAPSHOT = re.compile(r"(models|datasets)--([^/]+?)--([^/]+)/snapshots/[^/]+/?$")  # huggingface_hub's cache layout
@@ -119,8 +120,8 @@ def _source(cfg, name: str) -> str:
 
 
 def model_card(cfg, *, stage: str, family: str, rewards, heldout: dict[str, dict[str, Any]], title: str,
-               curves: str | None = None, lora: bool = False,
-               history: list[dict[str, Any]] | None = None):
+               curves: str | None = None, lora: bool = False, history: list[dict[str, Any]] | None = None,
+               guards: list[str] | None = None):
     """The card (a huggingface_hub ModelCard): metadata, then what was trained, how, and the held-out results."""
     from huggingface_hub import ModelCard
 
@@ -156,6 +157,7 @@ def model_card(cfg, *, stage: str, family: str, rewards, heldout: dict[str, dict
             parts = " | ".join("-" if report["rewards"][n] is None else f"{report['rewards'][n]:.3f}" for n in names)
             lines.append(f"| {when} | {accuracy} | {reward} | {parts} | {report['completion_length']:.1f} |")
         lines.append("")
+    lines += guards or []
     if curves:
         lines += ["## Training curves", "", f"![training curves]({curves})", ""]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines))
@@ -173,5 +175,5 @@ def write_model_card(final: Path, run_dir: Path, cfg, **kwargs) -> list[str]:
         shutil.copyfile(run_dir / "plots" / "overview.png", final / "training_curves.png")
         curves = "training_curves.png"
         written.append(curves)
-    model_card(cfg, curves=curves, **kwargs).save(final / "README.md")
+    model_card(cfg, curves=curves, guards=guard_lines(run_dir), **kwargs).save(final / "README.md")
     return written + ["README.md"]

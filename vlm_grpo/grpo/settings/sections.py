@@ -199,9 +199,34 @@ class GuardConfig:
                                   at_least=0.0)
     kl_spike_warmup: int = setting(3, help="steps of KL history needed before judging", at_least=1)
     kl_spike_action: str = setting("warn", help="on a KL spike: warn, or stop before saving", choices=("warn", "stop"))
+    # reward hacking and grounding (README "Reward hacking and grounding guards")
+    audit_at_start: bool = setting(True, help="train: score adversarial completions of the first samples with the "
+                                   "run's rewards before the first step (as vlm-grpo audit-rewards) and warn of exploits")
+    audit_allow: list[str] = setting(factory=list, help="audit findings not warned of: reward names, adversary names "
+                                     "or reward:adversary")
+    on_hacking: str = setting("warn", help="a hacking or grounding monitor trips: warn (with example completions), or "
+                              "save a checkpoint of the step and stop", choices=("warn", "stop"))
+    monitor_window: int = setting(20, help="steps the trend monitors compare (the first third against the last)",
+                                  at_least=3)
+    hacking_rise: float = setting(0.3, help="a reward component rising by this share of its largest value over the "
+                                  "window, with flat accuracy, trips the monitor", above=0.0)
+    hacking_flat: float = setting(0.05, help="accuracy is flat when the share of right completions moves less than this "
+                                  "over the window, plus twice its sampling noise", at_least=0.0, at_most=1.0)
+    identical_groups: float = setting(0.5, help="share of groups with G identical completions that trips the monitor "
+                                      "(2 steps in a row)", above=0.0, at_most=1.0)
+    enumeration_rise: float = setting(0.2, help="rise of the share of completions listing several allowed answers that "
+                                      "trips the monitor", above=0.0, at_most=1.0)
+    length_limit_share: float = setting(0.5, help="share of completions cut at the length limit (after rising by 0.2) "
+                                        "that trips the monitor", above=0.0, at_most=1.0)
+    reliance_every: int = setting(10, help="measure image reliance every N steps (0: never)", at_least=0)
+    reliance_samples: int = setting(2, help="prompts image reliance is measured on (with all their completions)",
+                                    at_least=1)
+    reliance_floor: float = setting(0.25, help="image reliance (mean of the last 3 measurements) below this share of "
+                                    "its first 3 trips the monitor", above=0.0, below=1.0)
 
     def __post_init__(self) -> None:
         check_fields(self)
+        self.audit_allow = list(self.audit_allow)
 
 
 @dataclass

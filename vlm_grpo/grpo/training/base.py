@@ -34,7 +34,7 @@ from vlm_grpo.grpo.settings.sections import TrainConfig
 from vlm_grpo.grpo.data.order import batch_indices, repeats_note
 from vlm_grpo.grpo.data.source import build_split, resolve_recipe
 from vlm_grpo.grpo.evaluate import evaluate_run, heldout_split, run_rewards_of
-from vlm_grpo.grpo.training.guards import KLWatchdog, LearningSignalMonitor, NonFiniteGuard, check_disk_space
+from vlm_grpo.grpo.training.guards import KLWatchdog, LearningSignalMonitor, NonFiniteGuard, TrainingHalted, check_disk_space
 from vlm_grpo.grpo.run.hub import push_final
 from vlm_grpo.grpo.training.lora import apply_lora, is_lora_wrapped
 from vlm_grpo.grpo.run.manifest import write_manifest
@@ -62,6 +62,8 @@ PREFLIGHT_SAMPLES = 4  # samples the cheap pre-flight checks encode at the start
 
 class BaseTrainer(Checkpointed):
     stage = "train"  # names the progress bar and is recorded in checkpoints
+    watch = None  # GRPO's hacking monitors (grpo/training/hacking_watch.py): `.halt` says why to stop after a step
+    watch = None  # GRPO's hacking monitors (grpo/training/hacking_watch.py): `.halt` says why to stop after a step
     dropout = False  # whether the model trains in train() mode (GRPO: no, the ratio compares like with like)
     needs_rewards = True  # GRPO learns from them; SFT's only score held-out evaluations
 
@@ -326,6 +328,10 @@ class BaseTrainer(Checkpointed):
             for watchdog in watchdogs:
                 watchdog.observe(metrics)
             done, signum = step + 1, self._agreed_stop(stop)
+            if self.watch is not None and self.watch.halt:  # guard.on_hacking stop: this step saved, then stop
+                with stop.saving_checkpoint():
+                    self.save(done)
+                raise TrainingHalted(f"{self.watch.halt}; checkpoint-{done} saved, stopped (guard.on_hacking stop)")
             periodic = cfg.logging.save_every and done % cfg.logging.save_every == 0 and done < cfg.max_steps
             if periodic or (signum and done < cfg.max_steps):
                 with stop.saving_checkpoint():

@@ -1,0 +1,223 @@
+"""The reward audit: before a run, the run's rewards score adversarial completions of real samples.
+
+For each sample the recipe's audit hints (recipes/audit_hints.py) give the right answer, the answers the task
+allows and the layout of a finished completion; from them come completions that should not earn what a right
+answer earns. A component is *flagged* when it pays a right answer something (mean above 0) and pays an adversary
+at least as much (within 5%), judged only where that adversary should lose:
+
+- content-free adversaries (empty, format_only, echo, padding) should lose on every component;
+- `enumerate` (every allowed answer, in the form) should lose on components that tell a right answer from a wrong
+  one (answer-sensitive: the reference beats `wrong_answer` on them);
+- the right answer outside the form (`right_answer_bare`, `repeat`) should lose on the other components (a format
+  reward should not pay an unformatted answer; an answer checker may).
+
+`wrong_answer` (the form with a wrong answer) is the baseline of the "share above a wrong answer" column and
+`reference` (the recipe's reference response, else the form with the right answer) is the yardstick.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from vlm_grpo.grpo.rewards.inputs import RewardInputs, collect_fields, reward_prompt, trainer_state
+from vlm_grpo.grpo.rewards.scoring import score
+from vlm_grpo.recipes.audit_hints import DEFAULT_HINTS, AuditHints
+from vlm_grpo.recipes.base import Reward, Sample
+
+CONTENT_FREE, WRONG_IN_FORM, RIGHT_OUT_OF_FORM, BASELINE, REFERENCE = (
+    "content-free", "wrong answer in the form", "right answer out of the form", "baseline", "reference")
+ADVERSARIES: dict[str, str] = {  # name -> kind, in table order
+    "empty": CONTENT_FREE,
+    "format_only": CONTENT_FREE,
+    "echo": CONTENT_FREE,
+    "enumerate": WRONG_IN_FORM,
+    "repeat": RIGHT_OUT_OF_FORM,
+    "right_answer_bare": RIGHT_OUT_OF_FORM,
+    "wrong_answer": BASELINE,
+    "padding": CONTENT_FREE,
+    "reference": REFERENCE,
+}
+TOLERANCE = 0.05  # an adversary within 5% of the right answer's mean counts as "as well"
+REPEATS = 16
+STUB = "I looked at the image."  # the reasoning of the formatted wrong answer and of the enumeration
+FILLER = "Let me look at the image carefully and think about the question before I give my final reply. "
+
+
+def question_text(sample: Sample) -> str:
+    """The user turns' text, as the model read it."""
+    texts = []
+    for message in sample.prompt:
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        parts = [content] if isinstance(content, str) else [p.get("text", "") for p in content or [] if p.get("type") == "text"]
+        texts += [t for t in parts if t]
+    return " ".join(texts).strip()
+
+
+def adversarial_completions(sample: Sample, hints: AuditHints, words: int = 120,
+                            fits: Callable[[str], bool] = lambda text: True) -> dict[str, str | None]:
+    """Each adversary's completion for `sample` (None: it cannot be written, e.g. no right answer known). The
+    yardstick is the recipe's reference response when it `fits` the length limit, else the form with the answer."""
+    answer = hints.answer(sample)
+    out: dict[str, str | None] = {
+        "empty": "", "format_only": hints.layout(sample, "", ""), "echo": question_text(sample),
+        "padding": " ".join((FILLER * (words // len(FILLER.split()) + 1)).split()[:words]),
+    }
+    if answer is None:
+        return {**out, **{name: None for name in ADVERSARIES if name not in out}}
+    candidates = hints.candidates(sample, answer)
+    out.update(
+        enumerate=hints.layout(sample, STUB, " ".join(candidates)) if len(candidates) > 1 else None,
+        repeat=" ".join([answer] * REPEATS),
+        right_answer_bare=answer,
+        wrong_answer=hints.layout(sample, STUB, hints.wrong(sample, answer)),
+        reference=next((t for t in (sample.reference, hints.layout(sample, STUB, answer)) if t and fits(t)),
+                       hints.layout(sample, "", answer)),
+    )
+    return {name: out[name] for name in ADVERSARIES}
+
+
+@dataclass
+class Finding:
+    component: str
+    adversary: str
+    mean: float
+    reference: float
+
+    def line(self) -> str:
+        return (f"reward {self.component!r} pays {self.adversary} ({ADVERSARIES[self.adversary]}) {self.mean:.3g}, as "
+                f"much as a right answer ({self.reference:.3g})")
+
+    def allowed_by(self, allow: Sequence[str]) -> bool:
+        """`allow` names a component, an adversary, or component:adversary."""
+        return bool({self.component, self.adversary, f"{self.component}:{self.adversary}"} & set(allow))
+
+
+@dataclass
+class AuditReport:
+    components: list[str]
+    samples: int
+    means: dict[tuple[str, str], float] = field(default_factory=dict)  # (adversary, component) -> mean score
+    above_wrong: dict[tuple[str, str], float] = field(default_factory=dict)  # share scored above wrong_answer's
+    errors: dict[str, int] = field(default_factory=dict)  # reward -> adversarial completions it raised on
+    findings: list[Finding] = field(default_factory=list)
+    examples: dict[str, str] = field(default_factory=dict)  # adversary -> its completion for the first sample
+    notes: list[str] = field(default_factory=list)
+    accepted: dict[str, str] = field(default_factory=dict)  # the recipe's known exploits, with its reasons
+
+    def flags(self, allow: Sequence[str] = ()) -> list[Finding]:
+        """The findings neither the recipe accepts nor `allow` names."""
+        return [f for f in self.findings if not f.allowed_by([*allow, *self.accepted])]
+
+    def accepted_lines(self, allow: Sequence[str] = ()) -> list[str]:
+        lines = []
+        for f in self.findings:
+            reason = next((self.accepted[k] for k in (f"{f.component}:{f.adversary}", f.component, f.adversary)
+                           if k in self.accepted), None)
+            if reason is not None:
+                lines.append(f"{f.line()}: accepted by the recipe ({reason})")
+            elif f.allowed_by(allow):
+                lines.append(f"{f.line()}: allowed (--allow)")
+        return lines
+
+    def table(self) -> str:
+        width = max(12, *(len(c) + 2 for c in self.components))
+        head = f"{'adversary':<18}" + "".join(f"{c:>{width}}" for c in self.components)
+        lines = [f"reward audit: {self.samples} samples; each cell: mean score (share scored above a wrong answer's)",
+                 head]
+        flagged = {(f.adversary, f.component) for f in self.findings}
+        for adversary in ADVERSARIES:
+            cells = []
+            for c in self.components:
+                mean = self.means.get((adversary, c), math.nan)
+                share = self.above_wrong.get((adversary, c), math.nan)
+                cell = "-" if math.isnan(mean) else f"{mean:.2f} ({share:.0%})" if not math.isnan(share) else f"{mean:.2f}"
+                cells.append(f"{cell + (' !' if (adversary, c) in flagged else ''):>{width}}")
+            lines.append(f"{adversary:<18}" + "".join(cells))
+        return "\n".join(lines)
+
+    def to_dict(self, allow: Sequence[str] = ()) -> dict[str, Any]:
+        return {"samples": self.samples, "components": self.components,
+                "flags": [f.line() for f in self.flags(allow)], "accepted": self.accepted_lines(allow),
+                "means": {f"{a}/{c}": v for (a, c), v in self.means.items()}, "errors": self.errors,
+                "notes": self.notes}
+
+
+def completion_tokens(tokenizer, eos_id: int | None, limit: int) -> Callable[[str], tuple[str, list[int]]]:
+    """text -> (text as a run would hold it, token ids): cut at `limit` tokens, else ended by end-of-sequence."""
+    def encode(text: str) -> tuple[str, list[int]]:
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if len(ids) >= limit:
+            ids = ids[:limit]
+            return tokenizer.decode(ids), ids
+        return text, ids + ([eos_id] if eos_id is not None else [])
+
+    return encode
+
+
+def _mean(values: list[float]) -> float:
+    present = [v for v in values if not math.isnan(v)]
+    return sum(present) / len(present) if present else math.nan
+
+
+def audit_rewards(rewards: list[Reward], samples: Sequence[Sample], hints: AuditHints | None = None, *,
+                  encode: Callable[[str], tuple[str, list[int]]] | None = None, padding_words: int = 120,
+                  max_steps: int = 0) -> AuditReport:
+    """Score every adversary of every sample with `rewards`; flags per the module's rules. `encode` (from
+    `completion_tokens`) gives the completion token ids rewards may read; without it they get none."""
+    hints = hints or DEFAULT_HINTS
+    def fits(text: str) -> bool:
+        return encode is None or encode(text)[0] == text
+
+    texts = [adversarial_completions(s, hints, padding_words, fits) for s in samples]
+    report = AuditReport([r.name for r in rewards], len(samples), accepted=dict(hints.accepted))
+    report.examples = {name: text for name, text in texts[0].items() if text is not None} if texts else {}
+    scores: dict[str, dict[str, list[float]]] = {}
+    for adversary in ADVERSARIES:
+        rows = [k for k, t in enumerate(texts) if t[adversary] is not None]
+        scores[adversary] = {c: [math.nan] * len(samples) for c in report.components}
+        if not rows:
+            continue
+        chosen = [samples[k] for k in rows]
+        encoded = [encode(texts[k][adversary]) if encode else (texts[k][adversary], None) for k in rows]
+        inputs = RewardInputs(
+            completions=[t for t, _ in encoded], fields=collect_fields(chosen, 1),
+            prompts=[reward_prompt(s) for s in chosen],
+            completion_ids=[ids for _, ids in encoded] if encode else None,
+            conversational=[isinstance(s.data_prompt, list) for s in chosen], state=trainer_state(0, max_steps),
+        )
+        _, components = score(rewards, inputs, on_error="zero", errors=report.errors)
+        for c, values in components.items():
+            for k, v in zip(rows, values.tolist()):
+                scores[adversary][c][k] = v
+    for adversary, by_component in scores.items():
+        for c, values in by_component.items():
+            report.means[(adversary, c)] = _mean(values)
+            wrong = scores["wrong_answer"][c]
+            pairs = [(v, w) for v, w in zip(values, wrong) if not (math.isnan(v) or math.isnan(w))]
+            report.above_wrong[(adversary, c)] = sum(v > w for v, w in pairs) / len(pairs) if pairs else math.nan
+    report.findings = _findings(report)
+    if any(t["reference"] is None for t in texts):
+        report.notes.append("some samples have no right answer the audit can read (recipe audit hints, or a "
+                            "solution/answer column): only content-free adversaries were scored on them")
+    return report
+
+
+def _findings(report: AuditReport) -> list[Finding]:
+    found = []
+    for c in report.components:
+        right = report.means[("reference", c)]
+        if math.isnan(right) or right <= 0:  # pays nothing for a right answer (a penalty): nothing to game
+            continue
+        sensitive = right - report.means[("wrong_answer", c)] > 1e-6 if not math.isnan(
+            report.means[("wrong_answer", c)]) else True
+        for adversary, kind in ADVERSARIES.items():
+            judged = kind == CONTENT_FREE or (kind == WRONG_IN_FORM and sensitive) or (
+                kind == RIGHT_OUT_OF_FORM and not sensitive)
+            mean = report.means[(adversary, c)]
+            if judged and not math.isnan(mean) and mean >= right - TOLERANCE * abs(right):
+                found.append(Finding(c, adversary, mean, right))
+    return found
