@@ -6,12 +6,9 @@ Task knowledge lives here and nowhere else: adapters know models, the loop knows
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from PIL import Image
-
-if TYPE_CHECKING:
-    from vlm_grpo.recipes.audit_hints import AuditHints
 
 # A reward scores completions; every other sample field arrives as a keyword list aligned with them.
 RewardFn = Callable[..., list[float]]
@@ -59,7 +56,7 @@ class Recipe:
     # public methods are tools (reset(**row) per rollout, optional get_reward()).
     tools: list[Callable] = field(default_factory=list)
     environment: Any = None
-    audit: "AuditHints | None" = None  # recipes/audit_hints.py: the right answer, allowed answers, the layout
+    audit: Any = None  # an AuditHints (recipes/audit_hints.py): the right answer, allowed answers, the layout
 
 
 def user_turn(text: str, n_images: int = 1, n_videos: int = 0) -> list[dict[str, Any]]:
