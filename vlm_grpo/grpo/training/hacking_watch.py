@@ -25,7 +25,7 @@ import torch
 from vlm_grpo.grpo.algorithm.trajectory import Trajectory
 from vlm_grpo.grpo.distributed import fsdp
 from vlm_grpo.grpo.rewards.audit import audit_rewards, completion_tokens
-from vlm_grpo.grpo.run.model_card import AUDIT_FILE
+from vlm_grpo.grpo.run.guard_report import AUDIT_FILE
 from vlm_grpo.grpo.training.hacking_monitors import Trip, monitors
 from vlm_grpo.grpo.training.image_reliance import ImageReliance
 from vlm_grpo.recipes.audit_hints import DEFAULT_HINTS, AuditHints
