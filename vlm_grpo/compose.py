@@ -28,8 +28,8 @@ def compose(vision_src: str, llm_src: str, out_dir: str, seed: int = 0) -> Path:
 
     vision_spec = parse_model_spec(vision_src)
     vision_type = _model_type(vision_spec)
+    gguf = find_gguf(llm_src)  # an ambiguous LM source is named first, before the pairing is looked up
     composer = composer_for(vision_type)
-    gguf = find_gguf(llm_src)
     composer.check_lm_donor(vision_type, gguf_model_type(gguf) if gguf else read_model_type(llm_src))
     if gguf:
         lm, lm_tokenizer = load_gguf(gguf)

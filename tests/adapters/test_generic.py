@@ -94,7 +94,8 @@ def test_saved_twin_loads_and_trains(saved_twin, spec, tmp_path):
 # ---------------------------------------------------------------------------- refusals, one line, before training
 def _refused(capsys, tmp_path, *args: str) -> str:
     out = tmp_path / "run"
-    assert main(["train", *args, "--max-steps", "2", "--output-dir", str(out), *FAST]) == 2
+    # exit 1: the run failed before training (2 is kept for settings refused before anything ran)
+    assert main(["train", *args, "--max-steps", "2", "--output-dir", str(out), *FAST]) == 1
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if "error:" in line]  # beside progress bars of loading
     assert len(errors) == 1 and "Traceback" not in err, err

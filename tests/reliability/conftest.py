@@ -8,9 +8,11 @@ from safetensors.torch import load_file
 
 from vlm_grpo.cli import main
 
-# A tiny GRPO run whose reward (tests/reliability/step_rewards.py) a test can make misbehave at a chosen step.
+# A tiny GRPO run whose reward (tests/reliability/step_rewards.py) a test can make misbehave at a chosen step (no
+# reward audit at the start: it calls the reward before step 1, which would spend the action meant for step 1).
 RUN = ["--model", "tiny:qwen2_5_vl", "--data.recipe_options", "{image_size: 56}", "--max-new-tokens", "4",
-       "--logging.progress", "false", "--learning-rate", "1e-3", "--reward", "tests.reliability.step_rewards:lowercase"]
+       "--logging.progress", "false", "--learning-rate", "1e-3", "--reward", "tests.reliability.step_rewards:lowercase",
+       "--guard.audit_at_start", "false"]
 
 
 def weights(run_dir) -> dict[str, torch.Tensor]:

@@ -148,9 +148,9 @@ class GenericAdapter(GenericLayout, VLMAdapter):
         return self._features_per_shape[signature]
 
     # ---------------------------------------------------------------- forward
-    def completion_inputs(self, batch, completion_ids, completion_mask):
-        inputs = super().completion_inputs(batch, completion_ids, completion_mask)
-        for key in batch.token_keys:  # completion tokens get the value calibration found (0, or 1 for a suffix)
+    def completion_inputs(self, batch, completion_ids, completion_mask, completion_types=None):
+        inputs = super().completion_inputs(batch, completion_ids, completion_mask, completion_types)
+        for key in set(batch.token_keys) - set(completion_types or {}):  # completion text: the value calibration found
             inputs[key][:, batch.input_ids.shape[1]:] = self.completion_token_type
         # generate() counts positions from the attention mask; where the model's own forward counts pads instead,
         # calibration found it and the teacher-forced forward gets generate()'s positions
