@@ -27,8 +27,10 @@ $(REAL_STAMP): $(STAMP)
 demo: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/vlm-grpo train
 
+# One test process per core (2 here), one torch thread each; a test file runs whole on one process (its fixed
+# launch ports and fixtures stay together).
 test: $(REAL_STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
 
 clean:
 	rm -rf $(VENV)
