@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from vlm_grpo.grpo.algorithm.losses import describe as describe_loss
 from vlm_grpo.grpo.data.source import HUB_ID
 from vlm_grpo.grpo.run.resume_rules import describe_history
 from vlm_grpo.grpo.run.guard_report import guard_lines
@@ -138,7 +139,7 @@ def model_card(cfg, *, stage: str, family: str, rewards, heldout: dict[str, dict
         ("batch", f"{cfg.data.batch_size} prompts x {cfg.data.num_generations} completions per process and step"),
         ("optimizer", f"AdamW, learning rate {cfg.optim.learning_rate:g}, {cfg.optim.lr_scheduler}; {lora_text}; "
                       f"frozen: {frozen}"),
-        ("loss", f"{cfg.loss.loss_type}, epsilon {cfg.loss.epsilon:g}, beta {cfg.loss.beta:g}"),
+        ("loss", describe_loss(cfg.loss)),
         ("generation", f"temperature {cfg.generation.temperature:g}, up to {cfg.generation.max_new_tokens} new tokens"),
         ("all settings", "`vlm_grpo_config.yaml` beside this card (a valid `vlm-grpo train --config`)"),
     ]

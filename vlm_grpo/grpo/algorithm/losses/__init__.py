@@ -14,9 +14,9 @@ for _module in pkgutil.iter_modules(__path__):
     if _module.name not in _NOT_LOSSES:
         importlib.import_module(f"{__name__}.{_module.name}")
 
-from vlm_grpo.grpo.algorithm.losses.config import LossConfig  # noqa: E402 - built from the registry above
+from vlm_grpo.grpo.algorithm.losses.config import LossConfig, describe  # noqa: E402 - built from the registry above
 from vlm_grpo.grpo.algorithm.losses.entropy_control import EntropyControl  # noqa: E402
 from vlm_grpo.grpo.algorithm.losses.objective import Collective, policy_loss  # noqa: E402
 
-__all__ = ["LOSSES", "NORMALISATIONS", "Collective", "EntropyControl", "LossConfig", "PolicyLoss", "policy_loss",
+__all__ = ["LOSSES", "NORMALISATIONS", "Collective", "EntropyControl", "LossConfig", "PolicyLoss", "describe", "policy_loss",
            "register"]

@@ -108,3 +108,8 @@ LossConfig = dataclasses.make_dataclass(
         "__module__": __name__,
     },
 )
+
+
+def describe(cfg) -> str:
+    """The loss section in a few words (the model card's "loss" row)."""
+    return f"{cfg.loss_type}, epsilon {cfg.epsilon:g}, beta {cfg.beta:g}"
