@@ -13,13 +13,12 @@ Qwen3-VL. Without DeepStack, image features are only the merged patch embeddings
 from __future__ import annotations
 
 import torch
-from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3VLProcessor, Qwen3VLVideoProcessor
+from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
 from vlm_grpo.adapters.architecture import Architecture
-from vlm_grpo.adapters.families.qwen2_5_vl import Qwen2_5_VLAdapter, qwen_config, qwen_processor, qwen_tokenizer
-from vlm_grpo.adapters.families.qwen3_vl import QWEN3_CHAT_TEMPLATE
+from vlm_grpo.adapters.families.qwen2_5_vl import Qwen2_5_VLAdapter
+from vlm_grpo.adapters.families.qwen3_vl import build_qwen3
 from vlm_grpo.adapters.module_groups import ModuleLayout
-from vlm_grpo.adapters.seeding import seeded_model
 
 QWEN3_5_LAYOUT = ModuleLayout(
     vision=(r"model\.visual\.(?!merger\.)",),
@@ -73,12 +72,4 @@ class Qwen3_5Adapter(Qwen2_5_VLAdapter):
 
     @classmethod
     def build(cls, arch, seed=0, dtype=torch.float32):
-        tokenizer = qwen_tokenizer(chat_template=QWEN3_CHAT_TEMPLATE)
-        patch = arch.vision["patch_size"]
-        processor = qwen_processor(
-            tokenizer, arch.image["min_pixels"], arch.image["max_pixels"], Qwen3VLProcessor,
-            video_processor_cls=Qwen3VLVideoProcessor, video_options=dict(patch_size=patch),
-            image_options=dict(patch_size=patch, image_mean=[0.5] * 3, image_std=[0.5] * 3),
-        )
-        model = seeded_model(cls.model_class, qwen_config(cls.config_class, tokenizer, arch), seed, dtype)
-        return cls(model, processor, source=f"tiny:{cls.family}")
+        return build_qwen3(cls, arch, seed, dtype)

@@ -82,6 +82,20 @@ PRESETS = {
 }
 
 
+def build_qwen3(cls, arch, seed: int = 0, dtype=torch.float32):
+    """A Qwen3-generation twin or preset of `cls` (Qwen3-VL, Qwen3.5 and their MoE): Qwen3's chat template and
+    processors (patch size from the architecture), the model seeded."""
+    tokenizer = qwen_tokenizer(chat_template=QWEN3_CHAT_TEMPLATE)
+    patch = arch.vision["patch_size"]
+    processor = qwen_processor(
+        tokenizer, arch.image["min_pixels"], arch.image["max_pixels"], Qwen3VLProcessor,
+        video_processor_cls=Qwen3VLVideoProcessor, video_options=dict(patch_size=patch),
+        image_options=dict(patch_size=patch, image_mean=[0.5] * 3, image_std=[0.5] * 3),
+    )
+    model = seeded_model(cls.model_class, qwen_config(cls.config_class, tokenizer, arch), seed, dtype)
+    return cls(model, processor, source=f"tiny:{cls.family}")
+
+
 class Qwen3VLAdapter(Qwen2_5_VLAdapter):
     family = "qwen3_vl"
     model_types = ("qwen3_vl",)
@@ -93,15 +107,7 @@ class Qwen3VLAdapter(Qwen2_5_VLAdapter):
 
     @classmethod
     def build(cls, arch, seed=0, dtype=torch.float32):
-        tokenizer = qwen_tokenizer(chat_template=QWEN3_CHAT_TEMPLATE)
-        patch = arch.vision["patch_size"]
-        processor = qwen_processor(
-            tokenizer, arch.image["min_pixels"], arch.image["max_pixels"], Qwen3VLProcessor,
-            video_processor_cls=Qwen3VLVideoProcessor, video_options=dict(patch_size=patch),
-            image_options=dict(patch_size=patch, image_mean=[0.5] * 3, image_std=[0.5] * 3),
-        )
-        model = seeded_model(cls.model_class, qwen_config(cls.config_class, tokenizer, arch), seed, dtype)
-        return cls(model, processor, source=f"tiny:{cls.family}")
+        return build_qwen3(cls, arch, seed, dtype)
 
     # ---------------------------------------------------------------- sharing hooks (DeepStack)
     def extra_image_features(self, encoder_output):

@@ -8,23 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import threading
 from typing import Any, Awaitable, Callable
 
+from vlm_grpo.grpo import async_loop
 from vlm_grpo.grpo.interrupts import UserCodeExit, call_user, exit_reason
-
-_loop: asyncio.AbstractEventLoop | None = None
-_loop_guard = threading.Lock()
-
-
-def _event_loop() -> asyncio.AbstractEventLoop:
-    global _loop
-    with _loop_guard:
-        if _loop is None:
-            _loop = asyncio.new_event_loop()
-            threading.Thread(target=_loop.run_forever, name="vlm-grpo-async-rewards", daemon=True).start()
-        return _loop
-
 
 async def _settled(awaitable: Awaitable[Any]) -> tuple[bool, Any]:
     """(True, value) or (False, the exception): a SystemExit inside a coroutine must not stop the loop's thread."""
@@ -40,7 +27,7 @@ def await_all(awaitables: list[Awaitable[Any]]) -> list[tuple[bool, Any]]:
     async def gather():
         return await asyncio.gather(*(_settled(a) for a in awaitables))
 
-    return asyncio.run_coroutine_threadsafe(gather(), _event_loop()).result()
+    return async_loop.run(gather())
 
 
 def _raise_failure(err: BaseException) -> None:

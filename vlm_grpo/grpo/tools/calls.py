@@ -22,8 +22,8 @@ from typing import Any, Callable
 
 from PIL import Image
 
-_LOOP: asyncio.AbstractEventLoop | None = None
-_LOOP_LOCK = threading.Lock()
+from vlm_grpo.grpo import async_loop
+
 
 
 class ToolResultError(TypeError):
@@ -76,15 +76,6 @@ def tool_content(name: str, value: Any) -> tuple[str | list[dict[str, Any]], lis
             pass
     raise ToolResultError(f"tool {name!r} returned a {type(value).__name__}, which is not a tool result: return text "
                           "(str, a number, a JSON-able dict or list), a PIL image, or a list of content parts")
-
-
-def _event_loop() -> asyncio.AbstractEventLoop:
-    global _LOOP
-    with _LOOP_LOCK:
-        if _LOOP is None:
-            _LOOP = asyncio.new_event_loop()
-            threading.Thread(target=_LOOP.run_forever, name="vlm-grpo-tools", daemon=True).start()
-        return _LOOP
 
 
 def _run_sync(fn: Callable, arguments: dict, timeout: float | None) -> Any:
@@ -149,7 +140,7 @@ def run_calls(calls: list[dict[str, Any]], functions: dict[str, Callable], timeo
         async def gather():
             return await asyncio.gather(*(coro for _, _, coro in pending), return_exceptions=True)
 
-        values = asyncio.run_coroutine_threadsafe(gather(), _event_loop()).result()
+        values = async_loop.run(gather())
         for (k, name, _), value in zip(pending, values):
             results[k] = _failure(name, value) if isinstance(value, Exception) else _result(name, value)
     return results
