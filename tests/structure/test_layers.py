@@ -29,7 +29,8 @@ INNER_FLOORS = {
         ("vlm_grpo.adapters.architecture", "vlm_grpo.adapters.batch", "vlm_grpo.adapters.features",
          "vlm_grpo.adapters.image_layout", "vlm_grpo.adapters.module_groups", "vlm_grpo.adapters.quantization",
          "vlm_grpo.adapters.seeding", "vlm_grpo.adapters.chat_templates", "vlm_grpo.adapters.tiny_tokenizer",
-         "vlm_grpo.adapters.model_dirs", "vlm_grpo.adapters.teacher_forcing"),  # parts of the contract
+         "vlm_grpo.adapters.model_dirs", "vlm_grpo.adapters.teacher_forcing",
+         "vlm_grpo.adapters.sampler"),  # parts of the contract
         ("vlm_grpo.adapters.base", "vlm_grpo.adapters.sharing"),  # the contract, the sharing engine
         ("vlm_grpo.adapters.families", "vlm_grpo.adapters.assembly"),  # one file per family
         ("vlm_grpo.adapters.registry", "vlm_grpo.adapters.model_spec", "vlm_grpo.adapters.families_table",

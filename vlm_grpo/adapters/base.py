@@ -15,15 +15,18 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 from PIL import Image
+from transformers import LogitsProcessorList
 
 from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch, image_parts
 from vlm_grpo.adapters.features import ImageFeatures
 from vlm_grpo.adapters.image_layout import ImageCell, LayoutFacts, token_runs
 from vlm_grpo.adapters.module_groups import ModuleLayout, group_parameters
+from vlm_grpo.adapters.sampler import InverseCdfSampler, hf_warpers
 from vlm_grpo.images import prepare_sample_image
 
 Conversation = list[dict[str, Any]]
+SAMPLERS = ("inverse_cdf", "multinomial")
 __all__ = ["Conversation", "ImageTokenMismatch", "VLMAdapter"]
 
 
@@ -215,17 +218,30 @@ class VLMAdapter(ABC):
 
     def generation_kwargs(self, *, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
                           top_p: float = 1.0, top_k: int = 0, use_cache: bool | None = None, output_logits: bool = False,
-                          min_new_tokens: int = 0, eos_token_id: list[int] | None = None) -> dict[str, Any]:
+                          min_new_tokens: int = 0, eos_token_id: list[int] | None = None,
+                          sampler: str = "inverse_cdf") -> dict[str, Any]:
         """`generate()` settings of every generation path: suppression, EOS, sampling, and the cache decision
-        unless `use_cache` forces one."""
+        unless `use_cache` forces one. `sampler` (with do_sample): "inverse_cdf" draws from the distribution
+        generate()'s own sampling draws from, one uniform per row instead of one random number per vocabulary entry
+        (adapters/sampler.py); "multinomial" is generate()'s own."""
+        if sampler not in SAMPLERS:
+            raise ValueError(f"unknown sampler {sampler!r}; choose one of {SAMPLERS}")
+        eos = self.eos_token_ids if eos_token_id is None else eos_token_id
+        if do_sample and sampler == "inverse_cdf" and not output_logits:
+            warpers = hf_warpers(self.model.generation_config, temperature, top_k, top_p)
+            draw = InverseCdfSampler(self.suppressed_token_ids(), eos, min_new_tokens, warpers)
+            kwargs = self.generation_kwargs(max_new_tokens=max_new_tokens, use_cache=use_cache, eos_token_id=eos)
+            return {**kwargs, "suppress_tokens": None, "logits_processor": LogitsProcessorList([draw])}
         kwargs = dict(
             max_new_tokens=max_new_tokens,
-            min_new_tokens=min_new_tokens,
+            # 0 as None: with any min_new_tokens, generate() masks EOS below a min_length (the prompt's, for 0), a
+            # vocabulary-wide mask built at every step that never masks anything
+            min_new_tokens=min_new_tokens or None,
             do_sample=do_sample,
             use_cache=(self.use_cache is not False) if use_cache is None else use_cache,
             suppress_tokens=self.suppressed_token_ids(),
             pad_token_id=self.pad_token_id,
-            eos_token_id=self.eos_token_ids if eos_token_id is None else eos_token_id,
+            eos_token_id=eos,
             return_dict_in_generate=True,
             output_logits=output_logits,
         )

@@ -94,9 +94,12 @@ def group_scores(
     share_prompt (with share_features): each distinct prompt runs once and its KV cache serves its rows
     (shared_prompt.py).
     `context`: entered around the feature and embedding computation (e.g. the accelerator's autocast).
-    `options`: temperature, with_entropy, chunk_bytes (see head_logprobs.chunked_scores).
+    `options`: temperature, with_entropy, with_hits (default off: GRPO reads no argmax hits), chunk_bytes (see
+    lm_head.chunked_scores).
     """
     import contextlib
+
+    options.setdefault("with_hits", False)
 
     model = adapter.model if model is None else model
     if not share_features:

@@ -19,6 +19,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from vlm_grpo.adapters.features import hf_core
+from vlm_grpo.grpo.logprobs.fused_head import fusable, fused_scores
 
 CHUNK_BYTES = 256 * 2**20  # fp32 logits of one chunk
 
@@ -30,7 +31,8 @@ class TokenScores:
     hits: torch.Tensor  # [B, T] bool: the token is the most likely one (greedy agrees), no gradient
 
 
-def logit_scores(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False):
+def logit_scores(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False,
+                 with_hits: bool = True):
     """(log p(target), entropy, argmax hit) per row of `logits` [N, V] under softmax(logits / T), in fp32; only
     the log-probs carry a gradient."""
     logits = logits.float()
@@ -40,29 +42,35 @@ def logit_scores(logits: torch.Tensor, targets: torch.Tensor, temperature: float
     logps = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - norm
     with torch.no_grad():
         entropy = norm - (torch.softmax(logits, dim=-1) * logits).sum(-1) if with_entropy else torch.zeros_like(norm)
-        hits = logits.argmax(dim=-1) == targets
+        hits = logits.argmax(dim=-1) == targets if with_hits else torch.zeros_like(targets, dtype=torch.bool)
     return logps, entropy, hits
 
 
-def _chunk_scores(head, hidden, targets, temperature: float, softcap: float | None, with_entropy: bool):
+def _chunk_scores(head, hidden, targets, temperature: float, softcap: float | None, with_entropy: bool, with_hits: bool):
     logits = head(hidden).float()
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
-    return logit_scores(logits, targets, temperature, with_entropy)
+    return logit_scores(logits, targets, temperature, with_entropy, with_hits)
 
 
 def chunked_scores(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
-                   softcap: float | None = None, with_entropy: bool = False,
+                   softcap: float | None = None, with_entropy: bool = False, with_hits: bool = True,
                    chunk_bytes: int = CHUNK_BYTES) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """log p(target), entropy and argmax hits for hidden states [N, H] and targets [N] under softmax(head(h) / T)."""
+    """log p(target), entropy and argmax hits (False everywhere unless `with_hits`) for hidden states [N, H] and
+    targets [N] under softmax(head(h) / T). A plain float32 Linear head takes fused_head.py's path: the same values
+    with a few passes over one reused buffer."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     vocab = head.weight.shape[0]
     rows = max(1, chunk_bytes // (4 * vocab))
+    if fusable(head, hidden):
+        return fused_scores(head, hidden, targets, temperature=temperature, softcap=softcap, with_entropy=with_entropy,
+                            with_hits=with_hits, rows=rows)
     recompute = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
     parts = []
     for start in range(0, hidden.shape[0], rows):
-        args = (head, hidden[start : start + rows], targets[start : start + rows], temperature, softcap, with_entropy)
+        args = (head, hidden[start : start + rows], targets[start : start + rows], temperature, softcap, with_entropy,
+                with_hits)
         parts.append(checkpoint(_chunk_scores, *args, use_reentrant=False) if recompute else _chunk_scores(*args))
     if not parts:
         empty = hidden.new_zeros(0, dtype=torch.float32)
@@ -94,14 +102,14 @@ class _ScoringHead(torch.nn.Module):
 
 @contextlib.contextmanager
 def scoring_head(model: torch.nn.Module, targets: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
-                 chunk_bytes: int = CHUNK_BYTES) -> Iterator[_ScoringHead]:
+                 with_hits: bool = True, chunk_bytes: int = CHUNK_BYTES) -> Iterator[_ScoringHead]:
     """Within the block, `model`'s LM head scores `targets` [B, T] at the last T+1 hidden positions it sees
     (position t predicts token t) instead of returning logits; read `.scores` after the forward."""
     core = hf_core(model)
     head = core.get_output_embeddings()
     softcap = getattr(core.config.get_text_config(), "final_logit_softcapping", None)
     scorer = _ScoringHead(head, targets, softcap, temperature=temperature, with_entropy=with_entropy,
-                          chunk_bytes=chunk_bytes)
+                          with_hits=with_hits, chunk_bytes=chunk_bytes)
     core.set_output_embeddings(scorer)
     try:
         yield scorer

@@ -34,7 +34,8 @@ def _full_positions(adapter, full: dict[str, torch.Tensor], core) -> torch.Tenso
 
 def shared_prompt_scores(adapter, prompts, prompt_index: list[int], features: ImageFeatures,
                          completion_ids: torch.Tensor, completion_mask: torch.Tensor, model: torch.nn.Module, *,
-                         temperature: float = 1.0, with_entropy: bool = False, **options) -> TokenScores:
+                         temperature: float = 1.0, with_entropy: bool = False, with_hits: bool = True,
+                         **options) -> TokenScores:
     """TokenScores of rows `k` = (prompt `prompt_index[k]`, completion k); `features`: the image features of the
     distinct prompts in sorted order (`sorted(set(prompt_index))`)."""
     core = hf_core(model)
@@ -54,14 +55,14 @@ def shared_prompt_scores(adapter, prompts, prompt_index: list[int], features: Im
     # The prefix runs through the unwrapped model (as the image encoder does), so a DDP wrapper sees one forward
     # per backward: the completion pass below.
     out = core(**prefix, use_cache=True, logits_to_keep=1)
-    first = logit_scores(out.logits[:, -1][rows], completion_ids[:, 0], temperature, with_entropy)
+    first = logit_scores(out.logits[:, -1][rows], completion_ids[:, 0], temperature, with_entropy, with_hits)
     if steps == 1:
         return TokenScores(*(t.unsqueeze(1) for t in first))
 
     cache = out.past_key_values
     cache.batch_select_indices(torch.tensor(rows, device=completion_ids.device))  # one cache row per completion
     with scoring_head(model, completion_ids[:, 1:], temperature=temperature, with_entropy=with_entropy,
-                      **options) as scorer:
+                      with_hits=with_hits, **options) as scorer:
         model(input_ids=completion_ids, attention_mask=full["attention_mask"], position_ids=positions[..., length:],
               past_key_values=cache, use_cache=True, logits_to_keep=steps)
     return TokenScores(*(torch.cat([a.unsqueeze(1), b], dim=1) for a, b in zip(first, scorer.scores)))

@@ -73,6 +73,7 @@ def rollout(
         top_p=gen.top_p,
         top_k=gen.top_k,
         use_cache=use_cache,
+        sampler=getattr(gen, "sampler", "inverse_cdf"),
     )
     if shared_prefix:
         result = generate_shared(adapter, prompts, num_generations, features=features, **sampling)
