@@ -105,11 +105,15 @@ class VLMAdapter(ABC):
         if load_in_4bit:
             from vlm_grpo.adapters.quantization import four_bit_config
 
-            kwargs["quantization_config"] = four_bit_config()
-            kwargs["device_map"] = device_map or "auto"
+            kwargs["device_map"] = device_map or ("auto" if torch.cuda.is_available() else "cpu")
+            kwargs["quantization_config"] = four_bit_config("cpu" if kwargs["device_map"] == "cpu" else "cuda")
         elif device_map:
             kwargs["device_map"] = device_map
         model = cls.model_class.from_pretrained(path, **kwargs)
+        if load_in_4bit:
+            from vlm_grpo.adapters.quantization import keep_differentiable_layout
+
+            keep_differentiable_layout(model)
         processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
         processor.tokenizer.padding_side = "left"  # generation appends on the right: keep prompts adjacent to it
         return cls(model.eval(), processor, source=str(path))
