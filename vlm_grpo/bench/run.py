@@ -12,10 +12,11 @@ import torch
 
 from vlm_grpo.bench.measure import FrameworkResult, describe_device, versions
 from vlm_grpo.bench.runners import build_source, run_trl, run_vlm_grpo
-from vlm_grpo.bench.settings import DEFAULT_THREADS, BenchSettings
+from vlm_grpo.bench.settings import DEFAULT_THREADS, BenchSettings, check
 
 
 def run_benchmark(settings: BenchSettings) -> dict[str, Any]:
+    check(settings)
     device = torch.device(settings.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     threads = settings.threads or DEFAULT_THREADS.get(settings.model, 1)
     if device.type == "cpu":
@@ -51,6 +52,8 @@ def format_report(report: dict[str, Any]) -> str:
         (
             f"model {s['model']}: B={s['batch_size']} G={s['num_generations']} T={s['max_new_tokens']} (fixed), "
             f"beta={s['beta']} loss={s['loss_type']} image {s['image_size']} px, "
+            f"{'QLoRA (4-bit base), ' if s.get('load_in_4bit') else ''}"
+            f"{'LoRA r=' + str(s['lora_r']) + ', ' if s.get('lora_r') else ''}"
             f"{s['steps']} measured step(s) after {s['warmup']} warm-up"
         ),
         f"device: {report['device']}",

@@ -9,6 +9,11 @@ FRAMEWORKS = ("vlm-grpo", "trl")
 DEFAULT_THREADS = {"preset:qwen2_5_vl_small": 2, "preset:hybrid_vit_heavy": 1}
 
 
+def check(settings: "BenchSettings") -> None:
+    if settings.load_in_4bit and settings.lora_r <= 0:
+        raise ValueError("bench --load-in-4bit trains LoRA matrices on the 4-bit base: give --lora-r > 0")
+
+
 @dataclass
 class BenchSettings:
     model: str = "preset:qwen2_5_vl_small"  # a --model value (CPU: preset:qwen2_5_vl_small / hybrid_vit_heavy)
@@ -27,4 +32,7 @@ class BenchSettings:
     freeze: tuple[str, ...] = ()  # module groups frozen in both frameworks
     shared_prefix: bool = True  # vlm-grpo's sharing switches (off: the plain path, for ablations)
     share_image_features: bool = True
+    sampler: str = "inverse_cdf"  # vlm-grpo's token draw (multinomial: generate()'s own, for ablations)
+    lora_r: int = 0  # > 0: LoRA of this rank on the language model's projections, in both frameworks
+    load_in_4bit: bool = False  # QLoRA: the base loaded in 4 bit (bitsandbytes NF4) in both frameworks; needs lora_r
     device: str | None = None  # default: cuda if available, else cpu
