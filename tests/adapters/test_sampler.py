@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from tests.adapters.samples import user_turn
+from tests.adapters.samples import picture, user_turn
 from vlm_grpo.adapters.registry import family_class
 from vlm_grpo.adapters.sampler import InverseCdfSampler, inverse_cdf_draw
 from vlm_grpo.adapters.sharing import generate_shared
@@ -133,3 +133,19 @@ def test_inverse_cdf_draw_matches_softmax_and_refuses_empty_rows():
     scores[1] = float("-inf")
     with pytest.raises(ValueError, match="row 1 has no token left to draw"):
         inverse_cdf_draw(scores)
+
+
+def test_greedy_generation_is_generate_own_bit_for_bit():
+    """The greedy path (evaluation, the cache probe) is untouched: the same tokens and logits as a plain generate()
+    with the same suppression, EOS and min_new_tokens settings."""
+    adapter = _peaked_adapter()
+    batch = adapter.encode_prompts([user_turn(1, "How many red squares?")], [[picture(56, 56, 1)]])
+    for min_new in (0, 3):
+        ours = adapter.generate(batch, max_new_tokens=6, min_new_tokens=min_new, output_logits=True)
+        with torch.no_grad():
+            plain = adapter.model.generate(**adapter.model_inputs(batch), max_new_tokens=6, min_new_tokens=min_new,
+                                           do_sample=False, suppress_tokens=adapter.suppressed_token_ids(),
+                                           eos_token_id=adapter.eos_token_ids, pad_token_id=adapter.pad_token_id,
+                                           return_dict_in_generate=True, output_logits=True)
+        assert torch.equal(ours.sequences, plain.sequences)
+        assert all(torch.equal(a, b) for a, b in zip(ours.logits, plain.logits, strict=True))
