@@ -3,7 +3,10 @@
 The model's own LM head is applied to a chunk, the chunk is reduced to log p(token) (plus entropy and whether
 the token is the argmax, both without gradient) and dropped; in backward the chunk is recomputed (activation
 checkpointing). So no [rows, T, vocab] logits tensor exists in the forward or in the backward: with a 152k
-vocabulary that tensor is 2.5 GB in bf16 at 8 rows x 1024 tokens, and its fp32 gradient twice that.
+vocabulary that tensor is 2.5 GB in bf16 at 8 rows x 1024 tokens, and its fp32 gradient twice that. A plain
+float32 Linear head (outside autocast) takes fused_head.py's path: the same chunks through one reused buffer and a
+hand-written backward, a few passes over each chunk instead of autograd's dozen; any other head (wrapped,
+quantized, lower precision) takes the generic path here.
 
 `scoring_head` puts this in place of the LM head for one forward of the (possibly wrapped) model, so the
 model's forward (and DDP/FSDP's hooks around it) runs as usual and only the head's output changes.
