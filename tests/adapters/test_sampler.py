@@ -80,7 +80,8 @@ def test_the_sampler_draws_from_hf_sampling_distribution(config):
     assert kwargs["do_sample"] is False and kwargs["suppress_tokens"] is None  # the draw is the processor's
     (sampler,) = kwargs["logits_processor"]
     torch.manual_seed(1)
-    chosen = sampler(batch.input_ids.expand(DRAWS, -1), logits.expand(DRAWS, -1)).argmax(-1)
+    assert sampler.in_place  # generate() passes scores it does not keep (no output_logits)
+    chosen = sampler(batch.input_ids.expand(DRAWS, -1), logits.expand(DRAWS, -1).clone()).argmax(-1)
     _check_draws(_counts(chosen, len(probs)), probs)
 
 

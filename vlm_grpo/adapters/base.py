@@ -233,7 +233,8 @@ class VLMAdapter(ABC):
         eos = self.eos_token_ids if eos_token_id is None else eos_token_id
         if do_sample and sampler == "inverse_cdf" and not output_logits:
             warpers = hf_warpers(self.model.generation_config, temperature, top_k, top_p)
-            draw = InverseCdfSampler(self.suppressed_token_ids(), eos, min_new_tokens, warpers)
+            # in place: without output_logits generate() keeps no reference to the scores it passes
+            draw = InverseCdfSampler(self.suppressed_token_ids(), eos, min_new_tokens, warpers, in_place=True)
             kwargs = self.generation_kwargs(max_new_tokens=max_new_tokens, use_cache=use_cache, eos_token_id=eos)
             return {**kwargs, "suppress_tokens": None, "logits_processor": LogitsProcessorList([draw])}
         kwargs = dict(

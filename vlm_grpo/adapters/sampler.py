@@ -2,15 +2,16 @@
 
 generate() samples with `torch.multinomial(softmax(scores))`, which on one draw runs an exponential race: one
 exponential random number per vocabulary entry and row. At a 151,936-id vocabulary that costs more per decode step
-than a small model's whole forward (benchmarks/RESULTS.md). The same draw needs one uniform per row placed on the
-cumulative sum of the unnormalized probabilities, `exp(scores - max)` as softmax computes them, accumulated in
-float64 so the interval each token owns is its probability to ~1e-16.
+than a small model's whole forward (benchmarks/RESULTS.md). The same draw needs a uniform per row placed on the
+cumulative sum of the unnormalized probabilities, `exp(scores - max)` as softmax computes them: here in two levels
+(a block of ~sqrt(V) ids by the blocks' float32 sums, then an id by the block's float64 cumulative sum), so each
+token's interval is its probability to float32 precision, as softmax's own values are.
 
 `InverseCdfSampler` is a logits processor for a *greedy* generate(): it applies everything generate() applies when
 sampling (the suppressed ids and min_new_tokens' EOS mask, then HF's own warpers in HF's order: temperature, top-h,
 top-k, top-p, min-p, typical, epsilon, eta), draws, and returns scores that are -inf everywhere except at the drawn
-token, so generate()'s argmax takes it. It never writes into the scores it is given (generate() may keep them).
-Suppression and the EOS mask touch only their own ids, instead of a vocabulary-wide mask built at every step.
+token, so generate()'s argmax takes it. Suppression and the EOS mask touch only their own ids, instead of a
+vocabulary-wide mask built at every step, and the draw works in place on the scores generate() copied for it.
 """
 
 from __future__ import annotations
@@ -95,14 +96,17 @@ def hf_warpers(generation_config, temperature: float | None, top_k: int | None, 
 
 class InverseCdfSampler(LogitsProcessor):
     """Samples the next token inside a greedy generate() (see the module doc). One instance serves one generate()
-    call: the first call it sees carries the prompt, whose length min_new_tokens counts from."""
+    call: the first call it sees carries the prompt, whose length min_new_tokens counts from. `in_place`: the scores
+    it is given may be overwritten (generate() keeps them only for output_logits): no vocabulary-sized tensor is
+    allocated at all; otherwise it works on a copy."""
 
     def __init__(self, suppressed_ids: Sequence[int], eos_token_ids: Sequence[int], min_new_tokens: int = 0,
-                 warpers: Sequence[LogitsProcessor] = ()):
+                 warpers: Sequence[LogitsProcessor] = (), in_place: bool = False):
         self.suppressed_ids = list(suppressed_ids)
         self.eos_token_ids = list(eos_token_ids)
         self.min_new_tokens = min_new_tokens
         self.warpers = LogitsProcessorList(warpers)
+        self.in_place = in_place
         self.prompt_length: int | None = None
         self._ids: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -118,8 +122,10 @@ class InverseCdfSampler(LogitsProcessor):
             self.prompt_length = input_ids.shape[-1]
         early = input_ids.shape[-1] - self.prompt_length < self.min_new_tokens  # EOS not allowed yet
         banned = self._banned(scores.device, early and bool(self.eos_token_ids))
-        # a copy of the scores (generate() may keep its own), which the draw then overwrites
-        scores = scores.index_fill(-1, banned, float("-inf")) if banned.numel() else scores.clone()
-        tokens = inverse_cdf_draw(self.warpers(input_ids, scores), in_place=True)
-        chosen = torch.full_like(scores, float("-inf"))
-        return chosen.scatter_(-1, tokens.unsqueeze(-1), 0.0)
+        if self.in_place:
+            scores = scores.index_fill_(-1, banned, float("-inf")) if banned.numel() else scores
+        else:
+            scores = scores.index_fill(-1, banned, float("-inf")) if banned.numel() else scores.clone()
+        scores = self.warpers(input_ids, scores)  # HF's warpers return new tensors: what follows owns `scores`
+        tokens = inverse_cdf_draw(scores, in_place=True)
+        return scores.fill_(float("-inf")).scatter_(-1, tokens.unsqueeze(-1), 0.0)  # generate()'s argmax takes it
