@@ -96,11 +96,14 @@ def test_softcapped_heads_are_scored_with_the_cap():
     assert torch.allclose(logps, want, atol=1e-6)
 
 
-@pytest.mark.parametrize("softcap, temperature, bias", [(None, 1.0, False), (None, 0.6, True), (2.0, 0.8, True)])
-def test_fused_head_equals_autograd_log_softmax(softcap, temperature, bias):
+@pytest.mark.parametrize("softcap, temperature, bias, frozen, entropy", [
+    (None, 1.0, False, False, True), (None, 0.6, True, False, False), (2.0, 0.8, True, False, True),
+    (None, 0.7, True, True, True), (None, 1.3, False, True, False), (2.0, 1.0, False, True, True),
+])
+def test_fused_head_equals_autograd_log_softmax(softcap, temperature, bias, frozen, entropy):
     """The fused path (one buffer, hand-written backward) against autograd through the full logits: log-probs,
     entropy, argmax hits (a tie included: the first maximum wins, as argmax says) and the gradients of the hidden
-    states, the weight and the bias."""
+    states, the weight and the bias (a frozen head: the hidden states' only)."""
     torch.manual_seed(0)
     head = torch.nn.Linear(8, 50, bias=bias)
     hidden, targets = torch.randn(7, 8, requires_grad=True), torch.randint(50, (7,))
@@ -110,13 +113,14 @@ def test_fused_head_equals_autograd_log_softmax(softcap, temperature, bias):
             head.bias[9] = head.bias[4]
         hidden[6] = head.weight[4] * 5
         targets[6] = 9
-        targets[5] = (head(hidden[5]) if softcap is None else head(hidden[5])).argmax()
+        targets[5] = head(hidden[5]).argmax()  # softcap and temperature keep the order
     weights = torch.linspace(-1.0, 2.0, 7)
+    head.requires_grad_(not frozen)  # frozen (LoRA): only the hidden states get a gradient
     assert lm_head.fusable(head, hidden)
-    got = chunked_scores(head, hidden, targets, temperature=temperature, softcap=softcap, with_entropy=True,
+    got = chunked_scores(head, hidden, targets, temperature=temperature, softcap=softcap, with_entropy=entropy,
                          chunk_bytes=4 * 50 * 3)
     (got[0] * weights).sum().backward()
-    grads = [t.grad.clone() for t in (hidden, head.weight, head.bias) if t is not None]
+    grads = [t.grad.clone() for t in (hidden, head.weight, head.bias) if t is not None and t.requires_grad]
     for t in (hidden, head.weight, head.bias):
         if t is not None:
             t.grad = None
@@ -127,7 +131,9 @@ def test_fused_head_equals_autograd_log_softmax(softcap, temperature, bias):
     want = full.gather(-1, targets[:, None]).squeeze(-1)
     (want * weights).sum().backward()
     assert (got[0] - want).abs().max().item() <= 1e-6
-    assert torch.allclose(got[1], -(full.exp() * full).sum(-1), atol=1e-5)
+    assert torch.allclose(got[1], -(full.exp() * full).sum(-1) if entropy else torch.zeros(7), atol=1e-5)
     assert torch.equal(got[2], full.argmax(-1) == targets) and got[2][5] and not got[2][6]
-    for mine, theirs in zip(grads, [t.grad for t in (hidden, head.weight, head.bias) if t is not None]):
+    theirs_all = [t.grad for t in (hidden, head.weight, head.bias) if t is not None and t.requires_grad]
+    assert len(grads) == len(theirs_all) == (1 if frozen else 2 + bias)
+    for mine, theirs in zip(grads, theirs_all):
         assert torch.allclose(mine, theirs, atol=1e-6), (mine - theirs).abs().max()

@@ -11,7 +11,8 @@ chunk, forward and backward, and are reduced in place:
   the entropy (one more pass, when asked) and the argmax hit (only where the chosen token attains the maximum);
   kept for backward: the hidden states and each row's log-sum-exp, nothing vocabulary-sized;
 - backward: logits recomputed into the buffer, turned in place into d log p / d logits = g (onehot - softmax), then
-  the two products (hidden-state and weight gradients), the weight's only when it trains.
+  the two products (hidden-state and weight gradients). A frozen head (LoRA) needs neither: its forward takes
+  E_p[W] (one product with the probabilities it holds), and backward is g (W[target] - E_p[W]) / T.
 
 It serves a plain `torch.nn.Linear` head in float32 outside autocast; anything else (a wrapped or quantized head,
 autocast, lower precision) takes the generic path of lm_head.py.
@@ -56,6 +57,10 @@ class _FusedHeadScores(torch.autograd.Function):
         hits = torch.zeros(count, dtype=torch.bool, device=hidden.device)
         buffer = hidden.new_empty(min(rows, count), vocab)
         weights = hidden.new_empty(buffer.shape) if with_entropy else None
+        # A frozen head (LoRA, a frozen LM head) needs only d log p(t) / d h = (W[t] - E_p[W]) / T in backward, and
+        # the forward holds p: one product with it here instead of recomputing the logits there.
+        direct = ctx.needs_input_grad[0] and not any(ctx.needs_input_grad[1:3]) and not softcap
+        expected = hidden.new_empty(count, hidden.shape[1]) if direct else None
         for start in range(0, count, rows):
             end = min(count, start + rows)
             x = _logits_into(buffer[: end - start], hidden[start:end], weight, bias, temperature, softcap)
@@ -75,19 +80,25 @@ class _FusedHeadScores(torch.autograd.Function):
                 dot = torch.bmm(e.unsqueeze(1), x.unsqueeze(2)).view(-1)
                 entropy[start:end] = total.log() - dot / total
             else:
-                total = x.exp_().sum(-1)
+                e = x.exp_()
+                total = e.sum(-1)
+            if direct:  # E_p[W] = (e @ W) / total
+                torch.mm(e, weight, out=expected[start:end]).div_(total[:, None])
             lse[start:end] = top + total.log()
             logps[start:end] = picked - lse[start:end]
-        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, expected)
         ctx.options = (temperature, softcap, rows)
         ctx.mark_non_differentiable(entropy, hits)
         return logps, entropy, hits
 
     @staticmethod
     def backward(ctx, grad_logps, _grad_entropy, _grad_hits):
-        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        hidden, weight, bias, targets, lse, expected = ctx.saved_tensors
         temperature, softcap, rows = ctx.options
         want_hidden, want_weight, want_bias = ctx.needs_input_grad[:3]
+        if expected is not None:  # a frozen head: the forward took E_p[W]
+            grad_hidden = (weight[targets] - expected).mul_((grad_logps / temperature)[:, None])
+            return grad_hidden, None, None, None, None, None, None, None, None
         count, vocab = hidden.shape[0], weight.shape[0]
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
         grad_weight = torch.zeros_like(weight) if want_weight else None
