@@ -5,7 +5,13 @@
 The names are loaded on first use (vlm_grpo/api), so `import vlm_grpo` and `vlm-grpo --help` stay light.
 """
 
+import logging
+
 from vlm_grpo.version import __version__
+
+# bitsandbytes (imported by peft whenever it is installed) warns on every import, on CPUs with AVX512-BF16, that an
+# optional faster 4-bit kernel package is absent; its own CPU kernels run instead, so the warning is noise on stderr
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 API = ("GRPOConfig", "GRPOTrainer", "SFTConfig", "SFTTrainer", "RewardModel", "VLMJudge")
 __all__ = [*API, "__version__"]

@@ -55,10 +55,12 @@ def load_model(
     else:
         cls = adapter_class(parsed.family) if parsed.family else class_for_model_type(read_model_type(parsed.name), where=parsed.name)
         adapter = cls.load(
-            parsed.name, dtype=dtype, device_map=None if device.type == "cpu" else str(device),
+            parsed.name, dtype=dtype, device_map=_device_map(device, load_in_4bit),
             attn_implementation=attn_implementation, load_in_4bit=load_in_4bit, trust_remote_code=trust_remote_code,
             allow_pickle_weights=allow_pickle_weights,
         )
+    if load_in_4bit and parsed.kind in ("tiny", "preset"):  # built in memory: quantized as a checkpoint is, by loading
+        adapter = _reloaded_in_4bit(adapter, device)
     adapter.module_layout = with_overrides(adapter.module_layout, module_groups)
     adapter.check_module_groups()  # a parameter in no group (or two) stops here, before any training
     if not load_in_4bit:  # a 4-bit model is placed by its device map and cannot be moved
@@ -66,6 +68,27 @@ def load_model(
     if decide_cache:
         apply_cache_policy(adapter, cache_policy, probe_steps)
     return adapter
+
+
+def _device_map(device: torch.device, load_in_4bit: bool) -> str | None:
+    """Where from_pretrained places the weights: a 4-bit model is placed while it loads (it cannot be moved after)."""
+    if device.type == "cpu":
+        return "cpu" if load_in_4bit else None
+    return str(device)
+
+
+def _reloaded_in_4bit(adapter: VLMAdapter, device: torch.device) -> VLMAdapter:
+    """A twin or preset, saved and loaded back with 4-bit weights (a quantized model is only made by loading)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="vlm-grpo-4bit-") as tmp:
+        adapter.save(tmp)
+        quantized = type(adapter).load(tmp, dtype=next(adapter.model.parameters()).dtype, load_in_4bit=True,
+                                       device_map=_device_map(device, True))
+    quantized.source = adapter.source or quantized.source
+    quantized.model.name_or_path = adapter.model.name_or_path  # not the temporary directory
+    quantized.model.config._name_or_path = adapter.model.config._name_or_path
+    return quantized
 
 
 def apply_cache_policy(adapter: VLMAdapter, policy: str = "auto", probe_steps: int = STEPS) -> bool:

@@ -45,3 +45,18 @@ def test_a_loss_trl_lacks_is_refused_before_anything_runs(tmp_path, capsys):
     assert main(["bench", "--model", "tiny:qwen2_5_vl", "--loss-type", "gmpo", "--json", str(tmp_path / "r.json")]) == 2
     assert "--loss-type gmpo: TRL 1.16 has no such loss" in capsys.readouterr().err
     assert not (tmp_path / "r.json").exists()
+
+
+def test_bench_runs_qlora_in_both_frameworks(tmp_path, capsys):
+    """The 4-bit row: both frameworks train the same LoRA on a 4-bit base (bitsandbytes on the CPU)."""
+    out = tmp_path / "report.json"
+    args = ["bench", "--model", "tiny:qwen2_5_vl", "--batch-size", "1", "--num-generations", "2", "--max-new-tokens", "2",
+            "--image-size", "56", "--steps", "1", "--warmup", "0", "--threads", "1", "--lora-r", "4",
+            "--load-in-4bit", "true", "--json", str(out)]
+    assert main(args) == 0
+    report = json.loads(out.read_text())
+    assert report["settings"]["load_in_4bit"] and report["settings"]["lora_r"] == 4
+    for result in report["results"].values():
+        assert result["step_time_s"] > 0 and result["peak_memory_mib"] > 0
+    assert main(["bench", "--model", "tiny:qwen2_5_vl", "--load-in-4bit", "true"]) != 0
+    assert "give --lora-r > 0" in capsys.readouterr().err

@@ -26,6 +26,7 @@ FAST = ["--data.recipe_options", "{image_size: 56}", "--max-new-tokens", "8", "-
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
 # accelerate's own FSDP options: on CPU accelerate leaves them to the program, which shards with fully_shard
 FSDP_LAUNCH = ["--use_fsdp", "--fsdp_version", "2"]
+DENSE_REWARD = "lower=tests.grpo.toy_rewards:lowercase_share"
 DDP_LAUNCH = ["--multi_gpu"]
 
 
@@ -127,7 +128,8 @@ def test_lora_and_sft_under_sharding(tmp_path):
     the SFT stage shards the same way."""
     lora = tmp_path / "lora"
     launch(FSDP_LAUNCH, 29536, *cli("train", "--model", "tiny:qwen2_5_vl", "--max-steps", "2", "--lora.r", "4",
-                                   "--beta", "0.04", "--learning-rate", "1e-2", *FAST, "--output-dir", str(lora)))
+                                   "--beta", "0.04", "--learning-rate", "1e-2", *FAST, "--output-dir", str(lora),
+                                   "--data.rewards", DENSE_REWARD))  # a spread in every group: step 1 updates
     assert read_jsonl(lora / "metrics.jsonl")[-1]["kl"] > 0
     assert (lora / "final" / "adapter_model.safetensors").is_file()
     merged = family_class("qwen2_5_vl").model_class.from_pretrained(lora / "final" / "merged")

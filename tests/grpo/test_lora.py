@@ -146,14 +146,3 @@ def test_explicit_targets_freeze_interplay_and_misuse():
     apply_lora(plain, LoraSettings(r=4))
     with pytest.raises(ValueError, match="trainable copy"):
         build_optimizer(plain, OptimConfig(trainable_patterns=[r"^lm_head\."]))
-
-
-def test_qlora_without_cuda_says_what_is_needed():
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA GPU is present")
-    adapter = fresh("smolvlm")
-    with pytest.raises(RuntimeError, match=r"CUDA GPU and bitsandbytes"):
-        apply_lora(adapter, LoraSettings(r=4, load_in_4bit=True))
-    assert not is_lora_wrapped(adapter)
-    with pytest.raises(ValueError, match="set r > 0"):
-        LoraSettings(load_in_4bit=True)

@@ -25,8 +25,9 @@ from vlm_grpo.cli import main
 from vlm_grpo.grpo.run.logs import read_jsonl
 from vlm_grpo.grpo.training.base import BaseTrainer
 
+# a dense reward: every group has a spread, so step 1 already moves the policy away from the reference
 COMMON = ["train", "--model", "tiny:qwen2_5_vl", "--max-steps", "2", "--beta", "0.04", "--learning-rate", "1e-3",
-          "--save-every", "1", *FAST]
+          "--save-every", "1", "--data.rewards", "lower=tests.grpo.toy_rewards:lowercase_share", *FAST]
 LAYOUTS = {"ddp": DDP, "fsdp": FSDP}
 
 

@@ -34,7 +34,8 @@ def _run(adapter, prompts, ids, mask, share_prompt):
     seen = []
     hook = layers[0].register_forward_pre_hook(
         lambda m, a, k: seen.append((a[0] if a else k["hidden_states"]).shape[:2]), with_kwargs=True)
-    scores = group_scores(adapter, prompts, index, ids, mask, share_prompt=share_prompt, with_entropy=True, temperature=0.8)
+    scores = group_scores(adapter, prompts, index, ids, mask, share_prompt=share_prompt, with_entropy=True, with_hits=True,
+                          temperature=0.8)
     hook.remove()
     weights = torch.linspace(-1.0, 1.0, ids.numel()).view_as(ids)
     (scores.logps * weights * mask).sum().backward()

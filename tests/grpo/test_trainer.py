@@ -165,8 +165,10 @@ def test_unknown_recipe_and_bad_settings_are_clear(tmp_path):
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
 def test_gradient_accumulation_matches_one_big_batch(tmp_path, loss_type):
+    # a dense reward: every group has a spread, so every completion carries a gradient
     common = ["--model", "tiny:qwen2_5_vl", "--max-steps", "1", "--learning-rate", "1e-3", "--loss-type", loss_type,
-              "--optim.max_grad_norm", "0", "--log-completions", "false"]
+              "--optim.max_grad_norm", "0", "--log-completions", "false",
+              "--data.rewards", "lower=tests.grpo.toy_rewards:lowercase_share"]
     one = GRPOTrainer(run_config(tmp_path / "one", *common))
     one.train()
     two = GRPOTrainer(run_config(tmp_path / "two", *common, "--gradient-accumulation-steps", "2"))

@@ -112,7 +112,8 @@ def scripted_rollout(adapter, first, later=None, *, tools=(), environment=CropEn
     fmt = ChatFormat(adapter)
     session = Toolset(tools, environment, timeout=options.pop("timeout", None)).start(samples, num_generations).format(fmt)
     prompts = encode(adapter, samples, "cpu", session)
-    gen = SimpleNamespace(max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, min_new_tokens=0)
+    gen = SimpleNamespace(max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, min_new_tokens=0,
+                          sampler="inverse_cdf")
     undo = script_first_turns(adapter, first, later)
     try:
         torch.manual_seed(0)

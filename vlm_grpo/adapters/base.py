@@ -28,8 +28,9 @@ from vlm_grpo.adapters.batch import ImageSources, ImageTokenMismatch, PromptBatc
 from vlm_grpo.adapters.features import ImageFeatures
 from vlm_grpo.adapters.image_layout import ImageCell, LayoutFacts, token_runs
 from vlm_grpo.adapters.module_groups import ModuleLayout, group_parameters
-from vlm_grpo.adapters.video_hooks import VideoHooks
 from vlm_grpo.adapters.quirks import CacheQuirk
+from vlm_grpo.adapters.sampler import inverse_cdf_generation, sampler_draws
+from vlm_grpo.adapters.video_hooks import VideoHooks
 from vlm_grpo.images import prepare_sample_image
 from vlm_grpo.videos import Video, prepare_sample_video
 
@@ -114,13 +115,16 @@ class VLMAdapter(VideoHooks, ABC):
         if attn_implementation:
             kwargs["attn_implementation"] = attn_implementation
         if load_in_4bit:
-            from vlm_grpo.adapters.quantization import four_bit_config
+            from vlm_grpo.adapters.quantization import four_bit_loading
 
-            kwargs["quantization_config"] = four_bit_config()
-            kwargs["device_map"] = device_map or "auto"
+            kwargs.update(four_bit_loading(device_map))
         elif device_map:
             kwargs["device_map"] = device_map
         model = cls.model_class.from_pretrained(path, **kwargs)
+        if load_in_4bit:
+            from vlm_grpo.adapters.quantization import keep_differentiable_layout
+
+            keep_differentiable_layout(model)
         processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
         processor.tokenizer.padding_side = "left"  # generation appends on the right: keep prompts adjacent to it
         return cls(model.eval(), processor, source=str(path))
@@ -269,17 +273,26 @@ class VLMAdapter(VideoHooks, ABC):
 
     def generation_kwargs(self, *, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
                           top_p: float = 1.0, top_k: int = 0, use_cache: bool | None = None, output_logits: bool = False,
-                          min_new_tokens: int = 0, eos_token_id: list[int] | None = None) -> dict[str, Any]:
+                          min_new_tokens: int = 0, eos_token_id: list[int] | None = None,
+                          sampler: str = "inverse_cdf") -> dict[str, Any]:
         """`generate()` settings of every generation path: suppression, EOS, sampling, and the cache decision
-        unless `use_cache` forces one."""
+        unless `use_cache` forces one. `sampler` (with do_sample): "inverse_cdf" draws from generate()'s distribution
+        with one uniform per row (adapters/sampler.py); "multinomial" is generate()'s own draw."""
+        eos = self.eos_token_ids if eos_token_id is None else eos_token_id
+        if do_sample and sampler_draws(sampler, output_logits):
+            greedy = self.generation_kwargs(max_new_tokens=max_new_tokens, use_cache=use_cache, eos_token_id=eos)
+            return inverse_cdf_generation(greedy, self.model.generation_config, self.suppressed_token_ids(), eos,
+                                          min_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
         kwargs = dict(
             max_new_tokens=max_new_tokens,
-            min_new_tokens=min_new_tokens,
+            # 0 as None: with any min_new_tokens, generate() masks EOS below a min_length (the prompt's, for 0), a
+            # vocabulary-wide mask built at every step that never masks anything
+            min_new_tokens=min_new_tokens or None,
             do_sample=do_sample,
             use_cache=(self.use_cache is not False) if use_cache is None else use_cache,
             suppress_tokens=self.suppressed_token_ids(),
             pad_token_id=self.pad_token_id,
-            eos_token_id=self.eos_token_ids if eos_token_id is None else eos_token_id,
+            eos_token_id=eos,
             return_dict_in_generate=True,
             output_logits=output_logits,
         )

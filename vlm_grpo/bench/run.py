@@ -53,6 +53,8 @@ def format_report(report: dict[str, Any]) -> str:
             f"model {s['model']}: B={s['batch_size']} G={s['num_generations']} T={s['max_new_tokens']} (fixed), "
             f"beta={s['beta']} loss={s['loss_type']} ({s['importance_sampling_level']} level) "
             f"image {s['image_size']} px, "
+            f"{'QLoRA (4-bit base), ' if s.get('load_in_4bit') else ''}"
+            f"{'LoRA r=' + str(s['lora_r']) + ', ' if s.get('lora_r') else ''}"
             f"{s['steps']} measured step(s) after {s['warmup']} warm-up"
         ),
         f"device: {report['device']}",

@@ -21,7 +21,9 @@ from vlm_grpo.bench.measure import FrameworkResult, PeakMemory, sync
 from vlm_grpo.bench.settings import BenchSettings
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
 from vlm_grpo.grpo.settings.sections import OptimConfig
+from vlm_grpo.grpo.settings.model import LoraSettings
 from vlm_grpo.grpo.training.freeze import apply_freeze
+from vlm_grpo.grpo.training.lora import lora_targets
 from vlm_grpo.loader import load_model
 
 
@@ -30,7 +32,11 @@ TRL_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "
 
 
 def check_frameworks(settings: BenchSettings) -> None:
-    """Refuse, before anything is built, a loss that one of the frameworks asked for does not have."""
+    """Refuse, before anything is built, a loss that one of the frameworks asked for does not have, and a 4-bit
+    base with nothing to train on it."""
+    if settings.load_in_4bit and settings.lora_r <= 0:
+        raise SettingError("load_in_4bit", "bench --load-in-4bit trains LoRA matrices on the 4-bit base: give "
+                           "--lora-r > 0")
     if "trl" in settings.frameworks and settings.loss_type not in TRL_LOSS_TYPES:
         raise SettingError("loss_type", f"--loss-type {settings.loss_type}: TRL 1.16 has no such loss (it has "
                            f"{', '.join(TRL_LOSS_TYPES)}); benchmark it alone with --frameworks vlm-grpo")
@@ -57,15 +63,15 @@ def _samples(settings: BenchSettings, count: int):
     return [dataset[i] for i in range(count)]
 
 
-def _load(source: str, device: torch.device, decide_cache: bool = True):
-    return load_model(source, dtype=torch.float32, device=device, decide_cache=decide_cache)
+def _load(source: str, device: torch.device, decide_cache: bool = True, load_in_4bit: bool = False):
+    return load_model(source, dtype=torch.float32, device=device, decide_cache=decide_cache, load_in_4bit=load_in_4bit)
 
 
 def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, work: Path) -> FrameworkResult:
     from vlm_grpo.grpo.settings.sources import load_config
     from vlm_grpo.grpo.trainer import GRPOTrainer
 
-    adapter = _load(source, device)
+    adapter = _load(source, device, load_in_4bit=settings.load_in_4bit)
     total = settings.warmup + settings.steps
     overrides = [
         "--model", source, "--recipe", "shapes", "--data.recipe_options", json.dumps({"image_size": settings.image_size}),
@@ -78,7 +84,8 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
         "--data.rewards", "letters=vlm_grpo.bench.runners:letter_share",
         "--shared-prefix", str(settings.shared_prefix).lower(),
         "--share-image-features", str(settings.share_image_features).lower(),
-        "--mixed-precision", "bf16" if device.type == "cuda" else "no",
+        "--mixed-precision", "bf16" if device.type == "cuda" else "no", "--generation.sampler", settings.sampler,
+        "--lora.r", str(settings.lora_r), "--load-in-4bit", str(settings.load_in_4bit).lower(),
     ]
     if settings.freeze:
         overrides += ["--optim.freeze", ",".join(settings.freeze)]
@@ -110,9 +117,17 @@ def run_trl(settings: BenchSettings, source: str, device: torch.device, work: Pa
     import transformers
     from trl import GRPOConfig, GRPOTrainer
 
-    adapter = _load(source, device, decide_cache=False)  # TRL generates its own way
+    adapter = _load(source, device, decide_cache=False, load_in_4bit=settings.load_in_4bit)  # TRL generates its own way
     adapter.tokenizer.padding_side = "left"  # right padding silently corrupts M-RoPE positions in TRL 1.16
-    apply_freeze(adapter, OptimConfig(freeze=list(settings.freeze)))
+    peft_config = None
+    if settings.lora_r == 0:
+        apply_freeze(adapter, OptimConfig(freeze=list(settings.freeze)))
+    else:  # the same LoRA as vlm-grpo's: rank, alpha, dropout and exact target modules (peft freezes the rest)
+        from peft import LoraConfig
+
+        lora = LoraSettings(r=settings.lora_r)
+        peft_config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none",
+                                 target_modules=lora_targets(adapter, lora))
     total = settings.warmup + settings.steps
     samples = _samples(settings, max(64, settings.batch_size * total))
     if any(len(s.images) != 1 for s in samples):
@@ -147,7 +162,8 @@ def run_trl(settings: BenchSettings, source: str, device: torch.device, work: Pa
     )
     result = FrameworkResult("trl", completion_tokens_per_step=settings.batch_size * settings.num_generations * settings.max_new_tokens)
     trainer = GRPOTrainer(
-        model=adapter.model, reward_funcs=[letter_share], args=args, train_dataset=data, processing_class=adapter.processor
+        model=adapter.model, reward_funcs=[letter_share], args=args, train_dataset=data, processing_class=adapter.processor,
+        peft_config=peft_config,
     )
     models = [trainer.model] + ([trainer.ref_model] if trainer.ref_model is not None else [])
     counter = VisionCounter(adapter, models)

@@ -42,6 +42,10 @@ def add_parser(sub) -> None:
     p.add_argument("--freeze", default="", help="module groups frozen in both runs, e.g. vision,projector")
     p.add_argument("--shared-prefix", type=_bool, default=True, help="vlm-grpo: shared-prefix rollout (ablation: false)")
     p.add_argument("--share-image-features", type=_bool, default=True, help="vlm-grpo: shared image features (ablation: false)")
+    p.add_argument("--sampler", default="inverse_cdf", choices=["inverse_cdf", "multinomial"],
+                   help="vlm-grpo's token draw (ablation: multinomial, generate()'s own)")
+    p.add_argument("--lora-r", type=int, default=0, help="LoRA rank in both runs (0: full fine-tuning)")
+    p.add_argument("--load-in-4bit", type=_bool, default=False, help="QLoRA in both runs: a 4-bit base (needs --lora-r)")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
     p.add_argument("--json", default=None, help="also write the full report (per-step times included) to this file")
     p.set_defaults(func=run)
@@ -72,7 +76,8 @@ def run(args) -> int:
         image_size=args.image_size, steps=args.steps, warmup=args.warmup, threads=args.threads, seed=args.seed,
         frameworks=tuple(f for f in args.frameworks.split(",") if f),
         freeze=tuple(g for g in args.freeze.split(",") if g),
-        shared_prefix=args.shared_prefix, share_image_features=args.share_image_features, device=args.device,
+        shared_prefix=args.shared_prefix, share_image_features=args.share_image_features, sampler=args.sampler,
+        lora_r=args.lora_r, load_in_4bit=args.load_in_4bit, device=args.device,
     )
     report = run_benchmark(settings)
     print(format_report(report))

@@ -137,6 +137,11 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         ),
         # CPU memory benchmark: the tiny twin's sizes with Qwen's 151,936-token vocabulary, so the logits dominate
         "qwen2_5_vl_wide_vocab": Architecture(TINY_VISION, TINY_TEXT, TINY_PIXELS, QWEN_VOCAB),
+        # CPU benchmark, a real architecture at reduced depth: 0.54B parameters (0.31B the tied embedding), 64 tokens
+        "qwen2_5_vl_3b_2_layers": Architecture(
+            dict(VISION_3B, depth=2, fullatt_block_indexes=[1]), dict(TEXT_3B, num_hidden_layers=2), BENCH_PIXELS,
+            QWEN_VOCAB, note="Qwen/Qwen2.5-VL-3B-Instruct's widths, 2 + 2 layers",
+        ),
     }
 
     @classmethod

@@ -102,9 +102,12 @@ def group_scores(
     `context`: entered around the feature and embedding computation (e.g. the accelerator's autocast).
     router_aux: also a mixture-of-experts model's router load-balancing loss (`TokenScores.aux_loss`); it is taken
     over each row's whole sequence in one forward, as the model defines it, so the prompt is not shared then.
-    `options`: temperature, with_entropy, entropy_grad, chunk_bytes (see lm_head.chunked_scores).
+    `options`: temperature, with_entropy, entropy_grad, with_hits (default off: GRPO reads no argmax hits),
+    chunk_bytes (see lm_head.chunked_scores).
     """
     import contextlib
+
+    options.setdefault("with_hits", False)
 
     model = adapter.model if model is None else model
     types = None if turns is None else turns.token_types

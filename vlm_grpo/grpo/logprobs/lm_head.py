@@ -3,7 +3,10 @@
 The model's own LM head is applied to a chunk, the chunk is reduced to log p(token) (plus the entropy, with gradient
 only when asked for, and whether the token is the argmax) and dropped; in backward the chunk is recomputed (activation
 checkpointing). So no [rows, T, vocab] logits tensor exists in the forward or in the backward: with a 152k
-vocabulary that tensor is 2.5 GB in bf16 at 8 rows x 1024 tokens, and its fp32 gradient twice that.
+vocabulary that tensor is 2.5 GB in bf16 at 8 rows x 1024 tokens, and its fp32 gradient twice that. A plain
+float32 Linear head (outside autocast) takes fused_head.py's path: the same chunks through one reused buffer and a
+hand-written backward, a few passes over each chunk instead of autograd's dozen; any other head (wrapped,
+quantized, lower precision) takes the generic path here.
 
 `scoring_head` puts this in place of the LM head for one forward of the (possibly wrapped) model, so the
 model's forward (and DDP/FSDP's hooks around it) runs as usual and only the head's output changes.
@@ -19,6 +22,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from vlm_grpo.adapters.features import hf_core
+from vlm_grpo.grpo.logprobs.fused_head import fusable, fused_scores
 
 CHUNK_BYTES = 256 * 2**20  # fp32 logits of one chunk
 
@@ -34,10 +38,11 @@ class TokenScores:
 
 
 def logit_scores(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False,
-                 entropy_grad: bool = False):
+                 entropy_grad: bool = False, with_hits: bool = True):
     """(log p(target), entropy, argmax hit) per row of `logits` [N, V] under softmax(logits / T), in fp32. The
     log-probs carry a gradient; the entropy only with `entropy_grad` (an entropy bonus trains on it, as in TRL;
-    otherwise it is a metric or a mask, and its graph would cost a softmax per chunk)."""
+    otherwise it is a metric or a mask, and its graph would cost a softmax per chunk); hits are all False unless
+    `with_hits`."""
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
@@ -46,31 +51,38 @@ def logit_scores(logits: torch.Tensor, targets: torch.Tensor, temperature: float
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = norm - (torch.softmax(logits, dim=-1) * logits).sum(-1) if with_entropy else torch.zeros_like(norm)
     with torch.no_grad():
-        hits = logits.argmax(dim=-1) == targets
+        hits = logits.argmax(dim=-1) == targets if with_hits else torch.zeros_like(targets, dtype=torch.bool)
     return logps, entropy, hits
 
 
 def _chunk_scores(head, hidden, targets, temperature: float, softcap: float | None, with_entropy: bool,
-                  entropy_grad: bool):
+                  entropy_grad: bool, with_hits: bool):
     logits = head(hidden).float()
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
-    return logit_scores(logits, targets, temperature, with_entropy, entropy_grad)
+    return logit_scores(logits, targets, temperature, with_entropy, entropy_grad, with_hits)
 
 
 def chunked_scores(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
                    softcap: float | None = None, with_entropy: bool = False, entropy_grad: bool = False,
+                   with_hits: bool = True,
                    chunk_bytes: int = CHUNK_BYTES) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """log p(target), entropy and argmax hits for hidden states [N, H] and targets [N] under softmax(head(h) / T)."""
+    """log p(target), entropy and argmax hits (False everywhere unless `with_hits`) for hidden states [N, H] and
+    targets [N] under softmax(head(h) / T). A plain float32 Linear head takes fused_head.py's path: the same values
+    with a few passes over one reused buffer."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     vocab = head.weight.shape[0]
     rows = max(1, chunk_bytes // (4 * vocab))
+    # the fused backward gives the log-probs a gradient only; an entropy that trains takes the generic path
+    if fusable(head, hidden) and not (with_entropy and entropy_grad):
+        return fused_scores(head, hidden, targets, temperature=temperature, softcap=softcap, with_entropy=with_entropy,
+                            with_hits=with_hits, rows=rows)
     recompute = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
     parts = []
     for start in range(0, hidden.shape[0], rows):
         args = (head, hidden[start : start + rows], targets[start : start + rows], temperature, softcap, with_entropy,
-                entropy_grad)
+                entropy_grad, with_hits)
         parts.append(checkpoint(_chunk_scores, *args, use_reentrant=False) if recompute else _chunk_scores(*args))
     if not parts:
         empty = hidden.new_zeros(0, dtype=torch.float32)
@@ -102,14 +114,15 @@ class _ScoringHead(torch.nn.Module):
 
 @contextlib.contextmanager
 def scoring_head(model: torch.nn.Module, targets: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
-                 entropy_grad: bool = False, chunk_bytes: int = CHUNK_BYTES) -> Iterator[_ScoringHead]:
+                 entropy_grad: bool = False, with_hits: bool = True,
+                 chunk_bytes: int = CHUNK_BYTES) -> Iterator[_ScoringHead]:
     """Within the block, `model`'s LM head scores `targets` [B, T] at the last T+1 hidden positions it sees
     (position t predicts token t) instead of returning logits; read `.scores` after the forward."""
     core = hf_core(model)
     head = core.get_output_embeddings()
     softcap = getattr(core.config.get_text_config(), "final_logit_softcapping", None)
     scorer = _ScoringHead(head, targets, softcap, temperature=temperature, with_entropy=with_entropy,
-                          entropy_grad=entropy_grad, chunk_bytes=chunk_bytes)
+                          entropy_grad=entropy_grad, with_hits=with_hits, chunk_bytes=chunk_bytes)
     core.set_output_embeddings(scorer)
     try:
         yield scorer

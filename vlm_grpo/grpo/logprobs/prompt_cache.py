@@ -49,7 +49,7 @@ def shared_prompt_scores(adapter, prompts, prompt_index: list[int], features: Im
                          completion_ids: torch.Tensor, completion_mask: torch.Tensor, model: torch.nn.Module, *,
                          turns: CompletionImages | None = None, turn_features: ImageFeatures | None = None,
                          temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
-                         **options) -> TokenScores:
+                         with_hits: bool = True, **options) -> TokenScores:
     """TokenScores of rows `k` = (prompt `prompt_index[k]`, completion k); `features`: the image features of the
     distinct prompts in sorted order (`sorted(set(prompt_index))`). `turns` / `turn_features`: images tool turns
     showed inside the completions and their features; the completion pass places them at their tokens."""
@@ -71,7 +71,8 @@ def shared_prompt_scores(adapter, prompts, prompt_index: list[int], features: Im
     # The prefix runs through the unwrapped model (as the image encoder does), so a DDP wrapper sees one forward
     # per backward: the completion pass below.
     out = core(**prefix, use_cache=True, logits_to_keep=1)
-    first = logit_scores(out.logits[:, -1][rows], completion_ids[:, 0], temperature, with_entropy, entropy_grad)
+    first = logit_scores(out.logits[:, -1][rows], completion_ids[:, 0], temperature, with_entropy, entropy_grad,
+                         with_hits)
     if steps == 1:
         return TokenScores(*(t.unsqueeze(1) for t in first))
 
@@ -81,7 +82,7 @@ def shared_prompt_scores(adapter, prompts, prompt_index: list[int], features: Im
     if turns is not None:  # the tool turns' images go to their tokens, as the prefix pass placed the prompt's
         inputs = _with_turn_features(adapter, inputs, full, turns.completion_only(turn_features), core)
     with scoring_head(model, completion_ids[:, 1:], temperature=temperature, with_entropy=with_entropy,
-                      entropy_grad=entropy_grad, **options) as scorer:
+                      entropy_grad=entropy_grad, with_hits=with_hits, **options) as scorer:
         model(**inputs, position_ids=positions[..., length:], past_key_values=cache, use_cache=True,
               logits_to_keep=steps)
     return TokenScores(*(torch.cat([a.unsqueeze(1), b], dim=1) for a, b in zip(first, scorer.scores)))

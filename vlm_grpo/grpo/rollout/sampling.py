@@ -79,12 +79,13 @@ def rollout(
     prompts = encode(adapter, samples, device) if prompts is None else prompts
     sampling = dict(
         max_new_tokens=gen.max_new_tokens,
-        min_new_tokens=getattr(gen, "min_new_tokens", 0),
+        min_new_tokens=gen.min_new_tokens,
         do_sample=True,
         temperature=gen.temperature,
         top_p=gen.top_p,
         top_k=gen.top_k,
         use_cache=use_cache,
+        sampler=gen.sampler,
     )
     if shared_prefix:
         result = generate_shared(adapter, prompts, num_generations, features=features, **sampling)

@@ -126,7 +126,8 @@ class ToolRollout:
     def _sampling(self, max_new_tokens: int, min_new_tokens: int = 0) -> dict[str, Any]:
         g = self.gen
         return dict(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, do_sample=True,
-                    temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, use_cache=self.use_cache)
+                    temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, use_cache=self.use_cache,
+                    sampler=g.sampler)
 
     # ---------------------------------------------------------------- the loop
     def run(self, samples, num_generations: int, prompts: PromptBatch, features: ImageFeatures | None = None) -> Rollout:

@@ -53,7 +53,7 @@ class LoraSettings:
     target_modules: list[str] | None = setting(
         None, help="modules that get LoRA matrices: full names or name suffixes (e.g. merger.mlp.2); "
         "None: the language model's q/k/v/o/gate/up/down projections")
-    load_in_4bit: bool = setting(False, help="QLoRA: the base loaded in 4 bit (bitsandbytes, CUDA only)")
+    load_in_4bit: bool = setting(False, help="QLoRA: the base loaded in 4 bit (bitsandbytes NF4, on a GPU or the CPU)")
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -80,6 +80,9 @@ class GenerationConfig:
     top_k: int = setting(0, help="sample among the k most likely tokens (0: all)", at_least=0)
     min_new_tokens: int = setting(0, help="= max_new_tokens ignores EOS: fixed-length completions (benchmarks)",
                                   at_least=0)
+    sampler: str = setting("inverse_cdf", help="how a token is drawn: inverse_cdf (one uniform per row on the cumulative "
+                           "probabilities) or multinomial (generate()'s own); the same distribution",
+                           choices=("inverse_cdf", "multinomial"))
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -16,6 +16,7 @@ sets cfg, accelerator, run_dir, adapter, model, optimizer, scheduler, log, shard
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import sys
@@ -26,6 +27,7 @@ import torch
 
 from vlm_grpo.adapters.features import hf_core
 from vlm_grpo.adapters.model_dirs import MERGED_DIR
+from vlm_grpo.adapters.quantization import is_loaded_in_4bit
 from vlm_grpo.grpo.distributed import fsdp, processes
 from vlm_grpo.grpo.distributed import sharded_checkpoints as shards
 from vlm_grpo.grpo.run import checkpoints as ckpt
@@ -180,12 +182,26 @@ class Checkpointed:
             shutil.rmtree(tmp, ignore_errors=True)
             ckpt.save_model(adapter, tmp)
             if is_lora_wrapped(adapter) and self.cfg.logging.save_merged:
-                save_merged(adapter, tmp / MERGED_DIR)
+                save_merged(self._full_precision_copy(adapter) if is_loaded_in_4bit(adapter.model) else adapter,
+                            tmp / MERGED_DIR)
             write_manifest(tmp)
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
         self.accelerator.wait_for_everyone()
         return final
+
+    def _full_precision_copy(self, adapter):
+        """A QLoRA run's policy on a full-precision base (the starting model loaded again without quantization) with
+        the run's LoRA weights: merging into the 4-bit base itself would round the merged weights to 4 bits."""
+        from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+        cfg = copy.deepcopy(self.cfg)
+        cfg.lora.load_in_4bit = False
+        full = load_policy(cfg, torch.device("cpu"), decide_cache=False)
+        apply_lora(full, cfg.lora, train_fully=cfg.optim.trainable_patterns)
+        trained = {k: v.detach().to("cpu", torch.float32) for k, v in get_peft_model_state_dict(adapter.model).items()}
+        set_peft_model_state_dict(full.model, trained)
+        return full
 
     def _plain_copy(self, state_dict: dict[str, torch.Tensor]):
         """An unsharded adapter on the CPU holding `state_dict` (the starting model rebuilt, LoRA as in the run)."""

@@ -13,8 +13,10 @@
 - Modules named by `trainable_patterns` train whole beside the LoRA matrices as peft's `modules_to_save`
   copies, so the reference keeps the originals and the adapter checkpoint carries them.
 - `merged_copy(adapter)`: a plain transformers model with the LoRA deltas folded in, for saving.
-- QLoRA (`load_in_4bit=True`) needs a CUDA GPU and bitsandbytes, and a base loaded in 4 bit
-  (`VLMAdapter.load(..., load_in_4bit=True)`); it is prepared with peft's `prepare_model_for_kbit_training`.
+- QLoRA (`load_in_4bit=True`) needs bitsandbytes (CUDA or CPU) and a base loaded in 4 bit (`--load-in-4bit`;
+  `VLMAdapter.load(..., load_in_4bit=True)`); it is prepared with peft's `prepare_model_for_kbit_training`, without
+  the gradient checkpointing that function would switch on (`perf.gradient_checkpointing` decides that, so the
+  shared-prompt forwards know). The merged copy of a 4-bit run folds the deltas into a full-precision base.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from vlm_grpo.adapters.quantization import four_bit_config
+from vlm_grpo.adapters.quantization import four_bit_config, is_loaded_in_4bit
 from vlm_grpo.grpo.settings.sections import LoraSettings
 from vlm_grpo.grpo.training.freeze import _is_lora_wrapped
 
@@ -117,16 +119,16 @@ def apply_lora(adapter, settings: LoraSettings, train_fully: Sequence[str] = ())
         raise ValueError(f"{both} get LoRA matrices and are trained whole by trainable_patterns: choose one "
                          "(lora.target_modules or optim.trainable_patterns)")
     if settings.load_in_4bit:
-        four_bit_config()  # raises without a CUDA GPU (QLoRA needs CUDA + bitsandbytes)
-        if not _loaded_in_4bit(model):
+        four_bit_config()  # raises, saying so, without bitsandbytes
+        if not is_loaded_in_4bit(model):
             raise ValueError(
                 "load_in_4bit=True: the base model must already be loaded in 4 bit "
                 "(VLMAdapter.load(path, load_in_4bit=True) or `--load-in-4bit`)"
             )
         from peft import prepare_model_for_kbit_training
 
-        # casts norms/embeddings to fp32, enables input grads and gradient checkpointing
-        model = prepare_model_for_kbit_training(model)
+        # casts the layers left in half precision (norms, embeddings) to fp32 and freezes the base
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     config = LoraConfig(
         r=settings.r,
         lora_alpha=settings.alpha,
@@ -141,15 +143,6 @@ def apply_lora(adapter, settings: LoraSettings, train_fully: Sequence[str] = ())
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         adapter.model = get_peft_model(model, config)
     return adapter
-
-
-def _loaded_in_4bit(model: torch.nn.Module) -> bool:
-    if getattr(model, "is_loaded_in_4bit", False):
-        return True
-    qc = getattr(model.config, "quantization_config", None)
-    if isinstance(qc, dict):
-        return bool(qc.get("load_in_4bit"))
-    return bool(getattr(qc, "load_in_4bit", False))
 
 
 @contextmanager
@@ -174,7 +167,7 @@ def reference_disabled(adapter) -> Iterator:
 
 def merged_copy(adapter) -> torch.nn.Module:
     """A plain transformers model with the LoRA deltas merged in (the adapter's own model is untouched).
-    On a 4-bit base the merge re-quantizes and is lossy: merge into a bf16 reload of the base instead."""
+    On a 4-bit base the merge re-quantizes and is lossy: the trainer merges into a full-precision reload instead."""
     model = copy.deepcopy(adapter.model)
     if not _is_lora_wrapped(model):
         return model
