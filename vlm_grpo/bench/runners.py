@@ -82,6 +82,7 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
         "--learning-rate", str(settings.learning_rate), "--max-steps", str(total), "--seed", str(settings.seed),
         "--output-dir", str(work / "vlm-grpo"), "--log-completions", "false", "--progress", "false",
         "--data.rewards", "letters=vlm_grpo.bench.runners:letter_share",
+        "--guard.audit_at_start", "false",  # letter_share is a cost stand-in that pays content-free text by design
         "--shared-prefix", str(settings.shared_prefix).lower(),
         "--share-image-features", str(settings.share_image_features).lower(),
         "--mixed-precision", "bf16" if device.type == "cuda" else "no", "--generation.sampler", settings.sampler,
