@@ -29,7 +29,6 @@ from vlm_grpo.adapters.features import ImageFeatures
 from vlm_grpo.adapters.image_layout import ImageCell, LayoutFacts, token_runs
 from vlm_grpo.adapters.module_groups import ModuleLayout, group_parameters
 from vlm_grpo.adapters.quirks import CacheQuirk
-from vlm_grpo.adapters.sampler import inverse_cdf_generation, sampler_draws
 from vlm_grpo.adapters.video_hooks import VideoHooks
 from vlm_grpo.images import prepare_sample_image
 from vlm_grpo.videos import Video, prepare_sample_video
@@ -278,6 +277,7 @@ class VLMAdapter(VideoHooks, ABC):
         """`generate()` settings of every generation path: suppression, EOS, sampling, and the cache decision
         unless `use_cache` forces one. `sampler` (with do_sample): "inverse_cdf" draws from generate()'s distribution
         with one uniform per row (adapters/sampler.py); "multinomial" is generate()'s own draw."""
+        from vlm_grpo.adapters.sampler import inverse_cdf_generation, sampler_draws  # transformers: only to generate
         eos = self.eos_token_ids if eos_token_id is None else eos_token_id
         if do_sample and sampler_draws(sampler, output_logits):
             greedy = self.generation_kwargs(max_new_tokens=max_new_tokens, use_cache=use_cache, eos_token_id=eos)
