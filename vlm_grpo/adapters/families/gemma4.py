@@ -23,7 +23,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.base import VLMAdapter
-from vlm_grpo.adapters.batch import PromptBatch, sum_per_sample
+from vlm_grpo.adapters.batch import PromptBatch, sample_rows, sum_per_sample
 from vlm_grpo.adapters.image_layout import LayoutFacts, grid_cells
 from vlm_grpo.adapters.module_groups import ModuleLayout
 from vlm_grpo.adapters.seeding import seeded, seeded_model
@@ -183,8 +183,7 @@ class Gemma4Adapter(VLMAdapter):
 
     # ---------------------------------------------------------------- attention-map layout
     def soft_token_grid(self, batch: PromptBatch, sample: int, image: int) -> tuple[int, int]:
-        offset = sum(batch.mm_rows["image_position_ids"][:sample]) + image
-        rows, cols = self.patch_grid(batch.mm["image_position_ids"][offset])
+        rows, cols = self.patch_grid(sample_rows(batch, "image_position_ids", sample)[image])
         return rows // self.pooling, cols // self.pooling
 
     def layout_facts(self, batch, sample, image):

@@ -14,7 +14,7 @@ from transformers import Mistral3Config, Mistral3ForConditionalGeneration, Pixtr
 
 from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.base import VLMAdapter
-from vlm_grpo.adapters.batch import PromptBatch, sum_per_sample
+from vlm_grpo.adapters.batch import PromptBatch, sample_rows, sum_per_sample
 from vlm_grpo.adapters.image_layout import LayoutFacts, grid_cells, token_runs
 from vlm_grpo.adapters.module_groups import LLAVA_STYLE
 from vlm_grpo.adapters.seeding import seeded_model
@@ -122,8 +122,7 @@ class Mistral3Adapter(VLMAdapter):
 
     def image_grid(self, batch: PromptBatch, sample: int, image: int) -> tuple[int, int]:
         """(rows, cols) of the merged-patch grid of one image, from its resized size."""
-        offset = sum(batch.mm_rows["image_sizes"][:sample]) + image
-        height, width = batch.mm["image_sizes"][offset].tolist()
+        height, width = sample_rows(batch, "image_sizes", sample)[image].tolist()
         return height // self.merged_patch, width // self.merged_patch
 
     def feature_counts(self, batch: PromptBatch) -> list[int]:
