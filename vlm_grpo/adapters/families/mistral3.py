@@ -15,7 +15,7 @@ from transformers import Mistral3Config, Mistral3ForConditionalGeneration, Pixtr
 from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.base import VLMAdapter
 from vlm_grpo.adapters.batch import PromptBatch, sample_rows, sum_per_sample
-from vlm_grpo.adapters.image_layout import LayoutFacts, grid_cells, token_runs
+from vlm_grpo.adapters.image_layout import OneGridLayout, token_runs
 from vlm_grpo.adapters.module_groups import LLAVA_STYLE
 from vlm_grpo.adapters.seeding import seeded_model
 from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
@@ -64,7 +64,7 @@ MISTRAL_SMALL_3_1 = Architecture(
 )
 
 
-class Mistral3Adapter(VLMAdapter):
+class Mistral3Adapter(OneGridLayout, VLMAdapter):
     family = "mistral3"
     model_types = ("mistral3",)
     model_class = Mistral3ForConditionalGeneration
@@ -144,12 +144,3 @@ class Mistral3Adapter(VLMAdapter):
                     merged.append((start, end))
             spans.append(merged)
         return spans
-
-    # ---------------------------------------------------------------- attention-map layout
-    def layout_facts(self, batch, sample, image):
-        return LayoutFacts(tiles=1, grid=self.image_grid(batch, sample, image))
-
-    def image_token_positions(self, batch, sample, image, image_size=None):
-        """Merged patches row-major over the whole (resized, never cropped) image."""
-        rows, cols = self.image_grid(batch, sample, image)
-        return grid_cells(self.image_token_indices(batch, sample, image), rows, cols)

@@ -10,7 +10,7 @@ from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.base import VLMAdapter
 from vlm_grpo.adapters.batch import PromptBatch, sample_rows, sum_per_sample
 from vlm_grpo.adapters.chat_templates import chatml_template
-from vlm_grpo.adapters.image_layout import LayoutFacts, grid_cells
+from vlm_grpo.adapters.image_layout import OneGridLayout, grid_cells
 from vlm_grpo.adapters.module_groups import ModuleLayout
 from vlm_grpo.adapters.seeding import seeded, seeded_model
 from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
@@ -114,7 +114,7 @@ TEXT_3B = dict(
 REAL_PIXELS = {"min_pixels": 256 * 28 * 28, "max_pixels": 1280 * 28 * 28}
 
 
-class Qwen2_5_VLAdapter(VLMAdapter):
+class Qwen2_5_VLAdapter(OneGridLayout, VLMAdapter):
     family = "qwen2_5_vl"
     model_types = ("qwen2_5_vl",)
     model_class = Qwen2_5_VLForConditionalGeneration
@@ -234,11 +234,3 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         """(rows, cols) of the merged-patch grid the image's tokens are laid out on."""
         _, h, w = sample_rows(batch, "image_grid_thw", sample)[image].tolist()
         return h // self.merge_size, w // self.merge_size
-
-    def layout_facts(self, batch, sample, image):
-        return LayoutFacts(tiles=1, grid=self.image_grid(batch, sample, image))
-
-    def image_token_positions(self, batch, sample, image, image_size=None):
-        """Merged patches row-major over the whole (resized, never cropped) image."""
-        rows, cols = self.image_grid(batch, sample, image)
-        return grid_cells(self.image_token_indices(batch, sample, image), rows, cols)
