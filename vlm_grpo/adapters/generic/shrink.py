@@ -68,6 +68,11 @@ def sub_configs(config) -> list[tuple[str, Any]]:
     return [(k, v) for k, v in vars(config).items() if not k.startswith("_") and is_config(v)]
 
 
+def config_nodes(config) -> list:
+    """`config` and its direct sub-configs."""
+    return [config] + [sub for _, sub in sub_configs(config)]
+
+
 def shrink_config(config) -> None:
     """Shrink `config` and its sub-configs in place."""
     _shrink_node(config)
