@@ -44,11 +44,6 @@ class PromptBatch:
     def videos_per_sample(self) -> list[int]:
         return [len(videos) for videos in self.video_spans] if self.video_spans else [0] * len(self)
 
-    def video_span(self, sample: int, video: int) -> tuple[int, int]:
-        """[start, end) of a whole video: its first frame unit's start to its last one's end."""
-        units = self.video_spans[sample][video]
-        return units[0][0], units[-1][1]
-
     def select(self, indices: Sequence[int] | torch.Tensor) -> "PromptBatch":
         """Samples `indices` (repeats allowed), with their multimodal rows."""
         idx = [int(i) for i in indices]

@@ -81,3 +81,16 @@ def token_runs(row: list[int], token_id: int) -> list[tuple[int, int]]:
             runs.append((start, pos))
             start = None
     return runs
+
+
+class OneGridLayout:
+    """The attention-map layout (a mixin of an adapter, before VLMAdapter) of a family that lays each image out as one
+    grid of tokens, row-major over the whole image (resized, never cropped); the family says the grid's
+    (rows, cols) from the processor's tensors in `image_grid(batch, sample, image)`."""
+
+    def layout_facts(self, batch, sample: int, image: int) -> LayoutFacts:
+        return LayoutFacts(tiles=1, grid=self.image_grid(batch, sample, image))
+
+    def image_token_positions(self, batch, sample: int, image: int, image_size=None) -> list[ImageCell]:
+        rows, cols = self.image_grid(batch, sample, image)
+        return grid_cells(self.image_token_indices(batch, sample, image), rows, cols)

@@ -23,8 +23,8 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.base import VLMAdapter
-from vlm_grpo.adapters.batch import PromptBatch, sum_per_sample
-from vlm_grpo.adapters.image_layout import LayoutFacts, grid_cells
+from vlm_grpo.adapters.batch import PromptBatch, sample_rows, sum_per_sample
+from vlm_grpo.adapters.image_layout import OneGridLayout
 from vlm_grpo.adapters.module_groups import ModuleLayout
 from vlm_grpo.adapters.seeding import seeded, seeded_model
 from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
@@ -88,7 +88,7 @@ def gemma4_e(hidden: int, layers: int, intermediate: int, kv_heads: int, shared:
     )
 
 
-class Gemma4Adapter(VLMAdapter):
+class Gemma4Adapter(OneGridLayout, VLMAdapter):
     family = "gemma4"
     model_types = ("gemma4",)
     model_class = Gemma4ForConditionalGeneration
@@ -182,15 +182,7 @@ class Gemma4Adapter(VLMAdapter):
         return inputs
 
     # ---------------------------------------------------------------- attention-map layout
-    def soft_token_grid(self, batch: PromptBatch, sample: int, image: int) -> tuple[int, int]:
-        offset = sum(batch.mm_rows["image_position_ids"][:sample]) + image
-        rows, cols = self.patch_grid(batch.mm["image_position_ids"][offset])
+    def image_grid(self, batch: PromptBatch, sample: int, image: int) -> tuple[int, int]:
+        """(rows, cols) of the pooled patches over the whole image (resized, aspect kept, never cropped)."""
+        rows, cols = self.patch_grid(sample_rows(batch, "image_position_ids", sample)[image])
         return rows // self.pooling, cols // self.pooling
-
-    def layout_facts(self, batch, sample, image):
-        return LayoutFacts(tiles=1, grid=self.soft_token_grid(batch, sample, image))
-
-    def image_token_positions(self, batch, sample, image, image_size=None):
-        """Pooled patches row-major over the whole image (resized, aspect kept, never cropped)."""
-        rows, cols = self.soft_token_grid(batch, sample, image)
-        return grid_cells(self.image_token_indices(batch, sample, image), rows, cols)

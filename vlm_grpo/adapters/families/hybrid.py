@@ -155,13 +155,3 @@ def _qwen_text_config(lm_cfg, vocab: int) -> dict:
     )
     text = {k: getattr(lm_cfg, k) for k in keys if getattr(lm_cfg, k, None) is not None}
     return {**text, "vocab_size": vocab, "rope_parameters": rope, "tie_word_embeddings": bool(lm_cfg.tie_word_embeddings)}
-
-
-def mrope_section(head_dim: int) -> list[int]:
-    """Temporal/height/width split of the rotary half-dim; Qwen's 128-dim heads use [16, 24, 24]."""
-    half = head_dim // 2
-    t = half // 4
-    h = (half - t) // 2
-    return [t, h, half - t - h]
-
-

@@ -26,7 +26,7 @@ from transformers.models.llava_onevision.modeling_llava_onevision import get_any
 
 from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.base import VLMAdapter
-from vlm_grpo.adapters.batch import PromptBatch
+from vlm_grpo.adapters.batch import PromptBatch, sample_rows
 from vlm_grpo.adapters.chat_templates import chatml_template
 from vlm_grpo.adapters.families.qwen2_5_vl import QWEN_SPECIAL_TOKENS
 from vlm_grpo.adapters.image_layout import LayoutFacts, grid_cells
@@ -152,11 +152,10 @@ class LlavaOnevisionAdapter(VLMAdapter):
         ratio = math.sqrt(rows * cols / (int(cfg.vision_aspect_ratio.strip("anyres_max_")) * side**2))
         return (int(rows // ratio), int(cols // ratio)) if ratio > 1.1 else (rows, cols)
 
-    def _image(self, batch, sample, image) -> tuple[list[int] | None, int]:
-        """(the image's size when it is tiled, None when it shares its prompt; its row in the image tensors)."""
-        offset = sum(batch.mm_rows["image_sizes"][:sample]) + image
-        alone = batch.mm_rows["image_sizes"][sample] == 1
-        return (batch.mm["image_sizes"][offset].tolist() if alone else None), offset
+    def _tiled_size(self, batch, sample, image) -> list[int] | None:
+        """The image's size when it is tiled (alone in its prompt); None when it shares its prompt."""
+        sizes = sample_rows(batch, "image_sizes", sample)
+        return sizes[image].tolist() if len(sizes) == 1 else None
 
     def feature_counts(self, batch: PromptBatch) -> list[int]:
         if "image_sizes" not in batch.mm:
@@ -165,7 +164,7 @@ class LlavaOnevisionAdapter(VLMAdapter):
         for sample, n in enumerate(batch.mm_rows["image_sizes"]):
             total = 0
             for image in range(n):
-                size, _ = self._image(batch, sample, image)
+                size = self._tiled_size(batch, sample, image)
                 rows, cols = self.fine_grid(size) if size is not None else (0, 0)
                 total += self.base_side**2 + (rows * (cols + 1) if size is not None else 1)
             counts.append(total)
@@ -175,7 +174,7 @@ class LlavaOnevisionAdapter(VLMAdapter):
         """The image's placeholders that cover part of it: the base grid and the fine grid, newlines left out."""
         tokens = super().image_token_indices(batch, sample, image)
         base = self.base_side**2
-        size, _ = self._image(batch, sample, image)
+        size = self._tiled_size(batch, sample, image)
         if size is None:
             return tokens[:base]
         _, cols = self.fine_grid(size)
@@ -184,7 +183,7 @@ class LlavaOnevisionAdapter(VLMAdapter):
 
     # ---------------------------------------------------------------- attention-map layout
     def layout_facts(self, batch, sample, image):
-        size, _ = self._image(batch, sample, image)
+        size = self._tiled_size(batch, sample, image)
         side = (self.base_side, self.base_side)
         if size is None:
             return LayoutFacts(tiles=1, grid=side)
@@ -195,7 +194,7 @@ class LlavaOnevisionAdapter(VLMAdapter):
         tokens = self.image_token_indices(batch, sample, image)
         base = self.base_side**2
         cells = grid_cells(tokens[:base], self.base_side, self.base_side)
-        size, _ = self._image(batch, sample, image)
+        size = self._tiled_size(batch, sample, image)
         if size is not None:
             cells += grid_cells(tokens[base:], *self.fine_grid(size))
         return cells

@@ -14,8 +14,8 @@ from transformers import Mistral3Config, Mistral3ForConditionalGeneration, Pixtr
 
 from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.base import VLMAdapter
-from vlm_grpo.adapters.batch import PromptBatch, sum_per_sample
-from vlm_grpo.adapters.image_layout import LayoutFacts, grid_cells, token_runs
+from vlm_grpo.adapters.batch import PromptBatch, sample_rows, sum_per_sample
+from vlm_grpo.adapters.image_layout import OneGridLayout, token_runs
 from vlm_grpo.adapters.module_groups import LLAVA_STYLE
 from vlm_grpo.adapters.seeding import seeded_model
 from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
@@ -64,7 +64,7 @@ MISTRAL_SMALL_3_1 = Architecture(
 )
 
 
-class Mistral3Adapter(VLMAdapter):
+class Mistral3Adapter(OneGridLayout, VLMAdapter):
     family = "mistral3"
     model_types = ("mistral3",)
     model_class = Mistral3ForConditionalGeneration
@@ -122,8 +122,7 @@ class Mistral3Adapter(VLMAdapter):
 
     def image_grid(self, batch: PromptBatch, sample: int, image: int) -> tuple[int, int]:
         """(rows, cols) of the merged-patch grid of one image, from its resized size."""
-        offset = sum(batch.mm_rows["image_sizes"][:sample]) + image
-        height, width = batch.mm["image_sizes"][offset].tolist()
+        height, width = sample_rows(batch, "image_sizes", sample)[image].tolist()
         return height // self.merged_patch, width // self.merged_patch
 
     def feature_counts(self, batch: PromptBatch) -> list[int]:
@@ -145,12 +144,3 @@ class Mistral3Adapter(VLMAdapter):
                     merged.append((start, end))
             spans.append(merged)
         return spans
-
-    # ---------------------------------------------------------------- attention-map layout
-    def layout_facts(self, batch, sample, image):
-        return LayoutFacts(tiles=1, grid=self.image_grid(batch, sample, image))
-
-    def image_token_positions(self, batch, sample, image, image_size=None):
-        """Merged patches row-major over the whole (resized, never cropped) image."""
-        rows, cols = self.image_grid(batch, sample, image)
-        return grid_cells(self.image_token_indices(batch, sample, image), rows, cols)

@@ -8,9 +8,9 @@ from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, 
 
 from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.base import VLMAdapter
-from vlm_grpo.adapters.batch import PromptBatch, sum_per_sample
+from vlm_grpo.adapters.batch import PromptBatch, sample_rows, sum_per_sample
 from vlm_grpo.adapters.chat_templates import chatml_template
-from vlm_grpo.adapters.image_layout import LayoutFacts, grid_cells
+from vlm_grpo.adapters.image_layout import OneGridLayout, grid_cells
 from vlm_grpo.adapters.module_groups import ModuleLayout
 from vlm_grpo.adapters.seeding import seeded, seeded_model
 from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
@@ -114,7 +114,7 @@ TEXT_3B = dict(
 REAL_PIXELS = {"min_pixels": 256 * 28 * 28, "max_pixels": 1280 * 28 * 28}
 
 
-class Qwen2_5_VLAdapter(VLMAdapter):
+class Qwen2_5_VLAdapter(OneGridLayout, VLMAdapter):
     family = "qwen2_5_vl"
     model_types = ("qwen2_5_vl",)
     model_class = Qwen2_5_VLForConditionalGeneration
@@ -196,12 +196,11 @@ class Qwen2_5_VLAdapter(VLMAdapter):
 
     def video_units(self, batch, videos):
         """Temporal patches (temporal_patch_size frames each) per video, from video_grid_thw."""
-        t = batch.mm["video_grid_thw"][:, 0].tolist()
-        return [t[start : start + n] for start, n in zip(_starts(batch.mm_rows["video_grid_thw"]), batch.mm_rows["video_grid_thw"])]
+        return [sample_rows(batch, "video_grid_thw", i)[:, 0].tolist() for i in range(len(batch.mm_rows["video_grid_thw"]))]
 
     def video_unit_cells(self, batch, sample, video, unit):
         """A temporal patch's merged patches, row-major over the frame."""
-        _, h, w = batch.mm["video_grid_thw"][sum(batch.mm_rows["video_grid_thw"][:sample]) + video].tolist()
+        _, h, w = sample_rows(batch, "video_grid_thw", sample)[video].tolist()
         return grid_cells(self.video_token_indices(batch, sample, video, unit), h // self.merge_size, w // self.merge_size)
 
     # ---------------------------------------------------------------- sharing hooks (M-RoPE)
@@ -233,18 +232,5 @@ class Qwen2_5_VLAdapter(VLMAdapter):
     # ---------------------------------------------------------------- attention-map layout
     def image_grid(self, batch: PromptBatch, sample: int, image: int) -> tuple[int, int]:
         """(rows, cols) of the merged-patch grid the image's tokens are laid out on."""
-        offset = sum(batch.mm_rows["image_grid_thw"][:sample]) + image
-        _, h, w = batch.mm["image_grid_thw"][offset].tolist()
+        _, h, w = sample_rows(batch, "image_grid_thw", sample)[image].tolist()
         return h // self.merge_size, w // self.merge_size
-
-    def layout_facts(self, batch, sample, image):
-        return LayoutFacts(tiles=1, grid=self.image_grid(batch, sample, image))
-
-    def image_token_positions(self, batch, sample, image, image_size=None):
-        """Merged patches row-major over the whole (resized, never cropped) image."""
-        rows, cols = self.image_grid(batch, sample, image)
-        return grid_cells(self.image_token_indices(batch, sample, image), rows, cols)
-
-
-def _starts(rows: list[int]) -> list[int]:
-    return [sum(rows[:i]) for i in range(len(rows))]

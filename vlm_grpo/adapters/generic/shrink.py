@@ -68,6 +68,11 @@ def sub_configs(config) -> list[tuple[str, Any]]:
     return [(k, v) for k, v in vars(config).items() if not k.startswith("_") and is_config(v)]
 
 
+def config_nodes(config) -> list:
+    """`config` and its direct sub-configs."""
+    return [config] + [sub for _, sub in sub_configs(config)]
+
+
 def shrink_config(config) -> None:
     """Shrink `config` and its sub-configs in place."""
     _shrink_node(config)
@@ -110,38 +115,32 @@ def _shrink_node(node) -> None:
 
 
 _KEEP = object()
+# (field names, cap): an int field named in one of these sets (no name is in two) and above its cap becomes the cap
+_CAPS = (
+    (WIDTH_KEYS, WIDTH), (FFN_KEYS, FFN), (MOE_FFN_KEYS, MOE_FFN), (HEAD_KEYS, HEADS), (HEAD_DIM_KEYS, HEAD_DIM),
+    (POOLED_KEYS, POOLED_TOKENS), (LAYER_KEYS, LAYERS), (EXPERT_KEYS, EXPERTS), (TOP_K_KEYS, EXPERTS_PER_TOKEN),
+    (SHARED_EXPERT_KEYS, 1), (GROUP_KEYS, 1),
+)
+
+
+def _cap(key: str) -> int | None:
+    """The most an int field named `key` may hold in a twin (None: any)."""
+    if key in LORA_RANK_KEYS:
+        return LORA_RANK_KEYS[key]
+    if key.endswith(("_num_heads", "_n_heads")):
+        return HEADS
+    if key.endswith("_head_dim"):
+        return HEAD_DIM
+    return next((cap for keys, cap in _CAPS if key in keys), None)
 
 
 def _shrunk_value(key: str, value: Any, old_heads: int | None):
     if isinstance(value, int):
-        if key in WIDTH_KEYS and value > WIDTH:
-            return WIDTH
-        if key in FFN_KEYS and value > FFN:
-            return FFN
-        if key in MOE_FFN_KEYS and value > MOE_FFN:
-            return MOE_FFN
-        if (key in HEAD_KEYS or key.endswith("_num_heads") or key.endswith("_n_heads")) and value > HEADS:
-            return HEADS
-        if key in KV_HEAD_KEYS:
-            if old_heads and value >= old_heads:
-                return HEADS
-            return min(value, 2)
-        if (key in HEAD_DIM_KEYS or (key.endswith("_head_dim") and key not in LORA_RANK_KEYS)) and value > HEAD_DIM:
-            return HEAD_DIM
-        if key in LORA_RANK_KEYS and value > LORA_RANK_KEYS[key]:
-            return LORA_RANK_KEYS[key]
-        if key in POOLED_KEYS and value > POOLED_TOKENS:
-            return POOLED_TOKENS
-        if key in LAYER_KEYS and value > LAYERS:
-            return LAYERS
-        if key in EXPERT_KEYS and value > EXPERTS:
-            return EXPERTS
-        if key in TOP_K_KEYS and value > EXPERTS_PER_TOKEN:
-            return EXPERTS_PER_TOKEN
-        if key in SHARED_EXPERT_KEYS and value > 1:
-            return 1
-        if key in GROUP_KEYS and value > 1:
-            return 1
+        if key in KV_HEAD_KEYS:  # as many as the heads where the model had one per head (no grouping), else few
+            return HEADS if old_heads and value >= old_heads else min(value, 2)
+        cap = _cap(key)
+        if cap is not None and value > cap:
+            return cap
     if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         if key in MOE_FFN_KEYS:
             return [min(v, MOE_FFN) for v in value]

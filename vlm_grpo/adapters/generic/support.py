@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from vlm_grpo.adapters.generic.shrink import config_nodes
+
 FRAMEWORK_IDS = {"bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "sep_token_id"}
 LAYOUT_TOKEN_NAME = re.compile(r"image|img|vision|video|patch|tile|boi|eoi|frame|media|row|col")
 
@@ -53,17 +55,9 @@ def check_generation(model_type: str, model) -> None:
                                  "counts and shares image features through it")
 
 
-def _config_nodes(config) -> list:
-    nodes = [config]
-    for key, value in vars(config).items():
-        if not key.startswith("_") and hasattr(value, "to_dict") and hasattr(value, "model_type"):
-            nodes.append(value)
-    return nodes
-
-
 def image_token_id(config, processor, model_type: str) -> int:
     """The placeholder id image features replace: the config's, else the processor's."""
-    for node in _config_nodes(config):
+    for node in config_nodes(config):
         for key in ("image_token_id", "image_token_index"):
             value = vars(node).get(key)
             if isinstance(value, int) and not isinstance(value, bool):
@@ -81,7 +75,7 @@ def layout_token_ids(config, processor, keep: set[int]) -> list[int]:
     """Image placeholder, delimiter and layout ids (config `*_token_id` / `*_token_index` fields, the processor's
     image tokens) that a completion must never hold; `keep` (end-of-sequence ids) is never suppressed."""
     ids: set[int] = set()
-    for node in _config_nodes(config):
+    for node in config_nodes(config):
         for key, value in vars(node).items():
             if key in FRAMEWORK_IDS or not isinstance(value, int) or isinstance(value, bool):
                 continue

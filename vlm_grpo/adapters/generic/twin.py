@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from vlm_grpo.adapters.chat_templates import chatml_template
-from vlm_grpo.adapters.generic.shrink import PATCHES_PER_SIDE, is_config, sub_configs
+from vlm_grpo.adapters.generic.shrink import PATCHES_PER_SIDE, config_nodes, is_config
 from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
 
 BASE_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -117,7 +117,7 @@ def sized_kwargs(part, side: int, patch: int) -> dict[str, Any]:
 def config_token_names(config) -> dict[str, list[tuple[Any, str]]]:
     """token name (e.g. `image_token`, `boi_token`) -> the (config node, field) pairs holding its id."""
     names: dict[str, list[tuple[Any, str]]] = {}
-    nodes = [config] + [sub for _, sub in sub_configs(config)]
+    nodes = config_nodes(config)
     for node in nodes:
         for key, value in vars(node).items():
             if key.startswith("_") or key in FRAMEWORK_IDS or not isinstance(value, int) or isinstance(value, bool):
@@ -162,7 +162,7 @@ def _processor_parts(cls, names: dict[str, Any], tokenizer, config, side: int, p
 
 
 def _config_value(config, key: str):
-    nodes = [config] + [sub for _, sub in sub_configs(config)]
+    nodes = config_nodes(config)
     aliases = {"merge_size": "spatial_merge_size"}
     for node in nodes:
         for name in (key, aliases.get(key)):
@@ -247,7 +247,7 @@ def bind_token_ids(config, processor, names: dict[str, list[tuple[Any, str]]]) -
     ids = {"bos_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
            "pad_token_id": tokenizer.pad_token_id}
     vocab = len(tokenizer)
-    for node in [config] + [sub for _, sub in sub_configs(config)]:
+    for node in config_nodes(config):
         for key, value in ids.items():
             if key in vars(node):
                 setattr(node, key, value)

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from vlm_grpo.adapters.generic.shrink import HEAD_DIM, shrink_config, sub_configs
+from vlm_grpo.adapters.generic.shrink import HEAD_DIM, config_nodes, shrink_config
 from vlm_grpo.adapters.generic.twin import (
     TwinError,
     TwinTokens,
@@ -56,7 +56,7 @@ def fill_code_default_rope(config, model: torch.nn.Module) -> bool:
     if not sections:
         return False
     filled = False
-    for node in [config] + [sub for _, sub in sub_configs(config)]:
+    for node in config_nodes(config):
         rope = getattr(node, "rope_parameters", None)
         if not isinstance(rope, dict) or "mrope_section" in rope or any(isinstance(v, dict) for v in rope.values()):
             continue
@@ -81,7 +81,7 @@ def rebuilt(config):
 
 
 def _record_dtype(config, dtype: torch.dtype) -> None:
-    for node in [config] + [sub for _, sub in sub_configs(config)]:
+    for node in config_nodes(config):
         node.dtype = dtype
 
 
