@@ -268,8 +268,11 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
         perf = self.cfg.perf
         context = self.accelerator.autocast if model is self.model else None
         turns = None if traj.completion_images is None else traj.completion_images.select(rows)
-        turn_features = None if turns is None else turns.policy_features if features is not None \
-            else turns.features if self._reuse_features() else None  # None: encoded in the forward
+        turn_features = None  # the tool images' features; None: encoded in the forward
+        if turns is not None and features is not None:  # the policy's, with gradient, as the prompts' are
+            turn_features = turns.policy_features
+        elif turns is not None and self._reuse_features():  # the rollout's (a frozen encoder)
+            turn_features = turns.features
         features = self._step_features(traj) if features is None else features
 
         def scores(inner):  # returns tensors: a sharded root registers its backward hooks on them
