@@ -15,7 +15,7 @@ import torch
 from vlm_grpo.adapters.completion_images import CompletionImages, with_turn_images
 from vlm_grpo.adapters.sharing import embed_with_features, image_features, text_side
 from vlm_grpo.adapters.teacher_forcing import completion_logits
-from vlm_grpo.grpo.logprobs.lm_head import CHUNK_BYTES, TokenScores, score_completions
+from vlm_grpo.grpo.logprobs.lm_head import CHUNK_BYTES, TokenScores, logit_scores, score_completions
 from vlm_grpo.grpo.logprobs.prompt_cache import differentiable_prompt_cache, shared_prompt_scores
 
 
@@ -33,11 +33,6 @@ def _blocks(rows: int, steps: int, vocab: int, chunk_bytes: int):
                 yield slice(r, r + 1), slice(t, min(steps, t + tokens))
 
 
-def _scaled_chunk(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    x = logits.float()
-    return x if temperature == 1.0 else x / temperature  # T=1 (and fp32 logits): no copy at all
-
-
 def token_logprobs_and_entropy(
     logits: torch.Tensor, token_ids: torch.Tensor, with_entropy: bool = True, chunk_bytes: int = CHUNK_BYTES,
     temperature: float = 1.0,
@@ -52,13 +47,9 @@ def token_logprobs_and_entropy(
     rows, steps, vocab = logits.shape
     logps = logits.new_empty(rows, steps, dtype=torch.float32)
     entropy = torch.zeros(rows, steps, dtype=torch.float32, device=logits.device)
-    for rs, ts in _blocks(rows, steps, vocab, chunk_bytes):
-        x = _scaled_chunk(logits[rs, ts], temperature)
-        norm = torch.logsumexp(x, dim=-1)
-        logps[rs, ts] = x.gather(-1, token_ids[rs, ts].unsqueeze(-1)).squeeze(-1) - norm
-        if with_entropy:
-            with torch.no_grad():
-                entropy[rs, ts] = norm - (torch.exp(x - norm.unsqueeze(-1)) * x).sum(-1)
+    for rs, ts in _blocks(rows, steps, vocab, chunk_bytes):  # each block reduced as the LM-head path reduces a chunk
+        logps[rs, ts], entropy[rs, ts], _ = logit_scores(logits[rs, ts], token_ids[rs, ts], temperature, with_entropy,
+                                                         with_hits=False)
     return logps, entropy
 
 
