@@ -1,7 +1,7 @@
 """Per-token log-probabilities of completions.
 
 The training path (`group_scores`) never builds logits: the LM head scores the tokens chunk by chunk from the
-hidden states (head_logprobs.py), with each prompt's images encoded once for its rows.
+hidden states (lm_head.py), with each prompt's images encoded once for its rows.
 
 `token_logprobs` scores tokens under logits someone already has (generate()'s, a probe's): it works through
 them in chunks (each cast to fp32 and reduced to log p(token) and optionally the entropy), so no fp32 copy of
@@ -9,6 +9,8 @@ all of [rows, T, vocab] exists at once.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -87,7 +89,7 @@ def group_scores(
     `features` (an ImageFeatures of all of `prompts`, e.g. the rollout's, detached) skips the encoder.
     Otherwise every row's prompt is repeated, pixels included, and the model encodes each copy.
     share_prompt (with share_features): each distinct prompt runs once and its KV cache serves its rows
-    (shared_prompt.py), where gradients can pass the cache (`differentiable_prompt_cache`).
+    (prompt_cache.py), where gradients can pass the cache (`differentiable_prompt_cache`).
     `turns`: the images tool turns showed inside these rows' completions (multi-turn rollouts), placed after the
     prompt's in each row; `turn_features` (of `turns.turns`, e.g. the rollout's) skips encoding them.
     `context`: entered around the feature and embedding computation (e.g. the accelerator's autocast).
@@ -96,8 +98,6 @@ def group_scores(
     `options`: temperature, with_entropy, entropy_grad, with_hits (default off: GRPO reads no argmax hits),
     chunk_bytes (see lm_head.chunked_scores).
     """
-    import contextlib
-
     options.setdefault("with_hits", False)
 
     model = adapter.model if model is None else model
