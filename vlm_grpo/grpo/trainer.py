@@ -19,7 +19,7 @@ from vlm_grpo.adapters.sharing import image_features
 from vlm_grpo.grpo.algorithm import reference_sync
 from vlm_grpo.grpo.algorithm.advantages import ADVANTAGES, reward_scores
 from vlm_grpo.grpo.algorithm.losses import Collective, EntropyControl, policy_loss
-from vlm_grpo.grpo.algorithm.trajectory import Trajectory
+from vlm_grpo.grpo.algorithm.trajectory import Trajectory, model_tokens
 from vlm_grpo.grpo.data.order import step_seed
 from vlm_grpo.grpo.distributed import fsdp
 from vlm_grpo.grpo.logprobs.completions import group_scores
@@ -175,7 +175,7 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
             inputs.with_tools(self.session, ro.conversations)
         reward_errors: dict[str, int] = {}
         total, components = score(self.rewards, inputs, on_error=cfg.data.on_reward_error, errors=reward_errors)
-        loss_mask = ro.completion_mask if ro.tool_mask is None else ro.completion_mask * ro.tool_mask  # model tokens
+        loss_mask = model_tokens(ro.completion_mask, ro.tool_mask)  # tool turns train on no token
         if cfg.loss.mask_truncated_completions:  # a completion cut at the length limit trains on no token
             loss_mask = loss_mask * (~ro.truncated).unsqueeze(1).to(loss_mask.dtype)
         scores = reward_scores(components, [r.weight for r in self.rewards], g, cfg.multi_objective_aggregation)
@@ -268,8 +268,11 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
         perf = self.cfg.perf
         context = self.accelerator.autocast if model is self.model else None
         turns = None if traj.completion_images is None else traj.completion_images.select(rows)
-        turn_features = None if turns is None else turns.policy_features if features is not None \
-            else turns.features if self._reuse_features() else None  # None: encoded in the forward
+        turn_features = None  # the tool images' features; None: encoded in the forward
+        if turns is not None and features is not None:  # the policy's, with gradient, as the prompts' are
+            turn_features = turns.policy_features
+        elif turns is not None and self._reuse_features():  # the rollout's (a frozen encoder)
+            turn_features = turns.features
         features = self._step_features(traj) if features is None else features
 
         def scores(inner):  # returns tensors: a sharded root registers its backward hooks on them

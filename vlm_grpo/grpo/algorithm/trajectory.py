@@ -19,6 +19,11 @@ from vlm_grpo.adapters.completion_images import CompletionImages
 from vlm_grpo.adapters.features import ImageFeatures
 
 
+def model_tokens(completion_mask: torch.Tensor, tool_mask: torch.Tensor | None) -> torch.Tensor:
+    """[N, T] 1 at the completion tokens the model generated: a tool turn's tokens are the tool's (tool_mask 0)."""
+    return completion_mask if tool_mask is None else completion_mask * tool_mask
+
+
 @dataclass
 class Trajectory:
     prompts: PromptBatch  # the B prompts, encoded once (tokens, image tensors)
@@ -48,7 +53,7 @@ class Trajectory:
 
     def model_tokens(self) -> torch.Tensor:
         """[N, T] 1 at the tokens the model generated (all completion tokens unless tools answered in between)."""
-        return self.completion_mask if self.tool_mask is None else self.completion_mask * self.tool_mask
+        return model_tokens(self.completion_mask, self.tool_mask)
 
     def prompt_index(self, rows: list[int]) -> list[int]:
         """The prompt each completion row belongs to."""

@@ -1,7 +1,7 @@
 """Per-token log-probabilities of completions.
 
 The training path (`group_scores`) never builds logits: the LM head scores the tokens chunk by chunk from the
-hidden states (head_logprobs.py), with each prompt's images encoded once for its rows.
+hidden states (lm_head.py), with each prompt's images encoded once for its rows.
 
 `token_logprobs` scores tokens under logits someone already has (generate()'s, a probe's): it works through
 them in chunks (each cast to fp32 and reduced to log p(token) and optionally the entropy), so no fp32 copy of
@@ -10,12 +10,14 @@ all of [rows, T, vocab] exists at once.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from vlm_grpo.adapters.completion_images import CompletionImages, with_turn_images
 from vlm_grpo.adapters.sharing import embed_with_features, image_features, text_side
 from vlm_grpo.adapters.teacher_forcing import completion_logits
-from vlm_grpo.grpo.logprobs.lm_head import CHUNK_BYTES, TokenScores, score_completions
+from vlm_grpo.grpo.logprobs.lm_head import CHUNK_BYTES, TokenScores, logit_scores, score_completions
 from vlm_grpo.grpo.logprobs.prompt_cache import differentiable_prompt_cache, shared_prompt_scores
 
 
@@ -33,11 +35,6 @@ def _blocks(rows: int, steps: int, vocab: int, chunk_bytes: int):
                 yield slice(r, r + 1), slice(t, min(steps, t + tokens))
 
 
-def _scaled_chunk(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    x = logits.float()
-    return x if temperature == 1.0 else x / temperature  # T=1 (and fp32 logits): no copy at all
-
-
 def token_logprobs_and_entropy(
     logits: torch.Tensor, token_ids: torch.Tensor, with_entropy: bool = True, chunk_bytes: int = CHUNK_BYTES,
     temperature: float = 1.0,
@@ -52,13 +49,9 @@ def token_logprobs_and_entropy(
     rows, steps, vocab = logits.shape
     logps = logits.new_empty(rows, steps, dtype=torch.float32)
     entropy = torch.zeros(rows, steps, dtype=torch.float32, device=logits.device)
-    for rs, ts in _blocks(rows, steps, vocab, chunk_bytes):
-        x = _scaled_chunk(logits[rs, ts], temperature)
-        norm = torch.logsumexp(x, dim=-1)
-        logps[rs, ts] = x.gather(-1, token_ids[rs, ts].unsqueeze(-1)).squeeze(-1) - norm
-        if with_entropy:
-            with torch.no_grad():
-                entropy[rs, ts] = norm - (torch.exp(x - norm.unsqueeze(-1)) * x).sum(-1)
+    for rs, ts in _blocks(rows, steps, vocab, chunk_bytes):  # each block reduced as the LM-head path reduces a chunk
+        logps[rs, ts], entropy[rs, ts], _ = logit_scores(logits[rs, ts], token_ids[rs, ts], temperature, with_entropy,
+                                                         with_hits=False)
     return logps, entropy
 
 
@@ -96,7 +89,7 @@ def group_scores(
     `features` (an ImageFeatures of all of `prompts`, e.g. the rollout's, detached) skips the encoder.
     Otherwise every row's prompt is repeated, pixels included, and the model encodes each copy.
     share_prompt (with share_features): each distinct prompt runs once and its KV cache serves its rows
-    (shared_prompt.py), where gradients can pass the cache (`differentiable_prompt_cache`).
+    (prompt_cache.py), where gradients can pass the cache (`differentiable_prompt_cache`).
     `turns`: the images tool turns showed inside these rows' completions (multi-turn rollouts), placed after the
     prompt's in each row; `turn_features` (of `turns.turns`, e.g. the rollout's) skips encoding them.
     `context`: entered around the feature and embedding computation (e.g. the accelerator's autocast).
@@ -105,8 +98,6 @@ def group_scores(
     `options`: temperature, with_entropy, entropy_grad, with_hits (default off: GRPO reads no argmax hits),
     chunk_bytes (see lm_head.chunked_scores).
     """
-    import contextlib
-
     options.setdefault("with_hits", False)
 
     model = adapter.model if model is None else model

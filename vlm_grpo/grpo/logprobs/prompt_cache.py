@@ -9,7 +9,7 @@ rows (the adapter's hooks: 3-D rotary positions, mask-based ones, whatever a fam
 positions the plain forward would.
 
 Completion token 0 is predicted by the prompt's last position (the prefix pass keeps its logits: one row of the
-vocabulary per distinct prompt); tokens 1.. by the completion pass, scored chunk by chunk (head_logprobs.py).
+vocabulary per distinct prompt); tokens 1.. by the completion pass, scored chunk by chunk (lm_head.py).
 """
 
 from __future__ import annotations

@@ -70,6 +70,14 @@ def encode(adapter, samples: list[Sample], device, session=None) -> PromptBatch:
     return prompts.to(device, dtype=next(adapter.model.parameters()).dtype)
 
 
+def sampling_settings(gen, use_cache: bool | None, max_new_tokens: int, min_new_tokens: int = 0) -> dict:
+    """generate()'s sampling arguments from the generation section (the budget is the caller's: a later tool turn
+    has only what is left)."""
+    return dict(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, do_sample=True,
+                temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k, use_cache=use_cache,
+                sampler=gen.sampler)
+
+
 def rollout(
     adapter, samples: list[Sample], gen, num_generations: int, device, use_cache: bool | None = None, shared_prefix: bool = True,
     prompts: PromptBatch | None = None, features: ImageFeatures | None = None,
@@ -77,16 +85,7 @@ def rollout(
     """`prompts`: the samples already encoded (`encode`); `features`: their image features, already computed
     (the shared-prefix path then runs no encoder)."""
     prompts = encode(adapter, samples, device) if prompts is None else prompts
-    sampling = dict(
-        max_new_tokens=gen.max_new_tokens,
-        min_new_tokens=gen.min_new_tokens,
-        do_sample=True,
-        temperature=gen.temperature,
-        top_p=gen.top_p,
-        top_k=gen.top_k,
-        use_cache=use_cache,
-        sampler=gen.sampler,
-    )
+    sampling = sampling_settings(gen, use_cache, gen.max_new_tokens, gen.min_new_tokens)
     if shared_prefix:
         result = generate_shared(adapter, prompts, num_generations, features=features, **sampling)
         out, features, prefill = result.output, result.features, result.prefill_tokens

@@ -25,12 +25,9 @@ from vlm_grpo.adapters.batch import PromptBatch
 from vlm_grpo.adapters.completion_images import CompletionImages
 from vlm_grpo.adapters.features import ImageFeatures
 from vlm_grpo.adapters.sharing import generate_shared, image_features
-from vlm_grpo.grpo.rollout.sampling import Rollout, check_no_placeholders, mask_after_eos, rollout
+from vlm_grpo.grpo.rollout.sampling import Rollout, check_no_placeholders, mask_after_eos, rollout, sampling_settings
 from vlm_grpo.grpo.tools.chat_format import ChatFormat
 from vlm_grpo.grpo.tools.toolset import ToolSession
-
-TOOL_METRICS = ("call_frequency", "failure_frequency", "failed_calls", "malformed_calls", "timeouts", "turns", "images")
-
 
 @dataclass
 class _Row:
@@ -122,12 +119,6 @@ class ToolRollout:
     def _no_grad_features(self, batch: PromptBatch) -> ImageFeatures:
         with torch.no_grad():
             return image_features(self.adapter, batch)
-
-    def _sampling(self, max_new_tokens: int, min_new_tokens: int = 0) -> dict[str, Any]:
-        g = self.gen
-        return dict(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, do_sample=True,
-                    temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, use_cache=self.use_cache,
-                    sampler=g.sampler)
 
     # ---------------------------------------------------------------- the loop
     def run(self, samples, num_generations: int, prompts: PromptBatch, features: ImageFeatures | None = None) -> Rollout:
@@ -245,7 +236,7 @@ class ToolRollout:
     def _continue(self, rows: list[_Row]) -> None:
         batch = self._batch(rows)
         room = [self.gen.max_new_tokens - len(row.ids) for row in rows]
-        settings = self._sampling(max(room))
+        settings = sampling_settings(self.gen, self.use_cache, max(room))
         if self.shared_prefix:
             result = generate_shared(self.adapter, batch, 1, features=self._features(rows), **settings)
             out, prefill = result.output, result.prefill_tokens

@@ -98,6 +98,7 @@ class ChatFormat:
         own = getattr(self.tokenizer, "response_template", None)
         self.response_template = own if self.native and own is not None else default_response_template(self.end_texts)
         self.parses_with_prefix = self.native and own is not None
+        self._heads: dict[str | None, tuple[list[dict], str, int]] = {}  # tool name -> tool_turn's rendered head
 
     # ---------------------------------------------------------------- probing the template
     def _render(self, messages: list[dict], **options) -> str:
@@ -151,17 +152,24 @@ class ChatFormat:
                       {"type": "text", "text": "\n" + RESULT_CLOSE}]
         return [{"role": "user", "content": parts}]
 
+    def _head(self, name: str | None) -> tuple[list[dict], str, int]:
+        """The exchange a tool turn follows (user, then assistant calling `name` on a native template), its rendering
+        and where the assistant's turn ends in it: rendered once per tool name, not once per tool turn."""
+        if name not in self._heads:
+            call = {"type": "function", "function": {"name": name, "arguments": {}}}
+            head = [{"role": "user", "content": [{"type": "text", "text": "dummy"}]},
+                    {"role": "assistant", "content": [{"type": "text", "text": "dummy"}],
+                     **({"tool_calls": [call]} if self.native else {})}]
+            before = self._render(head)
+            ends = [before.rfind(t) + len(t) for t in self.end_texts if t and t in before]
+            self._heads[name] = (head, before, max(ends) if ends else len(before))
+        return self._heads[name]
+
     def tool_turn(self, results: list[dict]) -> str:
         """The text between the model's end-of-turn token and its next turn, for tool messages `results` (TRL's
         {"role": "tool", "name", "content"}; content a string or parts, image parts standing for their images)."""
-        call = {"type": "function", "function": {"name": results[0]["name"], "arguments": {}}}
-        head = [{"role": "user", "content": [{"type": "text", "text": "dummy"}]},
-                {"role": "assistant", "content": [{"type": "text", "text": "dummy"}],
-                 **({"tool_calls": [call]} if self.native else {})}]
-        before = self._render(head)
+        head, before, cut = self._head(results[0]["name"] if self.native else None)
         after = self._render(head + self._result_messages(results), add_generation_prompt=True)
-        ends = [before.rfind(t) + len(t) for t in self.end_texts if t and t in before]
-        cut = max(ends) if ends else len(before)
         if not after.startswith(before[:cut]):
             raise ToolFormatError("the chat template renders the earlier turns differently once a tool turn follows; "
                                   "multi-turn rollouts need a prefix-preserving template")
