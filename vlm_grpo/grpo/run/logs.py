@@ -24,14 +24,18 @@ class RunLog:
         for name in (METRICS, COMPLETIONS):
             path = self.run_dir / name
             if path.exists():
+                text = path.read_text(errors="replace")
+                lines = text.splitlines()
                 kept = []
-                for line in path.read_text(errors="replace").splitlines():
+                for line in lines:
                     row = _parse(line)
                     if row is not None and row.get("step", 0) <= step:
                         kept.append(line)
                     elif name == METRICS and row is not None and row.get("step", 0) > 0 and "stage" not in row:
                         dropped += 1
-                path.write_text("".join(line + "\n" for line in kept))
+                # rewritten only when a line goes or the last one lacks its newline (completions.jsonl can be large)
+                if len(kept) < len(lines) or not text.endswith("\n"):
+                    path.write_text("".join(line + "\n" for line in kept))
         return dropped
 
     def _append(self, name: str, rows: list[dict[str, Any]]) -> None:
