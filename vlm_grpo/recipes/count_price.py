@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from PIL import Image, ImageDraw
 
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
-from vlm_grpo.recipes.tool_rewards import final_answer, last_number, tool_use
+from vlm_grpo.recipes.tool_rewards import final_number_answer, tool_use
 
 SPLIT_OFFSETS = {"train": 0, "test": 1_000_003, "eval": 1_000_003}
 COLOURS = {"red": (210, 40, 40), "blue": (40, 60, 210), "green": (40, 160, 60)}
@@ -85,9 +85,7 @@ class CountPriceDataset:
                       reference=f"There are {count} {colour} circles; {count} x {price} = {count * price}.")
 
 
-def answer(completions, answer, **_) -> list[float]:
-    """+1.0 when the last number of the final message is the total price."""
-    return [1.0 if last_number(final_answer(c)) == str(a) else 0.0 for c, a in zip(completions, answer)]
+answer = final_number_answer  # +1.0 when the last number of the final message is the total price
 
 
 def build(split: str = "train", size: int = 256, seed: int = 0, image_size: int = 224,

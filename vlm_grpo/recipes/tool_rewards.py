@@ -50,3 +50,8 @@ def tool_use(completions: list[Any], **_) -> list[float]:
         good = calls > 0 and len(results) == calls and not unread and not any(_failed(m["content"]) for m in results)
         out.append(TOOL_USE_REWARD if good else 0.0)
     return out
+
+
+def final_number_answer(completions: list[Any], answer: list[Any], **_) -> list[float]:
+    """+1.0 when the last number of the final message is the row's `answer`."""
+    return [1.0 if last_number(final_answer(c)) == str(a) else 0.0 for c, a in zip(completions, answer)]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from PIL import Image, ImageDraw
 
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
-from vlm_grpo.recipes.tool_rewards import final_answer, last_number, tool_use
+from vlm_grpo.recipes.tool_rewards import final_number_answer, tool_use
 
 SPLIT_OFFSETS = {"train": 0, "test": 1_000_003, "eval": 1_000_003}
 # Seven-segment digits: which of the segments a b c d e f g (top, upper right, lower right, bottom, lower left,
@@ -104,9 +104,7 @@ class ZoomDataset:
         )
 
 
-def answer(completions, answer, **_) -> list[float]:
-    """+1.0 when the last number of the final message is the digits."""
-    return [1.0 if last_number(final_answer(c)) == str(a) else 0.0 for c, a in zip(completions, answer)]
+answer = final_number_answer  # +1.0 when the last number of the final message is the digits
 
 
 def build(split: str = "train", size: int = 256, seed: int = 0, digits: int = 3, canvas: int = 512,
