@@ -57,6 +57,27 @@ def smoke_train(recipe: str, out: Path, options: str) -> list[dict]:
     return GRPOTrainer(cfg).train()
 
 
+IMAGE_RECIPES = ["shapes", "cryptogram", "vsr", "clevr_count", "mm_math"]  # every image recipe, rows from `data` fixtures
+
+
+def check_two_grpo_steps(model: str, recipe: str, options: str, out: Path) -> None:
+    """Two GRPO steps of `recipe` on `model` (B=1, G=2, 4 tokens): both logged, each recipe reward logged, a final
+    model saved."""
+    from vlm_grpo.grpo.settings.sources import load_config
+    from vlm_grpo.grpo.trainer import GRPOTrainer
+    from vlm_grpo.recipes import get_recipe
+
+    cfg = load_config(overrides=[
+        "--model", model, "--recipe", recipe, "--max-steps", "2", "--output-dir", str(out),
+        "--max-new-tokens", "4", "--batch-size", "1", "--num-generations", "2", "--data.train-size", "2",
+        "--logging.progress", "false", "--data.recipe_options", options,
+    ])
+    history = GRPOTrainer(cfg).train()
+    assert [m["step"] for m in history] == [1, 2]
+    assert {f"rewards/{r.name}" for r in get_recipe(recipe).rewards} <= set(history[0])
+    assert (out / "final" / "config.json").is_file()
+
+
 def same_sample(a, b) -> bool:
     return (
         a.prompt == b.prompt and a.fields == b.fields and a.reference == b.reference

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.recipes.helpers import save_image, write_jsonl
-from vlm_grpo.grpo.settings.sources import load_config
-from vlm_grpo.grpo.trainer import GRPOTrainer
-from vlm_grpo.recipes import get_recipe
+from tests.recipes.helpers import IMAGE_RECIPES, check_two_grpo_steps, save_image, write_jsonl
 
 
 @pytest.fixture(scope="module")
@@ -35,17 +32,9 @@ def data(tmp_path_factory):
     }
 
 
-@pytest.mark.parametrize("recipe", ["shapes", "cryptogram", "vsr", "clevr_count", "mm_math"])
+@pytest.mark.parametrize("recipe", IMAGE_RECIPES)
 def test_two_grpo_steps(recipe, family, data, tmp_path):
-    cfg = load_config(overrides=[
-        "--model", f"tiny:{family}", "--recipe", recipe, "--max-steps", "2", "--output-dir", str(tmp_path),
-        "--max-new-tokens", "4", "--batch-size", "1", "--num-generations", "2", "--data.train-size", "2",
-        "--logging.progress", "false", "--data.recipe_options", data[recipe],
-    ])
-    history = GRPOTrainer(cfg).train()
-    assert [m["step"] for m in history] == [1, 2]
-    assert {f"rewards/{r.name}" for r in get_recipe(recipe).rewards} <= set(history[0])
-    assert (tmp_path / "final" / "config.json").is_file()
+    check_two_grpo_steps(f"tiny:{family}", recipe, data[recipe], tmp_path)
 
 
 MY_REWARDS = """
