@@ -24,6 +24,11 @@ def r1_layout(sample: Sample, reasoning: str, answer: str) -> str:
     return f"<think>\n{reasoning}\n</think>\n<answer>\n{answer}\n</answer>"
 
 
+def inline_think_layout(sample: Sample, reasoning: str, answer: str) -> str:
+    """`<think>` and `<answer>` each on one line (the format of the recipes whose rewards read tags inline)."""
+    return f"<think>{reasoning}</think>\n<answer>{answer}</answer>"
+
+
 def column_answer(sample: Sample) -> str | None:
     """The first answer column present, its `<answer>` content when tagged."""
     for name in ANSWER_COLUMNS:

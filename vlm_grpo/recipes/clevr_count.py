@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from vlm_grpo.recipes.audit_hints import AuditHints
+from vlm_grpo.recipes.audit_hints import AuditHints, inline_think_layout
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
 from vlm_grpo.recipes.rewards import tags_filled
 from vlm_grpo.recipes.rows import RecordDataset, RowChecker, load_records
@@ -112,5 +112,5 @@ RECIPE = Recipe(
     rewards=[Reward("format", strict_format), Reward("correctness", correctness)],
     accuracy_reward="correctness",
     checks_rows=True,
-    audit=AuditHints(layout=lambda sample, reasoning, answer: f"<think>{reasoning}</think>\n<answer>{answer}</answer>"),
+    audit=AuditHints(layout=inline_think_layout),
 )

@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from vlm_grpo.recipes.audit_hints import AuditHints
+from vlm_grpo.recipes.audit_hints import AuditHints, inline_think_layout
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
 from vlm_grpo.recipes.rows import RecordDataset, RowChecker, load_records
 from vlm_grpo.recipes.rewards import answer_or_text, tags_filled
@@ -112,6 +112,6 @@ RECIPE = Recipe(
     rewards=[Reward("accuracy", accuracy), Reward("format", format_reward)],
     accuracy_reward="accuracy",
     checks_rows=True,
-    audit=AuditHints(layout=lambda sample, reasoning, answer: f"<think>{reasoning}</think>\n<answer>{answer}</answer>",
+    audit=AuditHints(layout=inline_think_layout,
                      candidates=lambda sample, answer: ["True", "False"]),
 )
