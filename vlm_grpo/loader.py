@@ -14,6 +14,7 @@ from vlm_grpo.adapters.model_spec import parse_model_spec
 from vlm_grpo.adapters.model_dirs import read_model_type
 from vlm_grpo.adapters.generic.groups import with_overrides
 from vlm_grpo.adapters.registry import adapter_class, all_presets, class_for_model_type
+from vlm_grpo.compat.tested_window import warn_outside_window
 from vlm_grpo.compat.cache_policy import resolve_use_cache
 from vlm_grpo.compat.cache_probe import STEPS
 
@@ -47,6 +48,7 @@ def load_model(
     """
     parsed = parse_model_spec(spec)
     device = default_device(device)
+    warn_outside_window()  # once per package and process; the cache probe below still decides
     if parsed.kind == "tiny":
         adapter = adapter_class(parsed.name).tiny(seed=seed)
     elif parsed.kind == "preset":

@@ -33,17 +33,24 @@ def _how(record) -> str:
             + (", ".join(paths) if paths else "none (plain path)"))
 
 
+class ModelTypeGone(ValueError):
+    """A model type the table was measured with is gone from the installed transformers."""
+
+
 def model_types_table() -> str:
-    """Every image-text-to-text model type of transformers with its status: a family file, the generic adapter
-    (measured, adapters/generic/model_types.json), or not supported and why (`vlm-grpo families --all`)."""
-    from vlm_grpo.adapters.generic.status import GENERIC, recorded
-    from vlm_grpo.adapters.generic.support import image_text_types
+    """Every image-text-to-text model type of the transformers version measured (the locked one) with its status:
+    a family file, the generic adapter (measured, adapters/generic/model_types.json), or not supported and why
+    (`vlm-grpo families --all`). The same text under any installed transformers, unless a measured type is gone
+    from it: then ModelTypeGone."""
+    from vlm_grpo.adapters.generic.status import GENERIC, recorded, recorded_mapping
     from vlm_grpo.adapters.registry import MODEL_TYPES
 
     families()
     version, records = recorded()
+    mapping = recorded_mapping()
+    _refuse_gone_types(version, mapping)
     rows, counts = [], {"family file": 0, GENERIC: 0, "not supported": 0}
-    for model_type, class_name in sorted(image_text_types().items()):
+    for model_type, class_name in sorted(mapping.items()):
         if model_type in MODEL_TYPES:
             status, how = "family file", f"`{MODEL_TYPES[model_type].family}` (contract suite, cache probe, every recipe)"
         elif model_type in records and records[model_type].status == GENERIC:
@@ -59,3 +66,40 @@ def model_types_table() -> str:
                f"(measured with transformers {version}).")
     head = "| model type | transformers class | status | how / why not |\n| --- | --- | --- | --- |"
     return summary + "\n\n" + head + "\n" + "\n".join(rows)
+
+
+def untested_model_types() -> dict[str, str]:
+    """Model types the installed transformers maps that the measured one did not (type -> class name)."""
+    from vlm_grpo.adapters.generic.status import recorded_mapping
+    from vlm_grpo.adapters.generic.support import image_text_types
+
+    mapping = recorded_mapping()
+    return {t: c for t, c in sorted(image_text_types().items()) if t not in mapping}
+
+
+def untested_note() -> str:
+    """A paragraph listing the installed transformers' new model types as untested, with the command that tries
+    one; empty when there are none."""
+    import transformers
+
+    from vlm_grpo.adapters.generic.status import recorded
+
+    new = untested_model_types()
+    if not new:
+        return ""
+    lines = [f"Untested: {len(new)} model types new in transformers {transformers.__version__} (the table was "
+             f"measured with {recorded()[0]}). Try one with `vlm-grpo families --measure TYPE`:", ""]
+    lines += [f"- {t} ({c})" for t, c in new.items()]
+    return "\n".join(lines)
+
+
+def _refuse_gone_types(version: str, mapping: dict[str, str]) -> None:
+    import transformers
+
+    from vlm_grpo.adapters.generic.support import image_text_types
+
+    gone = sorted(set(mapping) - set(image_text_types()))
+    if gone:
+        raise ModelTypeGone(f"model types measured with transformers {version} are gone from the installed "
+                            f"transformers {transformers.__version__}: {', '.join(gone)}; the families table no "
+                            "longer describes this install (re-measure with `vlm-grpo families --measure`)")

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import torch
 
 from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch
+from vlm_grpo.adapters.cache_names import cache_argument, returned_cache
 from vlm_grpo.adapters.features import ImageFeatures, flatten_pooled, generation_positions, hf_core
 
 
@@ -122,13 +123,13 @@ def generate_shared(
         empty = batch.input_ids[:, :0]
         inputs = embed_with_features(adapter, prefix, features, empty, empty)
         inputs.setdefault("position_ids", generation_positions(inputs["attention_mask"]))
-        cache = model(**inputs, use_cache=True, logits_to_keep=1).past_key_values
+        cache = returned_cache(model(**inputs, use_cache=True, logits_to_keep=1))
         select_cache_rows(cache, torch.arange(len(batch), device=batch.input_ids.device).repeat_interleave(num_generations))
         adapter.expand_generation_state(prefix, num_generations, core)
         out = model.generate(
             input_ids=batch.input_ids.repeat_interleave(num_generations, dim=0),
             attention_mask=batch.attention_mask.repeat_interleave(num_generations, dim=0),
-            past_key_values=cache,
+            **cache_argument(core.forward, cache),  # generate hands it on to the forward
             **kwargs,
         )
     prefill = int(prefix.attention_mask.sum()) + len(batch) * num_generations  # + each row's last prompt token

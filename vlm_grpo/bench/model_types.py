@@ -105,5 +105,5 @@ def measure(types: list[str] | None = None, contract: bool = True, log=print) ->
         records[model_type] = measure_type(model_type, contract=contract)
         record = records[model_type]
         log(f"{model_type}: {record.status}" + (f" ({record.reason})" if record.reason else ""))
-        write(transformers.__version__, records)  # after each type: a long run interrupted keeps what it measured
+        write(transformers.__version__, records, image_text_types())  # after each type: a long run interrupted keeps what it measured
     return records

@@ -67,8 +67,12 @@ def _cache_lines(probe: bool) -> list[str]:
 def run(args) -> int:
     from vlm_grpo.version import __version__
 
+    from vlm_grpo.compat.tested_window import outside_window, window_lines
+
     lines = [f"vlm-grpo {__version__}", f"python {platform.python_version()} on {platform.platform()}", "packages:"]
     lines += [f"  {name}: {_version(name)}" for name in PACKAGES]
+    lines += ["tested window (installed, oldest .. newest tested; docs/compatibility.md):", *window_lines()]
+    lines += [f"  WARNING: {line}" for line in outside_window()]
     lines += ["device:", *_device_lines(), "hub:"]
     lines += [f"  {name}={os.environ[name]}" for name in HUB_VARIABLES if name in os.environ] or ["  (defaults)"]
     import transformers

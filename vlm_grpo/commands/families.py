@@ -18,11 +18,17 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from vlm_grpo.adapters.families_table import families_table, model_types_table
+    from vlm_grpo.adapters.families_table import families_table, model_types_table, untested_note
 
     if args.measure is not None:
         from vlm_grpo.bench.model_types import measure
 
         measure(args.measure or None, contract=not args.no_contract)
-    print(model_types_table() if args.all or args.measure is not None else families_table())
+    if not (args.all or args.measure is not None):
+        print(families_table())
+        return 0
+    print(model_types_table())
+    note = untested_note()
+    if note:
+        print("\n" + note)
     return 0

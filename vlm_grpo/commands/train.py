@@ -5,6 +5,9 @@ from __future__ import annotations
 from vlm_grpo.commands.settings import add_settings_command
 
 
+STARTUP_PACKAGES = ("torch", "transformers", "accelerate", "peft")  # printed as a run starts: what its figures came from
+
+
 def add_parser(sub) -> None:
     add_settings_command(
         sub, "train", run,
@@ -16,7 +19,10 @@ def add_parser(sub) -> None:
 
 def run(args, extra: list[str]) -> int:
     from vlm_grpo.commands.plot import plot_hook
+    from vlm_grpo.compat.tested_window import installed
     from vlm_grpo.grpo.settings.sources import load_recipe_config
+
+    print("versions: " + ", ".join(f"{p} {installed(p) or 'not installed'}" for p in STARTUP_PACKAGES), flush=True)
 
     # recipe defaults (and a shipped checkpoint's GRPO settings) sit under the file and the command line
     cfg, recipe = load_recipe_config(args.config, extra)

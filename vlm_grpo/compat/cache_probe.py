@@ -111,7 +111,7 @@ def _tokens_ok(tokens: torch.Tensor, forward: torch.Tensor, suppressed: list[int
     return bool(((best - chosen) <= tolerance).all())
 
 
-def _encoder(adapter, media: str):
+def probe_inputs(adapter, media: str):
     """(probe item, control item, encode(prompts, items) -> PromptBatch) for images or videos."""
     if media == "image":
         first, control = probe_images()
@@ -131,7 +131,7 @@ def probe_cache(adapter, steps: int = STEPS, tolerance: float | None = None, pro
     if steps < 2:
         raise ValueError("the cache probe needs at least 2 decode steps: step 0 comes from the prefill")
     device = next(adapter.model.parameters()).device
-    image, control_image, encode = _encoder(adapter, media)
+    image, control_image, encode = probe_inputs(adapter, media)
     batch = encode([prompt], [image]).to(device)
     views = {}
     for use_cache in (True, False):

@@ -1,8 +1,9 @@
 """What the generic adapter was measured to do for each model type (`model_types.json`, beside this file).
 
 Written by `vlm-grpo families --all --measure` (twin, calibration, cache probe, 2 GRPO steps, and the contract suite
-where the repository's tests are at hand) for the transformers version it names; read by `vlm-grpo families --all`
-and the README table. The test suite runs the contract suite and the cache probe on every type recorded as `generic`,
+where the repository's tests are at hand) for the transformers version it names, with that version's whole
+image-text-to-text mapping (type -> class); read by `vlm-grpo families --all` and the README table, which therefore
+describe the measured (locked) transformers whatever is installed. The test suite runs the contract suite and the cache probe on every type recorded as `generic`,
 so a record that stops being true fails a test.
 """
 
@@ -36,12 +37,22 @@ def recorded() -> tuple[str, dict[str, TypeRecord]]:
     return data["transformers"], {t: TypeRecord(**r) for t, r in data["types"].items()}
 
 
+@lru_cache(maxsize=None)
+def recorded_mapping() -> dict[str, str]:
+    """The image-text-to-text mapping (model type -> class name) of the transformers version measured."""
+    if not STATUS_FILE.is_file():
+        return {}
+    return dict(json.loads(STATUS_FILE.read_text()).get("mapping", {}))
+
+
 def generic_types() -> list[str]:
     """Model types recorded as served and passing by the generic adapter."""
     return sorted(t for t, r in recorded()[1].items() if r.status == GENERIC)
 
 
-def write(version: str, records: dict[str, TypeRecord]) -> None:
-    body = {"transformers": version, "types": {t: asdict(records[t]) for t in sorted(records)}}
+def write(version: str, records: dict[str, TypeRecord], mapping: dict[str, str]) -> None:
+    body = {"transformers": version, "mapping": dict(sorted(mapping.items())),
+            "types": {t: asdict(records[t]) for t in sorted(records)}}
     STATUS_FILE.write_text(json.dumps(body, indent=1, sort_keys=False) + "\n")
     recorded.cache_clear()
+    recorded_mapping.cache_clear()

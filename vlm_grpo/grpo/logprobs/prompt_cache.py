@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from vlm_grpo.adapters.batch import ImageTokenMismatch
+from vlm_grpo.adapters.cache_names import cache_argument, returned_cache
 from vlm_grpo.adapters.completion_images import CompletionImages, with_turn_images
 from vlm_grpo.adapters.features import ImageFeatures, hf_core
 from vlm_grpo.adapters.sharing import embed_with_features, select_cache_rows, text_side
@@ -76,14 +77,14 @@ def shared_prompt_scores(adapter, prompts, prompt_index: list[int], features: Im
     if steps == 1:
         return TokenScores(*(t.unsqueeze(1) for t in first))
 
-    cache = out.past_key_values
+    cache = returned_cache(out)
     select_cache_rows(cache, torch.tensor(rows, device=completion_ids.device))  # one cache row per completion
     inputs = {"input_ids": completion_ids, "attention_mask": full["attention_mask"]}
     if turns is not None:  # the tool turns' images go to their tokens, as the prefix pass placed the prompt's
         inputs = _with_turn_features(adapter, inputs, full, turns.completion_only(turn_features), core)
     with scoring_head(model, completion_ids[:, 1:], temperature=temperature, with_entropy=with_entropy,
                       entropy_grad=entropy_grad, with_hits=with_hits, **options) as scorer:
-        model(**inputs, position_ids=positions[..., length:], past_key_values=cache, use_cache=True,
+        model(**inputs, position_ids=positions[..., length:], **cache_argument(core.forward, cache), use_cache=True,
               logits_to_keep=steps)
     return TokenScores(*(torch.cat([a.unsqueeze(1), b], dim=1) for a, b in zip(first, scorer.scores)))
 
