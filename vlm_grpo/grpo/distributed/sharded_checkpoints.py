@@ -143,7 +143,8 @@ def shared_temp_dir(run_dir: Path, name: str, is_main: bool) -> Path:
     """A fresh directory every process writes into: made by the main process, seen by all after the barrier."""
     tmp = Path(run_dir) / name
     if is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        from vlm_grpo.grpo.run.checkpoints import staging_dir
+
+        staging_dir(run_dir, name)  # recorded as the run's, made fresh, never through a link
     dist.barrier()
     return tmp

@@ -31,7 +31,8 @@ from vlm_grpo.adapters.quantization import is_loaded_in_4bit
 from vlm_grpo.grpo.distributed import fsdp, processes
 from vlm_grpo.grpo.distributed import sharded_checkpoints as shards
 from vlm_grpo.grpo.run import checkpoints as ckpt
-from vlm_grpo.grpo.run import process_checks
+from vlm_grpo.grpo.run import process_checks, safe_files
+from vlm_grpo.grpo.run.safe_files import CreatedFiles
 from vlm_grpo.grpo.run.manifest import verify, write_manifest
 from vlm_grpo.grpo.run.resume_rules import PROCESSES, check_resume, describe_history, history_entry
 from vlm_grpo.grpo.settings.fields import SettingError
@@ -178,15 +179,19 @@ class Checkpointed:
             full = shards.full_state_dict(self.adapter.model)
             adapter = self._plain_copy(full) if self.is_main else None
         if self.is_main:
-            tmp = self.run_dir / ".tmp-final"
-            shutil.rmtree(tmp, ignore_errors=True)
-            ckpt.save_model(adapter, tmp)
-            if is_lora_wrapped(adapter) and self.cfg.logging.save_merged:
-                save_merged(self._full_precision_copy(adapter) if is_loaded_in_4bit(adapter.model) else adapter,
-                            tmp / MERGED_DIR)
-            write_manifest(tmp)
-            shutil.rmtree(final, ignore_errors=True)
+            tmp = ckpt.staging_dir(self.run_dir, ".tmp-final")
+            with ckpt.disk_full_says(tmp, self.run_dir, need=lambda: ckpt._checkpoint_bytes(adapter)):
+                ckpt.save_model(adapter, tmp)
+                if is_lora_wrapped(adapter) and self.cfg.logging.save_merged:
+                    save_merged(self._full_precision_copy(adapter) if is_loaded_in_4bit(adapter.model) else adapter,
+                                tmp / MERGED_DIR)
+                write_manifest(tmp)
+            safe_files.check_path(final)
+            created = CreatedFiles(self.run_dir)
+            created.add(final.name)
+            safe_files.remove(final)
             tmp.rename(final)
+            created.discard(tmp.name)
         self.accelerator.wait_for_everyone()
         return final
 
