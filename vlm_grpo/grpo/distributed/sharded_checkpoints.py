@@ -69,6 +69,9 @@ def read_shards(checkpoint: Path, model: torch.nn.Module, optimizer, trust: bool
     plain data only unless `trust`."""
     state, shards = _state(model, optimizer), Path(checkpoint) / SHARDS_DIR
     if trust:  # --trust-checkpoint: DCP's own reader, which unpickles in full
+        from vlm_grpo.grpo.safe_loading import warn_trusted
+
+        warn_trusted(str(shards))
         dcp.load(state, checkpoint_id=str(shards))
     else:
         metadata = load_records(shards / METADATA_FILE, METADATA_NAMES, Metadata, check=_storage_problem)

@@ -36,7 +36,7 @@ from vlm_grpo.grpo.run.safe_files import CreatedFiles
 from vlm_grpo.grpo.run.manifest import verify, write_manifest
 from vlm_grpo.grpo.run.resume_rules import PROCESSES, check_resume, describe_history, history_entry
 from vlm_grpo.grpo.settings.fields import SettingError
-from vlm_grpo.grpo.settings.sources import canonical_key
+from vlm_grpo.grpo.settings.sources import canonical_key, without_trust
 from vlm_grpo.grpo.training.lora import apply_lora, is_lora_wrapped, save_merged
 from vlm_grpo.grpo.training.policy import load_policy
 
@@ -61,7 +61,7 @@ class Checkpointed:
     def save(self, step: int) -> Path | None:
         self.accelerator.wait_for_everyone()
         path = None
-        state = {"config": self.cfg.to_dict(), "num_processes": self.accelerator.num_processes, "stage": self.stage,
+        state = {"config": without_trust(self.cfg.to_dict()), "num_processes": self.accelerator.num_processes, "stage": self.stage,
                  "fsdp": self.sharding, "history": self.run_history, "log_history": self.log_history,
                  **self.extra_state()}
         keep = self.cfg.logging.keep_checkpoints
