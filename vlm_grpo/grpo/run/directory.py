@@ -124,6 +124,8 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> RunLock:
             raise SettingError("logging.output_dir", f"{run_dir} is not empty and holds no vlm-grpo run ({_names(others)}):"
                                " choose another --output-dir, or --overwrite-output-dir to write there anyway (files "
                                "the run did not create are never removed)")
+    if not is_run and not (resume or scratch):
+        _refuse_foreign(run_dir, set())  # before the lock file is made: a refused start leaves nothing behind
     lock = RunLock(run_dir)
     lock.acquire()
     try:
@@ -133,11 +135,7 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> RunLock:
             if created:
                 listed.save(created)
         notes = [lock.stale_note(), *remove_leftovers(run_dir, created)]
-        foreign = [p for p in run_artifacts(run_dir) if p.name not in created and p.name != ".write-test"]
-        if foreign:
-            raise SettingError("logging.output_dir", f"{run_dir} holds {_names(foreign)}, which no run here created, "
-                               "under the name of a file the run writes: move it away or choose another --output-dir "
-                               "(a run never replaces a file it did not create)")
+        _refuse_foreign(run_dir, created)
         old = [p for p in run_artifacts(run_dir) if p.name in created]
         if old and not resume:
             if not holds_a_run(run_dir):
@@ -159,6 +157,14 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> RunLock:
         lock.release()
         raise
     return lock
+
+
+def _refuse_foreign(run_dir: Path, created: set[str]) -> None:
+    foreign = [p for p in run_artifacts(run_dir) if p.name not in created and p.name != ".write-test"]
+    if foreign:
+        raise SettingError("logging.output_dir", f"{run_dir} holds {_names(foreign)}, which no run here created, "
+                           "under the name of a file the run writes: move it away or choose another --output-dir "
+                           "(a run never replaces a file it did not create)")
 
 
 def _probe_writable(run_dir: Path) -> None:
