@@ -108,9 +108,6 @@ class VLMAdapter(VideoHooks, ABC):
         """
         from transformers import AutoProcessor
 
-        from vlm_grpo.adapters.remote_code import check_remote_code
-
-        check_remote_code(path, trust_remote_code)
         kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust_remote_code}
         if not allow_pickle_weights:
             kwargs["use_safetensors"] = True

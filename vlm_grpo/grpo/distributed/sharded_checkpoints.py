@@ -145,9 +145,10 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def shared_temp_dir(run_dir: Path, name: str, is_main: bool) -> Path:
     """A fresh directory every process writes into: made by the main process, seen by all after the barrier."""
     tmp = Path(run_dir) / name
-    if is_main:
-        from vlm_grpo.grpo.run.checkpoints import staging_dir
-
-        staging_dir(run_dir, name)  # recorded as the run's, made fresh, never through a link
+    if is_main:  # the caller recorded it as the run's; a link there is removed, never followed
+        if tmp.is_symlink() or tmp.is_file():
+            tmp.unlink()
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
     dist.barrier()
     return tmp

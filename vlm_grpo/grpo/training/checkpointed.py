@@ -66,6 +66,8 @@ class Checkpointed:
                  **self.extra_state()}
         keep = self.cfg.logging.keep_checkpoints
         if fsdp.is_sharded(self.model):  # every process writes its shard, the main one commits
+            if self.is_main:
+                CreatedFiles(self.run_dir).add(f".tmp-checkpoint-{step}")
             tmp = shards.shared_temp_dir(self.run_dir, f".tmp-checkpoint-{step}", self.is_main)
             shards.write_shards(tmp, self.adapter.model, self.optimizer)
             self.accelerator.wait_for_everyone()
