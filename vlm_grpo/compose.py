@@ -14,19 +14,25 @@ from pathlib import Path
 
 from vlm_grpo.adapters.model_dirs import read_model_type
 from vlm_grpo.adapters.model_spec import ModelSpec, parse_model_spec
+from vlm_grpo.adapters.remote_code import check_remote_code
 from vlm_grpo.adapters.registry import adapter_class, all_presets, composer_for
 from vlm_grpo.gguf import find_gguf, gguf_model_type, load_gguf
 from vlm_grpo.loader import load_model
 
 
-def compose(vision_src: str, llm_src: str, out_dir: str, seed: int = 0) -> Path:
+def compose(vision_src: str, llm_src: str, out_dir: str, seed: int = 0, trust_remote_code: bool = False) -> Path:
     """Build the hybrid of `vision_src` + `llm_src` and save it (model, processor, tokenizer) in `out_dir`.
 
     The family that pairs with the vision donor's `model_type` is found through the registry (each hybrid family
-    declares its vision donors); it checks the LM before anything large loads, then assembles."""
+    declares its vision donors); it checks the LM before anything large loads, then assembles. A donor that ships
+    its own code is refused unless `trust_remote_code` (never a y/N prompt)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     vision_spec = parse_model_spec(vision_src)
+    if vision_spec.kind == "checkpoint":
+        check_remote_code(vision_spec.name, trust_remote_code, what="the vision donor")
+    if find_gguf(llm_src) is None:
+        check_remote_code(llm_src, trust_remote_code, what="the language donor")
     vision_type = _model_type(vision_spec)
     gguf = find_gguf(llm_src)  # an ambiguous LM source is named first, before the pairing is looked up
     composer = composer_for(vision_type)
@@ -34,10 +40,11 @@ def compose(vision_src: str, llm_src: str, out_dir: str, seed: int = 0) -> Path:
     if gguf:
         lm, lm_tokenizer = load_gguf(gguf)
     else:
-        lm = AutoModelForCausalLM.from_pretrained(llm_src, dtype="auto")
-        lm_tokenizer = AutoTokenizer.from_pretrained(llm_src)
+        lm = AutoModelForCausalLM.from_pretrained(llm_src, dtype="auto", trust_remote_code=trust_remote_code)
+        lm_tokenizer = AutoTokenizer.from_pretrained(llm_src, trust_remote_code=trust_remote_code)
     def vision_donor():  # a whole VLM as the donor (the Qwen pairing), loaded only by a pairing that needs it
-        return load_model(vision_src, seed=seed, dtype="auto", device="cpu", decide_cache=False)
+        return load_model(vision_src, seed=seed, dtype="auto", device="cpu", decide_cache=False,
+                          trust_remote_code=trust_remote_code)
 
     result = composer.assemble_from(vision_spec.name, lm, lm_tokenizer, seed, vision_donor)
     out = Path(out_dir)

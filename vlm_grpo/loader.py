@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from vlm_grpo.adapters.remote_code import check_remote_code
 from vlm_grpo.adapters.base import VLMAdapter
 from vlm_grpo.adapters.model_spec import parse_model_spec
 from vlm_grpo.adapters.model_dirs import read_model_type
@@ -55,6 +56,7 @@ def load_model(
         preset_dtype = torch.bfloat16 if dtype == "auto" else _torch_dtype(dtype)
         adapter = all_presets()[parsed.name].preset(parsed.name, seed=seed, dtype=preset_dtype)
     else:
+        check_remote_code(parsed.name, trust_remote_code)  # refused without the flag, announced with it: no prompt
         cls = adapter_class(parsed.family) if parsed.family else class_for_model_type(read_model_type(parsed.name), where=parsed.name)
         adapter = cls.load(
             parsed.name, dtype=dtype, device_map=_device_map(device, load_in_4bit),

@@ -46,8 +46,9 @@ def test_a_substring_check_an_empty_answer_passes_is_flagged():
     honest = audit_rewards([Reward("accuracy", honest_accuracy)], shapes_samples(), hints)
     assert honest.flags() == [] and honest.means[("right_answer_bare", "accuracy")] == 1.0
     # accepting the finding by name
-    assert flagged == {("accuracy", a) for a in ("empty", "format_only", "echo", "padding")}  # none states a number
-    assert report.flags(allow=["accuracy:empty", "format_only", "echo", "padding"]) == []
+    content_free = ("empty", "whitespace", "format_only", "echo", "padding")  # none states a number
+    assert flagged == {(c, a) for c in ("accuracy", "total") for a in content_free}  # the total: paid above a wrong one
+    assert report.flags(allow=["accuracy:empty", "whitespace", "format_only", "echo", "padding"]) == []
 
 
 def test_the_adversaries_of_a_sample():

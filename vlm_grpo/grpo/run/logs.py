@@ -1,10 +1,13 @@
-"""The run directory's logs: metrics.jsonl (one line per step) and completions.jsonl (one per completion)."""
+"""The run directory's logs: metrics.jsonl (one line per step) and completions.jsonl (one per completion), appended
+and rewritten only through grpo/run/safe_files.py (never through a link, recorded as the run's own files)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
+
+from vlm_grpo.grpo.run import safe_files
 
 METRICS = "metrics.jsonl"
 COMPLETIONS = "completions.jsonl"
@@ -35,16 +38,13 @@ class RunLog:
                         dropped += 1
                 # rewritten only when a line goes or the last one lacks its newline (completions.jsonl can be large)
                 if len(kept) < len(lines) or not text.endswith("\n"):
-                    path.write_text("".join(line + "\n" for line in kept))
+                    safe_files.write_run_file(self.run_dir, name, "".join(line + "\n" for line in kept))
         return dropped
 
     def _append(self, name: str, rows: list[dict[str, Any]]) -> None:
         if not self.enabled or not rows:
             return
-        with open(self.run_dir / name, "a") as fh:
-            for row in rows:
-                fh.write(json.dumps(row, default=float) + "\n")
-            fh.flush()
+        safe_files.append_run_file(self.run_dir, name, "".join(json.dumps(row, default=float) + "\n" for row in rows))
 
     def metrics(self, row: dict[str, Any]) -> None:
         self._append(METRICS, [row])

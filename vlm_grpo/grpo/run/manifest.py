@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+from vlm_grpo.grpo.run import safe_files
+
 MANIFEST = "manifest.json"
 
 
@@ -36,7 +38,7 @@ def write_manifest(directory: Path, changed: Sequence[str] | None = None) -> Pat
         if entry is None or name in changed or entry["size"] != size:
             entry = {"size": size, "sha256": file_digest(p)}
         files[name] = entry
-    path.write_text(json.dumps({"files": files}, indent=1))
+    safe_files.write_file(path, json.dumps({"files": files}, indent=1))
     return path
 
 

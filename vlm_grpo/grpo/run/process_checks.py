@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from vlm_grpo.grpo.distributed.processes import on_main
 from vlm_grpo.grpo.run.checkpoints import read_states
+from vlm_grpo.grpo.run import safe_files
 from vlm_grpo.grpo.settings.fields import SettingError
 
 MARKER_PREFIX = ".shared-dir-check-"
@@ -47,7 +48,7 @@ def _write_marker(run_dir: Path) -> tuple[str, str]:
         stale.unlink(missing_ok=True)
     token = secrets.token_hex(16)
     marker = run_dir / f"{MARKER_PREFIX}{token[:8]}"
-    marker.write_text(token)
+    safe_files.write_file(marker, token)
     return marker.name, token
 
 

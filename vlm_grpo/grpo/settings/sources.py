@@ -54,6 +54,7 @@ NOT_THE_SAME = {
     "held-out samples",
 }
 DERIVED = {"loss.max_completion_length": "it is generation.max_new_tokens (TRL: max_completion_length)"}
+TRUST_FLAGS = {"trust_checkpoint": "--trust-checkpoint", "model.trust_remote_code": "--trust-remote-code"}
 HISTORY = "history"  # config.yaml's record of the run's resumes (resume_rules.py): read by people, not a setting
 
 
@@ -191,7 +192,32 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise SettingError("config", str(err)) from None
     if not isinstance(data, dict):
         raise SettingError("config", f"{path} must hold a mapping of settings")
+    for key in _trust_keys(data):
+        raise SettingError(key, f"{path} may not set it: trust is given per command ({TRUST_FLAGS[key]} on the "
+                           "command line, or the Python API's argument), never by a file someone may have shipped")
     return data
+
+
+def _trust_keys(data: dict[str, Any]) -> list[str]:
+    """The trust settings a YAML mapping sets, however written (`model.trust_remote_code`, `trust-remote-code` ...)."""
+    found = []
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if isinstance(value, dict) and name in SECTIONS:
+            found += [k for k in _trust_keys({f"{name}.{k}": v for k, v in value.items()})]
+            continue
+        for canonical in TRUST_FLAGS:
+            if name in (canonical, canonical.rpartition(".")[2]):
+                found.append(canonical)
+    return found
+
+
+def without_trust(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings as a file or a checkpoint keeps them: trust is never saved, so a resume must be given it again."""
+    out = {k: v for k, v in settings.items() if k not in TRUST_FLAGS}
+    if isinstance(out.get("model"), dict):
+        out["model"] = {k: v for k, v in out["model"].items() if f"model.{k}" not in TRUST_FLAGS}
+    return out
 
 
 def _collect(file_data: dict[str, Any] | None, overrides: list[str] | None, base: dict | None = None) -> dict[str, Any]:
@@ -285,9 +311,8 @@ def to_yaml(cfg: TrainConfig, history: list[dict[str, Any]] | None = None) -> st
     """The resolved settings as a YAML file `--config` reads back (derived values left out, and trust in a
     checkpoint, which is given per command and never inherited from a file), and, for a resumed run, its `history`:
     each resume's step and the settings that changed there (ignored when read back)."""
-    data = _plain(cfg.to_dict())
+    data = without_trust(_plain(cfg.to_dict()))
     data["loss"].pop("max_completion_length", None)
-    data.pop("trust_checkpoint", None)
     if history:
         data[HISTORY] = _plain(history)
     return yaml.safe_dump(data, sort_keys=False)

@@ -46,7 +46,7 @@ from vlm_grpo.grpo.run.directory import prepare_run_dir
 from vlm_grpo.grpo.training.checkpointed import Checkpointed
 from vlm_grpo.grpo.training.policy import load_policy
 from vlm_grpo.grpo.run.logs import RunLog
-from vlm_grpo.grpo.run import process_checks
+from vlm_grpo.grpo.run import process_checks, safe_files
 from vlm_grpo.grpo.settings.sources import check_sources, to_yaml
 from vlm_grpo.grpo.run.stop_signals import stop_on_signals
 from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT, check_trackers, flat_settings
@@ -109,7 +109,7 @@ class BaseTrainer(Checkpointed):
         self.log = RunLog(self.run_dir, enabled=self.is_main)
         self.plan_resume()  # before any model loads: settings a checkpoint cannot continue with stop here
         if self.is_main:  # the resolved settings (a valid --config) and the run's resumes
-            (self.run_dir / "config.yaml").write_text(to_yaml(cfg, self.run_history))
+            safe_files.write_run_file(self.run_dir, "config.yaml", to_yaml(cfg, self.run_history))
         self.recipe = recipe or resolve_recipe(cfg.data.recipe)
         # the run's rewards (data.rewards replace the recipe's), loaded once: scoring, held-out evaluation, card
         self.rewards = list(rewards) if rewards is not None else run_rewards_of(
@@ -236,6 +236,9 @@ class BaseTrainer(Checkpointed):
             flat = {k: str(v) for k, v in flat_settings(self.cfg.to_dict()).items()}
             name = self.cfg.logging.run_name
             kwargs = {"wandb": {"name": name}, "mlflow": {"run_name": name}} if name else {}
+            if self.is_main:  # the trackers' folder in the run directory is the run's own
+                safe_files.check_path(self.run_dir / TRACKER_PROJECT)
+                safe_files.CreatedFiles(self.run_dir).add(TRACKER_PROJECT)
             self.accelerator.init_trackers(TRACKER_PROJECT, config=flat, init_kwargs=kwargs)
             self._trackers_started = True
 

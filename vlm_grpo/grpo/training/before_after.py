@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from vlm_grpo.grpo.evaluate import format_report, heldout_metrics, side_by_side, write_report
+from vlm_grpo.grpo.evaluate import format_report, heldout_metrics, side_by_side
+from vlm_grpo.grpo.run import safe_files
 from vlm_grpo.grpo.run.checkpoints import latest_checkpoint
 
 SIDE_BY_SIDE_SHOWN = 6  # held-out pairs printed at the end of a run
@@ -21,7 +22,7 @@ class BeforeAfter:
         if self.is_main:
             report["model"] = self.cfg.model.init_from or self.cfg.model.name
             report["step"] = step
-            write_report(report, self.run_dir / f"eval-{when}.json")
+            safe_files.write_run_file(self.run_dir, f"eval-{when}.json", json.dumps(report, indent=2, default=str))
             self.log.metrics({"step": step, "stage": f"eval-{when}", **heldout_metrics(report)})
             print(f"\nheld-out evaluation {when} GRPO (step {step}):\n{format_report(report)}")
         self.heldout[when] = report
@@ -53,7 +54,7 @@ class BeforeAfter:
     def _report_before_after(self, before: dict[str, Any], after: dict[str, Any]) -> None:
         """The same held-out samples answered before and after GRPO: all in the run directory, a few on screen."""
         path = self.run_dir / "before-after.txt"
-        path.write_text(side_by_side(before, after) + "\n")
+        safe_files.write_run_file(self.run_dir, path.name, side_by_side(before, after) + "\n")
         print(f"\nthe same held-out samples, greedy, before and after GRPO (all {after['size']} in {path}):\n")
         print(side_by_side(before, after, limit=SIDE_BY_SIDE_SHOWN))
         if before["accuracy"] is not None:

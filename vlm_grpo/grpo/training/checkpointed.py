@@ -31,11 +31,12 @@ from vlm_grpo.adapters.quantization import is_loaded_in_4bit
 from vlm_grpo.grpo.distributed import fsdp, processes
 from vlm_grpo.grpo.distributed import sharded_checkpoints as shards
 from vlm_grpo.grpo.run import checkpoints as ckpt
-from vlm_grpo.grpo.run import process_checks
+from vlm_grpo.grpo.run import process_checks, safe_files
+from vlm_grpo.grpo.run.safe_files import CreatedFiles
 from vlm_grpo.grpo.run.manifest import verify, write_manifest
 from vlm_grpo.grpo.run.resume_rules import PROCESSES, check_resume, describe_history, history_entry
 from vlm_grpo.grpo.settings.fields import SettingError
-from vlm_grpo.grpo.settings.sources import canonical_key
+from vlm_grpo.grpo.settings.sources import canonical_key, without_trust
 from vlm_grpo.grpo.training.lora import apply_lora, is_lora_wrapped, save_merged
 from vlm_grpo.grpo.training.policy import load_policy
 
@@ -60,11 +61,13 @@ class Checkpointed:
     def save(self, step: int) -> Path | None:
         self.accelerator.wait_for_everyone()
         path = None
-        state = {"config": self.cfg.to_dict(), "num_processes": self.accelerator.num_processes, "stage": self.stage,
+        state = {"config": without_trust(self.cfg.to_dict()), "num_processes": self.accelerator.num_processes, "stage": self.stage,
                  "fsdp": self.sharding, "history": self.run_history, "log_history": self.log_history,
                  **self.extra_state()}
         keep = self.cfg.logging.keep_checkpoints
         if fsdp.is_sharded(self.model):  # every process writes its shard, the main one commits
+            if self.is_main:
+                CreatedFiles(self.run_dir).add(f".tmp-checkpoint-{step}")
             tmp = shards.shared_temp_dir(self.run_dir, f".tmp-checkpoint-{step}", self.is_main)
             shards.write_shards(tmp, self.adapter.model, self.optimizer)
             self.accelerator.wait_for_everyone()
@@ -178,15 +181,19 @@ class Checkpointed:
             full = shards.full_state_dict(self.adapter.model)
             adapter = self._plain_copy(full) if self.is_main else None
         if self.is_main:
-            tmp = self.run_dir / ".tmp-final"
-            shutil.rmtree(tmp, ignore_errors=True)
-            ckpt.save_model(adapter, tmp)
-            if is_lora_wrapped(adapter) and self.cfg.logging.save_merged:
-                save_merged(self._full_precision_copy(adapter) if is_loaded_in_4bit(adapter.model) else adapter,
-                            tmp / MERGED_DIR)
-            write_manifest(tmp)
-            shutil.rmtree(final, ignore_errors=True)
+            tmp = ckpt.staging_dir(self.run_dir, ".tmp-final")
+            with ckpt.disk_full_says(tmp, self.run_dir, need=lambda: ckpt._checkpoint_bytes(adapter)):
+                ckpt.save_model(adapter, tmp)
+                if is_lora_wrapped(adapter) and self.cfg.logging.save_merged:
+                    save_merged(self._full_precision_copy(adapter) if is_loaded_in_4bit(adapter.model) else adapter,
+                                tmp / MERGED_DIR)
+                write_manifest(tmp)
+            safe_files.check_path(final)
+            created = CreatedFiles(self.run_dir)
+            created.add(final.name)
+            safe_files.remove(final)
             tmp.rename(final)
+            created.discard(tmp.name)
         self.accelerator.wait_for_everyone()
         return final
 

@@ -25,6 +25,7 @@ import torch
 from vlm_grpo.grpo.algorithm.trajectory import Trajectory
 from vlm_grpo.grpo.distributed import fsdp
 from vlm_grpo.grpo.rewards.audit import audit_rewards, completion_tokens
+from vlm_grpo.grpo.run import safe_files
 from vlm_grpo.grpo.run.guard_report import AUDIT_FILE
 from vlm_grpo.grpo.training.hacking_monitors import Trip, monitors
 from vlm_grpo.grpo.training.image_reliance import ImageReliance
@@ -123,7 +124,7 @@ class HackingWatch:
         report = audit_rewards(t.rewards, samples, self.hints, encode=encode, padding_words=2 * limit,
                                max_steps=cfg.max_steps)
         allow = self.cfg.audit_allow
-        (t.run_dir / AUDIT_FILE).write_text(json.dumps(report.to_dict(allow), indent=1, default=float) + "\n")
+        safe_files.write_run_file(t.run_dir, AUDIT_FILE, json.dumps(report.to_dict(allow), indent=1, default=float) + "\n")
         for finding in report.flags(allow):
             log.warning("reward audit: %s: a policy can earn it without solving the task (vlm-grpo audit-rewards "
                         "shows the table; guard.audit_allow silences it)", finding.line())
