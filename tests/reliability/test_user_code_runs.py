@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.recipes.test_every_family import data  # noqa: F401 - the recipes' fixture rows
 from vlm_grpo.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,13 +129,13 @@ def test_an_environment_reset_that_exits_fails_the_run_keeping_the_completed_ste
 
 @pytest.mark.parametrize("recipe", ["shapes", "cryptogram", "vsr", "clevr_count", "mm_math", "moving_square",
                                     "compare_counts", "zoom", "count_price"])
-def test_tool_and_environment_work_with_every_built_in_recipe(recipe, tmp_path):
+def test_tool_and_environment_work_with_every_built_in_recipe(recipe, tmp_path, data):
     (tmp_path / "tools.py").write_text(TOOLS)
     run = tmp_path / "run"
-    options = {"moving_square": [], "compare_counts": []}.get(recipe, ["--data.recipe_options", "{image_size: 56}"])
+    options = ["--data.recipe_options", data[recipe]] if recipe in data else []
     code = main(["train", *FAST, "--recipe", recipe, *options, "--batch-size", "1", "--max-steps", "1",
                  "--tool", f"{tmp_path / 'tools.py'}:shout", "--environment", f"{tmp_path / 'tools.py'}:Counter",
-                 "--output-dir", str(run), "--logging.plot", "false", "--eval.size", "0"])
+                 "--output-dir", str(run), "--logging.plot", "false"])
     assert code == 0
     row = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert "rewards/Counter" in row  # the environment's get_reward joined the recipe's rewards
