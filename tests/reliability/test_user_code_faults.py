@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 from PIL import Image
+from transformers import TrainerState  # noqa: F401 - imported up front: a case's time is its own, not the import's
 
 from tests.reliability import faulty_user_code as corpus
 from vlm_grpo.grpo.rewards.inputs import RewardInputs

@@ -197,3 +197,21 @@ def test_signals_at_random_moments_exit_130_or_143(tmp_path):
     assert not wrong, wrong
     assert in_site < 20, f"{in_site} of 100 tries hit the interpreter's own start-up"  # the delays reach past it
     assert time.monotonic() - started < 120
+
+
+@pytest.mark.parametrize("row, field", [
+    ({"prompt": 5}, "prompt"),
+    ({"prompt": "Say it.", "images": ["missing.png"]}, "images[0]"),
+    ({"prompt": [{"role": "robot", "content": "hi"}]}, "prompt"),
+    ({"question": "no prompt column"}, "prompt"),
+], ids=["prompt-int", "missing-image", "bad-role", "no-prompt"])
+def test_a_bad_first_row_names_the_dataset_the_row_and_the_field(row, field, tmp_path, capsys):
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps(row) + "\n" + json.dumps({"prompt": "Fine."}) + "\n")
+    (tmp_path / "faulty.py").write_text(ROW7_REWARD)
+    code = main(["train", *FAST, "--dataset", str(data), "--reward", f"{tmp_path / 'faulty.py'}:picky",
+                 "--max-steps", "1", "--output-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert code == 1 and "Traceback" not in err
+    assert str(data) in last and "row 0" in last and f"'{field}'" in last, last
