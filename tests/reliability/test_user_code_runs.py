@@ -215,3 +215,21 @@ def test_a_bad_first_row_names_the_dataset_the_row_and_the_field(row, field, tmp
     last = err.strip().splitlines()[-1]
     assert code == 1 and "Traceback" not in err
     assert str(data) in last and "row 0" in last and f"'{field}'" in last, last
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_whose_stop_some_code_swallows_still_decides_the_exit_code(sig, monkeypatch, capsys):
+    """The start-up case the corpus found (2 of 150): the StopSignal raised inside code that catches BaseException
+    (a library's import guard, a __del__) is lost, and the command ran on to exit 0."""
+    from vlm_grpo.commands import env
+
+    def swallowing(args):
+        try:
+            os.kill(os.getpid(), sig)
+            time.sleep(1)  # the handler runs here
+        except BaseException:  # noqa: BLE001 - the careless code under test
+            pass
+        return 0
+
+    monkeypatch.setattr(env, "run", swallowing)
+    assert main(["env"]) == 128 + sig
