@@ -3,9 +3,10 @@
 Command modules import nothing heavy at the top (torch, transformers, the loop load when a command runs), so
 `vlm-grpo --help` and `vlm-grpo --version` answer at once.
 
-Exit codes, for schedulers: 0 done; 1 failed (one line naming what, `VLM_GRPO_TRACEBACK=1` for the traceback);
-2 refused before starting (a bad setting or command line); 130 / 143 stopped by SIGINT / SIGTERM (a training
-run saves its last step first and says so).
+Exit codes, for schedulers: 0 done; 1 failed (one line naming what; `--debug` or `VLM_GRPO_TRACEBACK=1` for the
+traceback, which a training run also appends to its errors.log); 2 refused before starting (a bad setting or command
+line); 130 / 143 stopped by SIGINT / SIGTERM at any moment, imports included (a training run saves its last step
+first and says so).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 
 from vlm_grpo.commands import (
     attention,
@@ -34,7 +36,7 @@ from vlm_grpo.commands import (
     verify,
 )
 from vlm_grpo.grpo.interrupts import StopSignal
-from vlm_grpo.grpo.run.stop_signals import signals_stop
+from vlm_grpo.grpo.run import stop_signals
 from vlm_grpo.grpo.settings.fields import SettingError
 
 FAILED, REFUSED = 1, 2
@@ -59,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = Parser(prog="vlm-grpo", description="GRPO for vision-language models")
     parser.add_argument("--version", action="version", version=f"vlm-grpo {__version__}")
+    parser.add_argument("--debug", action="store_true", help="on failure, print the full traceback (a user function's "
+                        "own) before the one-line error; may stand anywhere on the command line")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(sub)
@@ -66,20 +70,39 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    stop_signals.install()  # first: a signal during the imports below stops with 130/143 like any other
+    try:
+        code = _main(list(sys.argv[1:] if argv is None else argv))
+    except StopSignal as stop:
+        print(f"vlm-grpo: {stop}", file=sys.stderr)
+        code = stop.exit_code
+    signum = stop_signals.received()
+    if signum and code != 128 + signum:  # its StopSignal was swallowed somewhere: the signal still decides
+        code = 128 + signum
+    return code
+
+
+def _main(argv: list[str]) -> int:
+    debug = "--debug" in argv  # anywhere on the line: the settings commands read the rest as settings
+    argv = [a for a in argv if a != "--debug"]
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "takes_extra", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        with signals_stop():  # SIGTERM stops like Ctrl-C: a StopSignal, not a silent kill
-            return args.func(args, extra) if getattr(args, "takes_extra", False) else args.func(args)
+        with stop_signals.signals_stop():  # SIGTERM stops like Ctrl-C: a StopSignal, not a silent kill
+            code = args.func(args, extra) if getattr(args, "takes_extra", False) else args.func(args)
+            stop_signals.raise_if_received()
+            return code
     except StopSignal as stop:
         print(f"vlm-grpo {args.command}: {stop}", file=sys.stderr)
         return stop.exit_code
     except (ValueError, RuntimeError, OSError) as err:
-        if os.environ.get("VLM_GRPO_TRACEBACK"):  # the one-line message hides where it came from: show it all
+        if os.environ.get("VLM_GRPO_TRACEBACK") and not debug:  # the one-line message hides where it came from
             raise
+        if debug:  # the whole story (a user function's own traceback when it failed), then the one line
+            print(getattr(err, "traceback_text", "") or traceback.format_exc(), file=sys.stderr)
         print(f"vlm-grpo {args.command}: error: {err}", file=sys.stderr)
         return REFUSED if isinstance(err, SettingError) else FAILED
 

@@ -27,7 +27,7 @@ def test_weighted_components():
 
 def test_failing_reward_names_itself_and_the_sample():
     rewards = [Reward("picky", picky)]
-    with pytest.raises(RewardError, match=r"reward 'picky' raised on completion 1 \('boom'\): KeyError"):
+    with pytest.raises(RewardError, match=r"reward 'picky' \(.*test_rewards.py:\d+\) raised KeyError: 'no parse' on completion 1 \('boom'\)"):
         score(rewards, ["a", "boom", "c"], {"answer": ["a", "b", "c"]})
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import tiny_adapter
 from tests.grpo.tool_scripts import CropEnvironment, call_text, scripted_rollout
-from vlm_grpo.grpo.tools.calls import ToolResultError
+from vlm_grpo.grpo.user_calls import UserCodeError
 from vlm_grpo.grpo.tools.chat_format import ChatFormat
 
 
@@ -75,7 +75,7 @@ def test_errors_go_back_to_the_model_and_are_counted():
 
 def test_a_tool_returning_an_unsupported_type_is_a_named_error():
     adapter = tiny_adapter("qwen2_5_vl")
-    with pytest.raises(ToolResultError, match="tool 'gives_bytes' returned a bytes"):
+    with pytest.raises(UserCodeError, match=r"tool 'gives_bytes' \(.*test_tool_rollout.py:40\) returned a bytes"):
         scripted_rollout(adapter, lambda r: call_text("gives_bytes", n=3), tools=[gives_bytes])
 
 

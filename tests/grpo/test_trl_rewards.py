@@ -104,7 +104,7 @@ def test_a_reward_without_kwargs_gets_only_what_it_names():
 
 def test_a_message_reward_on_text_completions_says_what_it_got():
     inputs = RewardInputs(["<think>a</think>b"], {}, prompts=["Say it."], conversational=[False])
-    with pytest.raises(RewardError, match=r"reward 'think' raised on completion 0 .*TypeError.*plain text because"):
+    with pytest.raises(RewardError, match=r"reward 'think' \(think_format_reward at .*format_rewards.py:\d+\) raised TypeError.* on completion 0 .*plain text because"):
         score([Reward("think", think_format_reward)], inputs)
     errors: dict[str, int] = {}
     total, _ = score([Reward("think", think_format_reward)], inputs, on_error="zero", errors=errors)

@@ -105,7 +105,7 @@ def test_a_raising_reward_stops_the_run_naming_it_or_scores_zero(tmp_path):
             "--max-new-tokens", "16", "--num-generations", "8"]
     from vlm_grpo.grpo.rewards.scoring import RewardError
 
-    with pytest.raises(RewardError, match=r"reward 'digits' raised on completion \d+ .*ValueError: cannot parse"):
+    with pytest.raises(RewardError, match=r"reward 'digits' \(fails_on_digits at .*toy_rewards.py:\d+\) raised ValueError: cannot parse.* on completion \d+ .*, dataset row \d+, step \d+"):
         GRPOTrainer(load_config(overrides=[*base, "--output-dir", str(tmp_path / "raise")])).train()
     history = GRPOTrainer(load_config(overrides=[*base, "--output-dir", str(tmp_path / "zero"), "--on-reward-error", "zero"])).train()
     errors = sum(m["reward_errors/digits"] for m in history)

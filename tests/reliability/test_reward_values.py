@@ -87,7 +87,8 @@ def test_user_code_that_exits_is_a_reward_error_naming_the_completion(leave, say
         return quit_on_gamma(completions, **kwargs)
 
     fn = quit_on_gamma if kind == "sync" else quit_on_gamma_async
-    with pytest.raises(RewardError, match=rf"^reward .q. {re.escape(says)} on completion 2 \('gamma'\): a reward must return its "
+    with pytest.raises(RewardError, match=rf"^reward .q. \(quit_on_gamma(_async)? at .*test_reward_values.py:\d+\) "
+                                          rf"{re.escape(says)} on completion 2 \('gamma'\): a reward must return its "
                                           "scores, not end the program$"):
         score([Reward("q", fn)], TEXTS)
 

@@ -7,6 +7,7 @@ The signals are sent by the process to itself from inside its reward, so they la
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 
@@ -90,8 +91,9 @@ def test_a_reward_that_exits_is_a_named_error_and_the_last_completed_step_is_sav
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-2] == ("checkpoint-2 saved (the last completed step, before the failure); --resume continues from it "
                        "once the cause is fixed")
-    assert err[-1].startswith(f"vlm-grpo train: error: reward 'lowercase' {says} on completion 0 (")
-    assert err[-1].endswith("): a reward must return its scores, not end the program")
+    assert re.match(rf"vlm-grpo train: error: reward 'lowercase' \(.*step_rewards.py:\d+\) {re.escape(says)} on completion 0 \(",
+                    err[-1])
+    assert err[-1].endswith(", step 3: a reward must return its scores, not end the program")
     assert [s for s, _ in ckpt.complete_checkpoints(tmp_path)] == [2]
     _resume_to(tmp_path, 3)
     assert same_weights(tmp_path, straight(3))

@@ -43,7 +43,7 @@ INNER_FLOORS = {
     ],
     "vlm_grpo.grpo": [
         ("vlm_grpo.grpo.settings.fields", "vlm_grpo.grpo.settings.yaml_text", "vlm_grpo.grpo.user_code",
-         "vlm_grpo.grpo.async_loop",
+         "vlm_grpo.grpo.async_loop", "vlm_grpo.grpo.user_calls",
          "vlm_grpo.grpo.safe_loading",
          "vlm_grpo.grpo.interrupts"),  # how a setting is declared; user modules; checkpoint state read as data; what
         # interrupts a run (signals, user code that exits)

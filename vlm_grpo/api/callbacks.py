@@ -1,25 +1,32 @@
 """transformers' `TrainerCallback`s in a vlm-grpo run: called with the `args`, a `TrainerState` and a
 `TrainerControl` as `transformers.Trainer` calls them, at the moments this loop has (train begin and end, each
-step's end and its logs, an evaluation); `control.should_training_stop` stops the run after the step, saved."""
+step's end and its logs, an evaluation); `control.should_training_stop` stops the run after the step, saved.
+Each event runs through the guarded call site of user code (grpo/user_calls.py): a callback that raises or exits
+is one error naming it, the event and the step, and the checkpoints of completed steps stay."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Sequence
+
+from vlm_grpo.grpo.user_calls import call
 
 
 class CallbackBridge:
     def __init__(self, callbacks: Sequence[Any], args: Any):
         from transformers import TrainerControl, TrainerState
 
-        self.callbacks = [cb() if isinstance(cb, type) else cb for cb in callbacks or ()]
+        self.callbacks = [call("callback", cb) if isinstance(cb, type) else cb for cb in callbacks or ()]
         self.args = args
         self.state, self.control = TrainerState(), TrainerControl()
 
     def _event(self, name: str, trainer, **kwargs: Any) -> None:
         parts = {"model": trainer.adapter.model, "processing_class": trainer.adapter.processor,
                  "optimizer": getattr(trainer, "optimizer", None), "lr_scheduler": getattr(trainer, "scheduler", None)}
+        kwargs = copy.deepcopy(kwargs)  # logs and metrics: a callback's edit must not reach the run's own
         for callback in self.callbacks:
-            result = getattr(callback, name)(self.args, self.state, self.control, **parts, **kwargs)
+            result = call(f"callback {name}", getattr(callback, name), context={"step": self.state.global_step},
+                          via=lambda f: f(self.args, self.state, self.control, **parts, **kwargs))
             if result is not None:
                 self.control = result
 

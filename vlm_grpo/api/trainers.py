@@ -39,11 +39,14 @@ class _Trainer:
     def __init__(self, model: Any, reward_funcs: Any = None, args: GRPOConfig | None = None, train_dataset: Any = None,
                  eval_dataset: Any = None, processing_class: Any = None, reward_processing_classes: Any = None,
                  callbacks: Sequence[Any] | None = None, optimizers: tuple = (None, None), peft_config: Any = None,
-                 tools: Sequence[Any] | None = None):
+                 tools: Sequence[Any] | None = None, environment_factory: Any = None):
         import torch
 
-        if tools:
-            raise ValueError("tools: tool calling in rollouts is not supported yet; give tools=None")
+        tool_parts = {}
+        if tools or environment_factory is not None:  # TRL 1.16's multi-turn rollouts (grpo/tools/toolset.py)
+            if self.run_class is not GRPORun:
+                raise ValueError("tools / environment_factory: only GRPO rollouts call tools")
+            tool_parts = {"tools": list(tools or ()), "environment_factory": environment_factory}
         if any(part is not None for part in optimizers or ()):
             raise ValueError("optimizers: the optimizer is built here, one learning rate per module group "
                              "(optim.learning_rate, vision_lr, projector_lr ...); give optimizers=(None, None)")
@@ -77,7 +80,8 @@ class _Trainer:
 
             adapter = adapter_for(load_policy(cfg, device), processing_class)
         self.callbacks = CallbackBridge(callbacks or [], self.args)
-        self.run = self.run_class(cfg, adapter=adapter, recipe=recipe, rewards=rewards, step_hooks=[self.callbacks.step])
+        self.run = self.run_class(cfg, adapter=adapter, recipe=recipe, rewards=rewards, step_hooks=[self.callbacks.step],
+                                  **tool_parts)
 
     # ---------------------------------------------------------------- what TRL's trainers expose
     @property
@@ -107,7 +111,11 @@ class _Trainer:
             else:
                 self.run.cfg.resume_from = str(resume_from_checkpoint)
         started = time.perf_counter()
-        self.callbacks.begin(self.run)
+        try:
+            self.callbacks.begin(self.run)
+        except BaseException:  # a user's callback failed before the run: the run directory is free again
+            self.run.release_lock()
+            raise
         history = self.run.train()
         self.callbacks.end(self.run)
         losses = [m["loss"] for m in history if "loss" in m]
@@ -177,7 +185,9 @@ class _Trainer:
 
 class GRPOTrainer(_Trainer):
     """TRL's `GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
-    reward_processing_classes, callbacks, optimizers, peft_config, tools)` over vlm-grpo's GRPO loop."""
+    reward_processing_classes, callbacks, optimizers, peft_config, tools, environment_factory)` over vlm-grpo's GRPO
+    loop; `tools` are typed functions with Google-style docstrings (sync or async), `environment_factory` a class whose
+    public methods are tools plus `reset()` and an optional `get_reward()` (or a dict of them), as in TRL 1.16."""
 
     config_class = GRPOConfig
     run_class = GRPORun

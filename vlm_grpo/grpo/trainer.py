@@ -29,7 +29,7 @@ from vlm_grpo.grpo.rollout.sampling import Rollout, encode, rollout
 from vlm_grpo.grpo.rollout.turns import ToolRollout, loggable_messages
 from vlm_grpo.grpo.settings.sections import TrainConfig
 from vlm_grpo.grpo.tools.chat_format import ChatFormat
-from vlm_grpo.grpo.tools.toolset import run_toolset
+from vlm_grpo.grpo.tools.toolset import final_message_rewards, run_toolset
 from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
 from vlm_grpo.grpo.training.base import BaseTrainer
 from vlm_grpo.grpo.training.before_after import BeforeAfter
@@ -71,10 +71,14 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
         super().__init__(cfg, adapter=adapter, recipe=recipe, after_run=after_run, **parts)
         t = cfg.tools
         self.toolset = run_toolset(self.recipe, t.tools, t.environment, recipe_tools=t.recipe_tools,
-                                   timeout=t.tool_timeout, tools=tools, environment_factory=environment_factory)
+                                   timeout=t.tool_timeout, tools=tools, environment_factory=environment_factory,
+                                   isolation=t.isolation, on_error=t.on_tool_error)
+        if self.toolset.enabled:  # a recipe written for one answer reads the final message of a multi-turn rollout
+            self.rewards = final_message_rewards(self.recipe, self.rewards)
         self.rewards += self.toolset.rewards()  # an environment's get_reward (TRL: named after its class)
         self.chat_format = ChatFormat(self.adapter) if self.toolset.enabled else None
         self.session = None  # the step's tool session (environments, tools per rollout)
+        self._rows: list[int] | None = None
         self.collective = Collective(reduce_sum=lambda x: self.accelerator.reduce(x, reduction="sum"),
                                      gather=self._gather_tensor)
         self.watch = HackingWatch(self)  # the reward audit now; each step the hacking and grounding monitors
@@ -131,6 +135,7 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
         started = time.perf_counter()
         torch.manual_seed(step_seed(cfg.seed, step, self.accelerator.process_index))
         samples, indices = self._samples(step)
+        self._rows = list(indices)  # the samples' dataset rows, for messages naming where user code failed
         self.vision_counter.reset()
         ro, policy_features = self.sample(samples)
         self.timings = {"rollout": time.perf_counter() - started}
@@ -153,7 +158,8 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
         """B prompts, encoded once, and G sampled completions each; with encode-once, the policy's own image features
         (with gradient) taken first, which the rollout samples from (detached) and the single update reuses."""
         cfg, g, device = self.cfg, self.cfg.data.num_generations, self.accelerator.device
-        self.session = self.toolset.start(samples, g).format(self.chat_format) if self.toolset.enabled else None
+        self.session = self.toolset.start(samples, g, rows=self._rows, step=self.step + 1).format(self.chat_format) \
+            if self.toolset.enabled else None
         with self.accelerator.autocast():  # sample in the precision the policy forward runs in
             prompts = encode(self.adapter, samples, device, self.session)
             policy_features = image_features(self.adapter, prompts, model=self.model) if self._encode_once() else None
@@ -173,8 +179,10 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
                                            trainer_state(step, cfg.max_steps))
         if ro.conversations is not None:  # rewards get the whole conversation, as TRL passes it
             inputs.with_tools(self.session, ro.conversations)
+        inputs.rows = [indices[i // g] for i in range(len(inputs))]
         reward_errors: dict[str, int] = {}
-        total, components = score(self.rewards, inputs, on_error=cfg.data.on_reward_error, errors=reward_errors)
+        total, components = score(self.rewards, inputs, on_error=cfg.data.on_reward_error, errors=reward_errors,
+                                  timeout=cfg.data.reward_timeout or None)
         loss_mask = model_tokens(ro.completion_mask, ro.tool_mask)  # tool turns train on no token
         if cfg.loss.mask_truncated_completions:  # a completion cut at the length limit trains on no token
             loss_mask = loss_mask * (~ro.truncated).unsqueeze(1).to(loss_mask.dtype)

@@ -55,3 +55,15 @@ def tool_use(completions: list[Any], **_) -> list[float]:
 def final_number_answer(completions: list[Any], answer: list[Any], **_) -> list[float]:
     """+1.0 when the last number of the final message is the row's `answer`."""
     return [1.0 if last_number(final_answer(c)) == str(a) else 0.0 for c, a in zip(completions, answer)]
+
+
+def on_final_answer(fn):
+    """`fn`, a reward written for one-turn text completions, scoring a multi-turn rollout by its final message's text
+    (the answer after the tool turns); every other argument passes through."""
+    import functools
+
+    @functools.wraps(fn)  # keeps its name and signature: it is called with the arguments it names
+    def reward(*args, completions, **kwargs):
+        return fn(*args, completions=[final_answer(c) for c in completions], **kwargs)
+
+    return reward

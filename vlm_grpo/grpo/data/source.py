@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.user_calls import call
 from vlm_grpo.grpo.user_code import load_object
 from vlm_grpo.recipes import Recipe, get_recipe
 from vlm_grpo.recipes.readers import DATA_SUFFIXES, InMemoryRows
@@ -35,7 +36,7 @@ def resolve_recipe(name: str) -> Recipe:
     if ":" not in name:
         return get_recipe(name)
     found = load_object(name, "recipe")
-    recipe = found() if callable(found) and not isinstance(found, Recipe) else found
+    recipe = call("recipe", found) if callable(found) and not isinstance(found, Recipe) else found
     if not isinstance(recipe, Recipe):
         made = " (returned by calling it)" if recipe is not found else ""
         raise ValueError(f"recipe {name!r}: expected a vlm_grpo.recipes.Recipe or a function returning one, "

@@ -17,10 +17,13 @@ log_metric=, **columns)`; so does this loop:
 - every sample field (the dataset's other columns), one value per completion; for a built-in recipe's samples
   (no dataset image column), their images as `images`.
 A function without `**kwargs` gets only the arguments it names (TRL would fail on it; narrow rewards keep working).
+Each call gets its own deep copies of what it reads (completions, prompts, ids, columns): a reward that edits them
+reaches neither the other rewards nor the logs. Environments are the live instances (their state is the point).
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -68,6 +71,14 @@ def reward_prompt(sample: Sample) -> Any:
     return sample.prompt if sample.data_prompt is None else sample.data_prompt
 
 
+def _private(value: Any) -> Any:
+    """A deep copy for one user call (an object that cannot be copied is handed over as it is)."""
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # noqa: BLE001 - e.g. a handle or a lock in a user's column
+        return value
+
+
 def _accepted(fn: Callable, kwargs: dict[str, Any]) -> dict[str, Any]:
     """All of `kwargs` when `fn` takes **kwargs (or its signature cannot be read), else only those it names."""
     try:
@@ -94,6 +105,7 @@ class RewardInputs:
     logged_metrics: dict[str, list[float]] = field(default_factory=dict)  # from log_metric
     conversations: list[list[dict]] | None = None  # multi-turn rollouts: each completion's messages (TRL's form)
     environments: list[Any] | None = None  # each rollout's environment instance
+    rows: list[int] | None = None  # each completion's dataset row (for messages)
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -128,15 +140,16 @@ class RewardInputs:
 
     def call(self, fn: Callable) -> Any:
         kwargs: dict[str, Any] = dict(self.fields)
-        kwargs.update(completions=self.reward_completions(), trainer_state=self.state or trainer_state(),
-                      log_extra=self.log_extra, log_metric=self.log_metric)
+        kwargs.update(completions=self.reward_completions(), trainer_state=self.state or trainer_state())
         if self.prompts is not None:
             kwargs["prompts"] = self.prompts
         if self.completion_ids is not None:
             kwargs["completion_ids"] = self.completion_ids
+        kwargs = {k: _private(v) for k, v in _accepted(fn, kwargs).items()}
+        kwargs.update(_accepted(fn, {"log_extra": self.log_extra, "log_metric": self.log_metric}))
         if self.environments is not None:
-            kwargs["environments"] = self.environments
-        return fn(**_accepted(fn, kwargs))
+            kwargs.update(_accepted(fn, {"environments": list(self.environments)}))
+        return fn(**kwargs)
 
     def one(self, i: int) -> "RewardInputs":
         """Completion `i` alone (to find the completion a failing reward breaks on); logs go nowhere."""
@@ -145,7 +158,8 @@ class RewardInputs:
 
         return RewardInputs([self.completions[i]], {k: [v[i]] for k, v in self.fields.items()}, pick(self.prompts),
                             pick(self.completion_ids), pick(self.conversational), self.state,
-                            conversations=pick(self.conversations), environments=pick(self.environments))
+                            conversations=pick(self.conversations), environments=pick(self.environments),
+                            rows=pick(self.rows))
 
     def log_extra(self, column: str, values: list[Any]) -> None:
         self.extra_columns.setdefault(column, []).extend(values)

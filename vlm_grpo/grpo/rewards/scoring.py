@@ -4,9 +4,12 @@ A reward may return None for a completion it does not apply to (TRL's convention
 it, the weighted total leaves it out (a NaN-ignoring sum, as TRL's nansum), a completion no reward applies to
 has a NaN total (advantages give it 0) and logged means are over the values present.
 
-Rewards are called as TRL 1.16 calls them (grpo/rewards/calls.py: async ones awaited together); what they return is
-checked (grpo/rewards/values.py): a wrong type, a non-finite or out-of-range score, a string, is a RewardError naming
-the reward, the completion and the problem, as is a reward that calls sys.exit() or raises KeyboardInterrupt.
+Rewards are called as TRL 1.16 calls them, through the one guarded call site of user code (grpo/user_calls.py: sync
+ones in order, async ones awaited together, each within `timeout` when one is set); what they return is checked
+(grpo/rewards/values.py): a wrong type, a non-finite or out-of-range score, a string, is a RewardError naming the
+reward, the completion and the problem. A reward that raises is a RewardError naming it, its file:line, the
+completion, the dataset row and the step; one that calls sys.exit() or raises KeyboardInterrupt always is (whatever
+on_error says); one that times out counts as failed.
 """
 
 from __future__ import annotations
@@ -18,10 +21,9 @@ from typing import Any, Sequence
 
 import torch
 
-from vlm_grpo.grpo.interrupts import UserCodeExit
-from vlm_grpo.grpo.rewards.calls import call_reward, call_rewards
 from vlm_grpo.grpo.rewards.inputs import RewardInputs
 from vlm_grpo.grpo.rewards.values import BadScore, checked_score, score_list
+from vlm_grpo.grpo.user_calls import UserCodeError, call, settle_all
 from vlm_grpo.grpo.user_code import load_object
 from vlm_grpo.recipes.base import Reward
 
@@ -132,22 +134,41 @@ def model_reward(spec: str, explicit_weights: bool = False, *, judge_question: s
     return Reward(fn.__name__, fn, weight)
 
 
-class RewardError(RuntimeError):
-    """A reward function raised, exited or returned something unusable; the message names the reward, the
-    completion and what was wrong."""
+class RewardError(UserCodeError):
+    """A reward function raised, exited, timed out or returned something unusable; the message names the reward,
+    the completion and what was wrong."""
+
+    def __init__(self, message: str, cause: UserCodeError | None = None):
+        if cause is None:
+            RuntimeError.__init__(self, message)
+            self.exited = self.timed_out = False
+            self.traceback_text, self.cause = "", None
+            self._message = message
+        else:
+            super().__init__(cause.kind, cause.function, cause.where, cause.what, sample=cause.sample, step=cause.step,
+                             exited=cause.exited, timed_out=cause.timed_out, traceback_text=cause.traceback_text,
+                             hint=cause.hint, cause=cause.cause, label=cause.label)
+            self._message = None
+
+    def line(self) -> str:
+        return self._message if getattr(self, "_message", None) else super().line()
 
 
-def _offending_sample(reward: Reward, inputs: RewardInputs) -> tuple[int, BaseException]:
+def _call_one(reward: Reward, inputs: RewardInputs, timeout: float | None) -> Any:
+    return call("reward", reward.fn, via=inputs.call, timeout=timeout, context={"label": reward.name})
+
+
+def _offending_sample(reward: Reward, inputs: RewardInputs, timeout: float | None) -> tuple[int, UserCodeError | None]:
     """Re-run the reward one completion at a time to find the first one it fails on."""
     for i in range(len(inputs)):
         try:
-            call_reward(lambda: inputs.one(i).call(reward.fn))
-        except Exception as err:  # noqa: BLE001 - user code may raise anything
+            _call_one(reward, inputs.one(i), timeout)
+        except UserCodeError as err:
             return i, err
-    return -1, RuntimeError("fails only on the whole batch")  # (replaced by the batch's error in the message)
+    return -1, None
 
 
-def _format_hint(inputs: RewardInputs, index: int, cause: BaseException) -> str:
+def _format_hint(inputs: RewardInputs, index: int, cause: BaseException | None) -> str:
     """A reward that indexes its completions the other way fails with one of these: say which form it got."""
     if index < 0 or not isinstance(cause, (TypeError, KeyError, IndexError, AttributeError)):
         return ""
@@ -162,25 +183,39 @@ def _completion(inputs: RewardInputs, index: int) -> str:
     return f"completion {index} ({inputs.completions[index][:80]!r})" if index >= 0 else "the batch (no completion alone)"
 
 
-def _failed(reward: Reward, inputs: RewardInputs, err: BaseException, on_error: str, errors: dict[str, int]) -> list[float]:
-    """The reward raised (or exited) on the batch: name it and the completion, or score the failing ones 0."""
-    index, cause = _offending_sample(reward, inputs)
+def _failed(reward: Reward, inputs: RewardInputs, err: UserCodeError, on_error: str, errors: dict[str, int],
+            timeout: float | None) -> list[float]:
+    """The reward failed on the batch: name it and the completion, or (on_error zero) score the failing ones 0. An
+    exit always stops; a timeout is not re-run per completion (each would wait as long)."""
+    index, cause = (-1, None) if err.timed_out else _offending_sample(reward, inputs, timeout)
     if index < 0:  # no completion alone reproduces it: the batch's own error is the one to show
         cause = err
-    if on_error != "zero":
-        if isinstance(cause, UserCodeExit):
-            raise RewardError(f"reward {reward.name!r} {cause} on {_completion(inputs, index)}: a reward must return "
-                              "its scores, not end the program") from err
-        raise RewardError(f"reward {reward.name!r} raised on {_completion(inputs, index)}: {type(cause).__name__}: "
-                          f"{cause}{_format_hint(inputs, index, cause)}") from err
+    if cause.exited or on_error != "zero":
+        raise RewardError("", cause.where_also(sample=_sample(inputs, index), step=_step(inputs), label=reward.name,
+                                               hint=_format_hint(inputs, index, cause.cause))) from None
+    if err.timed_out:
+        errors[reward.name] = errors.get(reward.name, 0) + len(inputs)
+        return [0.0] * len(inputs)
     values = []  # each completion alone, so only the ones it fails on get 0
     for i in range(len(inputs)):
         try:
-            values.append(_checked(reward, inputs.one(i), call_reward(lambda: inputs.one(i).call(reward.fn)), "raise")[0])
-        except Exception:  # noqa: BLE001
+            values.append(_checked(reward, inputs.one(i), _call_one(reward, inputs.one(i), timeout), "raise")[0])
+        except UserCodeError as failed:
+            if failed.exited:
+                raise RewardError("", failed.where_also(sample=_sample(inputs, i), step=_step(inputs),
+                                                        label=reward.name)) from None
             values.append(0.0)
             errors[reward.name] = errors.get(reward.name, 0) + 1
     return values
+
+
+def _sample(inputs: RewardInputs, index: int) -> str:
+    row = inputs.rows[index] if inputs.rows is not None and index >= 0 else None
+    return _completion(inputs, index) + (f", dataset row {row}" if row is not None else "")
+
+
+def _step(inputs: RewardInputs) -> int | None:
+    return None if inputs.state is None else int(inputs.state.global_step) + 1
 
 
 def _checked(reward: Reward, inputs: RewardInputs, output: Any, on_error: str, errors: dict[str, int] | None = None,
@@ -210,12 +245,14 @@ def score(
     fields: dict[str, list[Any]] | None = None,
     on_error: str = "raise",
     errors: dict[str, int] | None = None,
+    timeout: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Total weighted reward [N] and each component's raw scores [N] (NaN where a reward returned None).
 
     `completions` is a RewardInputs (everything TRL passes a reward) or plain texts with their `fields`.
     on_error="raise": a failing reward raises RewardError naming it and the completion it failed on;
-    "zero": those completions score 0 for it, counted per reward in `errors`.
+    "zero": those completions score 0 for it, counted per reward in `errors`. `timeout`: seconds a reward may run
+    (None: no limit); one that overruns is stopped and counts as failed.
     """
     if on_error not in ("raise", "zero"):
         raise ValueError(f"on_reward_error must be raise or zero, not {on_error!r}")
@@ -224,12 +261,13 @@ def score(
     errors = {} if errors is None else errors
     weighted = []
     # sync rewards in order, async ones awaited together (TRL 1.16)
-    outputs = call_rewards([functools.partial(inputs.call, reward.fn) for reward in rewards])
+    outputs = settle_all("reward", [(r.fn, functools.partial(inputs.call, r.fn)) for r in rewards],
+                         [{"label": r.name} for r in rewards], timeout=timeout)
     for reward, (ok, output) in zip(rewards, outputs):
         if ok:
             values = _checked(reward, inputs, output, on_error, errors)
         else:
-            values = _failed(reward, inputs, output, on_error, errors)
+            values = _failed(reward, inputs, output, on_error, errors, timeout)
         scores = torch.tensor(values, dtype=torch.float32)
         components[reward.name] = scores
         weighted.append(reward.weight * scores)

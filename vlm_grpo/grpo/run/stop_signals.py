@@ -4,7 +4,11 @@
   checkpoint and raises `StopSignal` (exit code 130 for SIGINT, 143 for SIGTERM). A second signal while a
   checkpoint is being written waits for it (a half-written checkpoint would be lost work); a second signal at any
   other time stops at once, and the newest checkpoint on disk is the last one saved.
-- Around a whole command (`signals_stop`): SIGTERM stops like Ctrl-C does, with a `StopSignal`, never a traceback.
+- Around a whole command (`signals_stop`, and `install` as the CLI's very first act, before any heavy import):
+  SIGTERM stops like Ctrl-C does, with a `StopSignal`, never a traceback.
+- Every signal is also recorded (`received()`): a StopSignal that some code swallows (raised inside a `__del__`, a
+  garbage-collector callback or a library's `except BaseException`) still ends the command with 130/143
+  (`raise_if_received` at the command's checkpoints, the exit code at its end).
 """
 
 from __future__ import annotations
@@ -17,6 +21,33 @@ import threading
 from vlm_grpo.grpo.interrupts import StopSignal
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_received: list[int] = []  # every SIGINT/SIGTERM this process got, in order
+
+
+def received() -> int | None:
+    """The first signal this process received (None: none)."""
+    return _received[0] if _received else None
+
+
+def raise_if_received() -> None:
+    """A StopSignal when a signal came earlier and its StopSignal was swallowed on the way."""
+    if _received:
+        signum = _received[0]
+        raise StopSignal(signum, f"stopped by {signal.Signals(signum).name}", at_once=True)
+
+
+def _stop_now(signum, _frame):
+    _received.append(signum)
+    raise StopSignal(signum, f"stopped by {signal.Signals(signum).name}", at_once=True)
+
+
+def install() -> None:
+    """SIGINT and SIGTERM raise StopSignal from now on (the main thread only may set handlers); a new command starts
+    with no signal received."""
+    _received.clear()
+    if threading.current_thread() is threading.main_thread():
+        for sig in SIGNALS:
+            signal.signal(sig, _stop_now)
 
 
 def _note(text: str) -> None:
@@ -59,6 +90,7 @@ def stop_on_signals():
     request = StopRequest()
 
     def handler(signum, _frame):
+        _received.append(signum)
         name = signal.Signals(signum).name
         if request.signum is None:
             request.signum = signum
@@ -75,9 +107,6 @@ def stop_on_signals():
 @contextlib.contextmanager
 def signals_stop():
     """Around a command: SIGINT and SIGTERM raise StopSignal wherever the program is (outside the step loop)."""
-
-    def handler(signum, _frame):
-        raise StopSignal(signum, f"stopped by {signal.Signals(signum).name}", at_once=True)
-
-    with _handlers(handler):
+    raise_if_received()
+    with _handlers(_stop_now):
         yield

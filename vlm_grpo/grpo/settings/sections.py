@@ -63,8 +63,12 @@ class DataConfig:
                                     "is never sampled above it", at_least=1)
     video_max_pixels: int = setting(224 * 224, help="video frames above this many pixels are scaled down (aspect kept) "
                                     "before the model's processor", at_least=1)
-    on_reward_error: str = setting("raise", help="a failing reward stops the run, or scores 0 and is counted",
+    on_reward_error: str = setting("raise", help="a reward that raises or times out stops the run (one line naming it, "
+                                   "its file:line, the completion, row and step), or scores 0 and is counted "
+                                   "(reward_errors/NAME); one that calls sys.exit() always stops the run",
                                    choices=("raise", "zero"))
+    reward_timeout: float = setting(0.0, help="seconds a reward call may run (0: no limit); one that overruns is stopped "
+                                    "and counts under on_reward_error", at_least=0.0)
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -102,8 +106,18 @@ class ToolsConfig:
     recipe_tools: bool = setting(True, help="use the tools and environment the recipe ships (e.g. zoom's crop)")
     max_tool_calling_iterations: int | None = setting(None, help="tool rounds per completion (None: until the model "
                                                       "calls none or the completion budget is spent)", at_least=0)
-    tool_timeout: float = setting(30.0, help="seconds a tool call may run before it counts as failed (0: no limit)",
-                                  at_least=0.0)
+    tool_timeout: float = setting(30.0, help="seconds a tool call may run before it counts as failed (0: no limit); "
+                                  "it is stopped then and uses no CPU afterwards (see isolation)", at_least=0.0)
+    isolation: str = setting("thread", help="where a standalone tool with a time limit runs: thread (in the trainer, "
+                             "stopped by an exception when it overruns: Python code that spins stops, a call blocked "
+                             "in C is abandoned) or process (a forked worker, killed when it overruns: nothing "
+                             "outlives the limit; the tool's effects on memory are lost, its result must pickle). "
+                             "Environment methods always run in the trainer (their state persists)",
+                             choices=("thread", "process"))
+    on_tool_error: str = setting("model", help="a tool call that raises or times out: model (its error goes back to the "
+                                 "model as the result and counts in tools/failure_frequency, as in TRL) or raise (the "
+                                 "run stops naming the tool); a tool that calls sys.exit() always stops the run",
+                                 choices=("model", "raise"))
 
     def __post_init__(self) -> None:
         self.tools = list(self.tools)

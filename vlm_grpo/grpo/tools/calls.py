@@ -1,8 +1,12 @@
-"""Running the model's tool calls, as TRL 1.16 runs them, plus a time limit.
+"""Running the model's tool calls, as TRL 1.16 runs them, plus a time limit that holds.
 
-A call runs `function(**arguments)`; an async function is awaited on a private event loop (a daemon thread, as
-TRL's). A call that raises, names no known tool, or does not return within the time limit sends its error back to
-the model as the result (`{"error": "..."}`) and counts as failed. What a tool may return:
+A call runs `function(**arguments)` through the one guarded call site of user code (grpo/user_calls.py): an async
+function is awaited on the shared event loop (a daemon thread, as TRL's), async calls of one turn together; with a
+time limit a sync one runs in a thread that is stopped when it overruns, or in a killed worker process
+(`isolation="process"`). A call that raises, names no known tool, or does not return within the time limit sends its
+error back to the model as the result (`{"error": "..."}`) and counts as failed (`on_error="model"`, TRL's way), or
+stops the run naming the tool (`on_error="raise"`). A tool that calls sys.exit() always stops the run. What a tool
+may return:
 - text: a str, a number, None, or a JSON-able dict / list (written as JSON);
 - an image: a PIL image;
 - both: a list of content parts (`{"type": "text", "text": ...}`, `{"type": "image", "image": <PIL>}`, bare strings
@@ -13,17 +17,14 @@ of the model, so it stops the run.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from PIL import Image
 
-from vlm_grpo.grpo import async_loop
-
+from vlm_grpo.grpo.user_calls import UserCodeError, call, location, settle_all
 
 
 class ToolResultError(TypeError):
@@ -78,69 +79,53 @@ def tool_content(name: str, value: Any) -> tuple[str | list[dict[str, Any]], lis
                           "(str, a number, a JSON-able dict or list), a PIL image, or a list of content parts")
 
 
-def _run_sync(fn: Callable, arguments: dict, timeout: float | None) -> Any:
-    if not timeout:
-        return fn(**arguments)
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn(**arguments)
-        except BaseException as err:  # noqa: BLE001 - handed back to the caller's thread
-            box["error"] = err
-
-    # A daemon thread: a tool that never returns is abandoned, and cannot keep the process alive at exit.
-    worker = threading.Thread(target=target, name="vlm-grpo-tool-call", daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        raise TimeoutError(f"no result within {timeout:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-async def _run_async(fn: Callable, arguments: dict, timeout: float | None) -> Any:
-    if not timeout:
-        return await fn(**arguments)
-    try:
-        return await asyncio.wait_for(fn(**arguments), timeout)
-    except asyncio.TimeoutError:
-        raise TimeoutError(f"no result within {timeout:g} s") from None
-
-
 def _failure(name: str, err: BaseException) -> ToolResult:
-    content, _ = tool_content(name, {"error": str(err) or type(err).__name__})
-    return ToolResult(name, content, failed=True, timed_out=isinstance(err, TimeoutError))
+    cause = getattr(err, "cause", None) or getattr(err, "what", None) or err  # the tool's own words, for the model
+    content, _ = tool_content(name, {"error": str(cause) or type(cause).__name__})
+    return ToolResult(name, content, failed=True, timed_out=bool(getattr(err, "timed_out", False)))
 
 
-def _result(name: str, value: Any) -> ToolResult:
-    content, images = tool_content(name, value)
+def _result(name: str, fn: Callable, value: Any) -> ToolResult:
+    try:
+        content, images = tool_content(name, value)
+    except ToolResultError as err:  # a bug in the tool, not a move of the model: the run stops, naming it
+        raise UserCodeError("tool", name, location(fn), str(err).replace(f"tool {name!r} ", "", 1)) from None
     return ToolResult(name, content, images=images)
 
 
-def run_calls(calls: list[dict[str, Any]], functions: dict[str, Callable], timeout: float | None) -> list[ToolResult]:
-    """The results of one turn's calls ({"name", "arguments"} each), in call order; async ones run concurrently."""
+def _settle(name: str, fn: Callable, ok: bool, value: Any, on_error: str) -> ToolResult:
+    if ok:
+        return _result(name, fn, value)
+    if value.exited or on_error == "raise":
+        raise value
+    return _failure(name, value)
+
+
+def run_calls(calls: list[dict[str, Any]], functions: dict[str, Callable], timeout: float | None,
+              isolation: str = "thread", on_error: str = "model", context: dict[str, Any] | None = None,
+              ) -> list[ToolResult]:
+    """The results of one turn's calls ({"name", "arguments"} each), in call order; async ones run concurrently.
+    Methods (an environment's) always run in this process: their instance's state must persist."""
     results: list[ToolResult | None] = [None] * len(calls)
     pending = []
-    for k, call in enumerate(calls):
-        name, fn = call["name"], functions.get(call["name"])
+    for k, item in enumerate(calls):
+        name, fn = item["name"], functions.get(item["name"])
         if fn is None:
             results[k] = _failure(name, ValueError(f"Tool {name} not found."))
-        elif inspect.iscoroutinefunction(fn):
-            pending.append((k, name, _run_async(fn, call["arguments"], timeout)))
+        elif inspect.iscoroutinefunction(fn) and (isolation == "thread" or inspect.ismethod(fn)):
+            pending.append((k, name, fn))
         else:
+            where = "thread" if inspect.ismethod(fn) else isolation
             try:
-                value = _run_sync(fn, call["arguments"], timeout)
-            except Exception as err:  # noqa: BLE001 - the model's call failed: it learns from the error
-                results[k] = _failure(name, err)
-            else:
-                results[k] = _result(name, value)
+                value = call("tool", fn, timeout=timeout, isolation=where, context=context,
+                             via=lambda f, arguments=item["arguments"]: f(**arguments))
+                ok = True
+            except UserCodeError as err:
+                value, ok = err, False
+            results[k] = _settle(name, fn, ok, value, on_error)
     if pending:
-        async def gather():
-            return await asyncio.gather(*(coro for _, _, coro in pending), return_exceptions=True)
-
-        values = async_loop.run(gather())
-        for (k, name, _), value in zip(pending, values):
-            results[k] = _failure(name, value) if isinstance(value, Exception) else _result(name, value)
+        settled = settle_all("tool", [(fn, (lambda fn=fn, k=k: fn(**calls[k]["arguments"]))) for k, _, fn in pending],
+                             [dict(context or {}) for _ in pending], timeout=timeout)
+        for (k, name, fn), (ok, value) in zip(pending, settled):
+            results[k] = _settle(name, fn, ok, value, on_error)
     return results

@@ -15,10 +15,14 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import copy
+
 from vlm_grpo.grpo.rewards.inputs import reward_prompt
 from vlm_grpo.grpo.tools.calls import ToolResult, run_calls
+from vlm_grpo.grpo.user_calls import call
 from vlm_grpo.grpo.user_code import load_object
 from vlm_grpo.recipes.base import Reward, Sample
+from vlm_grpo.recipes.tool_rewards import on_final_answer
 
 
 def load_tool(spec: str) -> Callable:
@@ -38,7 +42,8 @@ def load_environment(spec: str) -> Any:
 
 
 def run_toolset(recipe, specs=(), environment: str | None = None, *, recipe_tools: bool = True,
-                timeout: float | None = None, tools=(), environment_factory=None) -> "Toolset":
+                timeout: float | None = None, tools=(), environment_factory=None, isolation: str = "thread",
+                on_error: str = "model") -> "Toolset":
     """A run's tools: the recipe's (unless `recipe_tools` is off), those named in the settings (`specs`), those
     passed in Python (`tools`); the environment passed in Python wins over the one named, which wins over the
     recipe's."""
@@ -46,7 +51,16 @@ def run_toolset(recipe, specs=(), environment: str | None = None, *, recipe_tool
     if environment_factory is None:
         environment_factory = load_environment(environment) if environment else \
             (getattr(recipe, "environment", None) if recipe_tools else None)
-    return Toolset(functions, environment_factory, timeout=timeout or None)
+    return Toolset(functions, environment_factory, timeout=timeout or None, isolation=isolation, on_error=on_error)
+
+
+def final_message_rewards(recipe, rewards: list[Reward]) -> list[Reward]:
+    """The run's rewards with tools on: those of a recipe that ships no tools (written for a one-turn text answer)
+    read each rollout's final message; the rest (the user's, a tool recipe's) get the whole conversation (TRL)."""
+    if getattr(recipe, "tools", None) or getattr(recipe, "environment", None):
+        return rewards
+    own = {id(r.fn) for r in getattr(recipe, "rewards", [])}
+    return [Reward(r.name, on_final_answer(r.fn), r.weight) if id(r.fn) in own else r for r in rewards]
 
 
 def _methods(instance: Any) -> list[Callable]:
@@ -77,8 +91,10 @@ def _append(prompt: list[dict], observation: Any) -> list[dict]:
 class Toolset:
     """The run's standalone tools and environment classes."""
 
-    def __init__(self, tools=(), environment_factory=None, timeout: float | None = None):
+    def __init__(self, tools=(), environment_factory=None, timeout: float | None = None, isolation: str = "thread",
+                 on_error: str = "model"):
         self.tools = list(tools)
+        self.isolation, self.on_error = isolation, on_error
         for tool in self.tools:
             if not callable(tool):
                 raise ValueError(f"tool {tool!r} is not callable: a tool is a typed function with a docstring")
@@ -89,7 +105,7 @@ class Toolset:
         self.pool: dict[Any, list[Any]] = {}
         self.reward_classes: list[type] = []
         for name, factory in self.factories.items():
-            instance = factory()
+            instance = _build(factory)
             members = dict(inspect.getmembers(type(instance), predicate=inspect.isfunction))
             if "reset" not in members:
                 raise ValueError(f"environment {getattr(factory, '__name__', name)!r}: it must define reset() "
@@ -115,8 +131,10 @@ class Toolset:
 
         return [Reward(cls.__name__, for_class(cls)) for cls in self.reward_classes]
 
-    def start(self, samples: list[Sample], num_generations: int) -> "ToolSession":
-        """A batch's rollouts: an environment instance each (reset with its sample's row) and its tools."""
+    def start(self, samples: list[Sample], num_generations: int, rows: list[int] | None = None,
+              step: int | None = None) -> "ToolSession":
+        """A batch's rollouts: an environment instance each (reset with its sample's row) and its tools; `rows` (the
+        samples' dataset rows) and `step` name where a failing reset or tool was."""
         names = [s.fields.get("environment") if self.multi else None for s in samples]
         unknown = sorted({repr(n) for n in names if n not in self.factories}) if self.factories else []
         if unknown:
@@ -129,13 +147,16 @@ class Toolset:
             for g in range(num_generations if self.factories else 0):
                 pool, k = self.pool[name], handed.get(name, 0)
                 if k == len(pool):
-                    pool.append(self.factories[name]())
+                    pool.append(_build(self.factories[name]))
                 handed[name] = k + 1
                 env = pool[k]
                 row = {"prompt": reward_prompt(sample), "images": list(sample.images), **sample.fields}
                 if self.multi:
                     row.pop("environment", None)
-                observation = env.reset(**_accepted(env.reset, row))
+                where = {"sample": _sample_name(i, rows), "step": step}
+                # its own copy of the row: an edit must not reach the sample, the other rollouts or the rewards
+                observation = call("environment reset", env.reset, context=where,
+                                   via=lambda f, kw=copy.deepcopy(_accepted(env.reset, row)): f(**kw))
                 if g == 0:
                     first = observation
                 elif observation != first:
@@ -148,9 +169,10 @@ class Toolset:
             prompts.append(prompt)
             shown = first if isinstance(first, list) else []  # an observation's own image parts follow the sample's
             images.append([*sample.images, *(p["image"] for p in shown if isinstance(p, dict) and p.get("type") == "image")])
-        rows = len(samples) * num_generations  # each rollout calls the methods of its own instance
-        tools = [self.tools + (_methods(environments[r]) if self.factories else []) for r in range(rows)]
-        return ToolSession(prompts, images, tools, environments or None, self.timeout, num_generations)
+        n = len(samples) * num_generations  # each rollout calls the methods of its own instance
+        tools = [self.tools + (_methods(environments[r]) if self.factories else []) for r in range(n)]
+        return ToolSession(prompts, images, tools, environments or None, self.timeout, num_generations,
+                           isolation=self.isolation, on_error=self.on_error, rows=rows, step=step)
 
 
 @dataclass
@@ -165,6 +187,10 @@ class ToolSession:
     num_generations: int
     conversations: list[list[dict]] = field(default_factory=list)  # [B] as the chat format writes them (format())
     template_tools: list[list | None] = field(default_factory=list)  # [B] the tools a native template describes
+    isolation: str = "thread"  # where a standalone tool with a time limit runs (thread | process)
+    on_error: str = "model"  # a failed call: its error to the model, or raise
+    rows: list[int] | None = None  # [B] each sample's dataset row (messages)
+    step: int | None = None
 
     def sample_tools(self, i: int) -> list[Callable]:
         return self.tools[i * self.num_generations]
@@ -178,4 +204,14 @@ class ToolSession:
 
     def run(self, row: int, calls: list[dict]) -> list[ToolResult]:
         functions = {getattr(fn, "__name__", str(fn)): fn for fn in self.tools[row]}
-        return run_calls(calls, functions, self.timeout)
+        where = {"sample": f"rollout {row} ({_sample_name(row // self.num_generations, self.rows)})", "step": self.step}
+        return run_calls(calls, functions, self.timeout, self.isolation, self.on_error, where)
+
+
+def _sample_name(i: int, rows: list[int] | None) -> str:
+    return f"sample {i}" + (f", dataset row {rows[i]}" if rows is not None else "")
+
+
+def _build(factory: Any) -> Any:
+    """An environment instance (its constructor is user code: a failure names it)."""
+    return call("environment", factory)

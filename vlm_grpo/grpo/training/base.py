@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -25,6 +26,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from vlm_grpo.grpo.interrupts import StopSignal
+from vlm_grpo.grpo.user_calls import log_failure
 from vlm_grpo.grpo.run import checkpoints as ckpt
 from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
 from vlm_grpo.grpo.distributed import fsdp
@@ -99,8 +101,10 @@ class BaseTrainer(Checkpointed):
                                         overwrite=cfg.logging.overwrite_output_dir)
         try:
             self._start(adapter, recipe, rewards)
-        except BaseException:
+        except BaseException as err:
             self.release_lock()
+            if self.is_main and not isinstance(err, StopSignal):
+                log_failure(self.run_dir, err)
             raise
 
     def _start(self, adapter, recipe, rewards) -> None:
@@ -292,8 +296,10 @@ class BaseTrainer(Checkpointed):
                 raise StopSignal(err.signum, f"{err.message} during step {self.step + 1}; not saved: the newest "
                                  f"checkpoint is {newest.name if newest else 'none'}; --resume continues from it") from None
             raise
-        except BaseException:
+        except BaseException as err:
             self.release_lock()
+            if self.is_main:
+                log_failure(self.run_dir, err)  # the full traceback; the message says one line
             raise
         if self.dataset.skipped and self.is_main:
             print(f"skipped {len(self.dataset.skipped)} bad samples: {list(self.dataset.skipped)}")
@@ -342,10 +348,23 @@ class BaseTrainer(Checkpointed):
             if signum and done < cfg.max_steps:
                 progress.close()
                 self._stopped(signum, done)
-            if any([hook(self, metrics) for hook in self.step_hooks]):  # every hook sees every step
+            try:
+                stop_here = any([hook(self, metrics) for hook in self.step_hooks])  # every hook sees every step
+            except Exception:  # a user's callback failed after the step: the step is kept
+                self._save_completed(done, stop)
+                raise
+            if stop_here:
                 break
         progress.close()
         return history
+
+    def _save_completed(self, done: int, stop) -> None:
+        if self.accelerator.num_processes > 1 or (self.run_dir / f"checkpoint-{done}").is_dir():
+            return
+        with stop.saving_checkpoint():
+            self.save(done)
+        print(f"checkpoint-{done} saved (the last completed step, before the failure); --resume continues from it "
+              "once the cause is fixed", file=sys.stderr)
 
     def _agreed_stop(self, stop) -> int:
         """The signal received by this process or any other (0: none): all stop at the same step, since saving is
