@@ -295,16 +295,8 @@ def _in_process(thunk: Callable[[], Any], fn: Callable, timeout: float) -> Any:
 
 
 # ---------------------------------------------------------------- the run's errors.log
-def log_failure(run_dir: Path | str | None, err: BaseException) -> Path | None:
-    """Append `err`'s full traceback (a UserCodeError's: the user code's own) to the run's errors.log; its path,
-    or None when there is no run directory to write to."""
-    if run_dir is None or not Path(run_dir).is_dir():
-        return None
+def failure_entry(err: BaseException) -> str:
+    """The errors.log entry for `err`: a time-stamped line and its full traceback (a UserCodeError's: the user
+    code's own). The run directory writes it (run/safe_files), as every run file."""
     text = getattr(err, "traceback_text", "") or "".join(traceback.format_exception(type(err), err, err.__traceback__))
-    path = Path(run_dir) / ERROR_LOG
-    try:
-        with open(path, "a") as fh:
-            fh.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {err}\n{text}\n")
-    except OSError:
-        return None
-    return path
+    return f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {err}\n{text}\n"

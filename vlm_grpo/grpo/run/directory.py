@@ -31,7 +31,8 @@ from vlm_grpo.grpo.settings.fields import SettingError
 from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT
 
 SCRATCH_DIRS = ("runs/latest", "runs/sft-latest")
-RUN_FILES = ("metrics.jsonl", "completions.jsonl", "config.yaml", "before-after.txt", ".write-test", AUDIT_FILE)
+RUN_FILES = ("metrics.jsonl", "completions.jsonl", "config.yaml", "before-after.txt", ".write-test", AUDIT_FILE,
+             "errors.log")  # errors.log: user-code tracebacks (grpo/user_calls.ERROR_LOG)
 RUN_GLOBS = ("checkpoint-*", ".tmp-checkpoint-*", ".old-checkpoint-*", "final", ".tmp-final", "eval-*.json", "plots",
              TRACKER_PROJECT)  # the tracker logs' default project folder
 LEFTOVER_GLOBS = (".tmp-checkpoint-*", ".tmp-final", STAGING_PREFIX + "*")  # written, then renamed: never complete

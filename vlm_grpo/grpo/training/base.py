@@ -26,7 +26,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from vlm_grpo.grpo.interrupts import StopSignal
-from vlm_grpo.grpo.user_calls import log_failure
+from vlm_grpo.grpo.user_calls import ERROR_LOG, failure_entry
 from vlm_grpo.grpo.run import checkpoints as ckpt
 from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
 from vlm_grpo.grpo.distributed import fsdp
@@ -104,8 +104,17 @@ class BaseTrainer(Checkpointed):
         except BaseException as err:
             self.release_lock()
             if self.is_main and not isinstance(err, StopSignal):
-                log_failure(self.run_dir, err)
+                self._log_failure(err)
             raise
+
+    def _log_failure(self, err: BaseException) -> None:
+        """Append err's full traceback to the run's errors.log (a run file like any other: no links, listed)."""
+        if self.run_dir is None or not Path(self.run_dir).is_dir():
+            return
+        try:
+            safe_files.append_run_file(Path(self.run_dir), ERROR_LOG, failure_entry(err))
+        except (OSError, SettingError):  # the one-line message still goes out; the log is a bonus
+            pass
 
     def _start(self, adapter, recipe, rewards) -> None:
         cfg = self.cfg
@@ -299,7 +308,7 @@ class BaseTrainer(Checkpointed):
         except BaseException as err:
             self.release_lock()
             if self.is_main:
-                log_failure(self.run_dir, err)  # the full traceback; the message says one line
+                self._log_failure(err)  # the full traceback; the message says one line
             raise
         if self.dataset.skipped and self.is_main:
             print(f"skipped {len(self.dataset.skipped)} bad samples: {list(self.dataset.skipped)}")
