@@ -188,7 +188,7 @@ def to_rollout(adapter, prompts: PromptBatch, samples, results: list[dict], num_
         completions=texts,
         prompt_texts=[adapter.tokenizer.decode(r, skip_special_tokens=True) for r in prompts.input_ids],
         num_generations=num_generations,
-        stats={"prefill_tokens": int(prompts.attention_mask.sum()), "decode_tokens": int(mask.sum())},
+        stats={"prefill_tokens": int(prompts.attention_mask.sum()), "decode_tokens": int(ids.numel())},
         sampling_logps=logps,
     )
 
