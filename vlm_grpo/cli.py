@@ -34,6 +34,7 @@ from vlm_grpo.commands import (
     sft,
     train,
     verify,
+    vllm_serve,
 )
 from vlm_grpo.grpo.interrupts import StopSignal
 from vlm_grpo.grpo.run import stop_signals
@@ -42,7 +43,7 @@ from vlm_grpo.grpo.settings.fields import SettingError
 FAILED, REFUSED = 1, 2
 COMMANDS = (
     train, sft, eval, check, check_cache, audit_rewards, plot, attention, completions, generate, compose, convert_gguf,
-    families, demo, bench, verify, env,
+    families, demo, bench, verify, env, vllm_serve,
 )
 
 

@@ -90,11 +90,11 @@ def test_epsilon_high_follows_epsilon_set_on_the_command_line():
 
 def test_every_refused_trl_name_is_named_in_one_message(capsys, tmp_path):
     assert main(["train", "--per_device_train_batch_size", "8", "--logging_steps", "5", "--max-steps", "2",
-                 "--use_vllm", "--output-dir", str(tmp_path / "run")]) == 2
+                 "--max_prompt_length", "64", "--output-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("vlm-grpo train: error: setting 'per_device_train_batch_size, logging_steps, use_vllm': "
+    assert err.startswith("vlm-grpo train: error: setting 'per_device_train_batch_size, logging_steps, max_prompt_length': "
                           "TRL's names with no same-meaning setting here: per_device_train_batch_size: TRL counts")
-    assert "logging_steps: every step is logged" in err and "use_vllm: generation runs in the policy" in err
+    assert "logging_steps: every step is logged" in err and "max_prompt_length: prompts are never cut" in err
     assert "\n" not in err
     cfg = load_config(overrides=["--dataset_name", "org/set", "--dataset_train_split", "dev", "--dataset_test_split", "val"])
     assert (cfg.data.dataset, cfg.data.dataset_split, cfg.eval.split) == ("org/set", "dev", "val")

@@ -19,6 +19,7 @@ from vlm_grpo.adapters.sharing import image_features
 from vlm_grpo.grpo.algorithm import reference_sync
 from vlm_grpo.grpo.algorithm.advantages import ADVANTAGES, reward_scores
 from vlm_grpo.grpo.algorithm.losses import Collective, EntropyControl, policy_loss
+from vlm_grpo.grpo.algorithm.sampling_correction import sampling_correction
 from vlm_grpo.grpo.algorithm.trajectory import Trajectory, model_tokens
 from vlm_grpo.grpo.data.order import step_seed
 from vlm_grpo.grpo.distributed import fsdp
@@ -82,6 +83,10 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
         self.collective = Collective(reduce_sum=lambda x: self.accelerator.reduce(x, reduction="sum"),
                                      gather=self._gather_tensor)
         self.watch = HackingWatch(self)  # the reward audit now; each step the hacking and grounding monitors
+        self.engine = None  # rollout.engine vllm: opened at the first rollout (after any resume), rollout/vllm_engine.py
+        if cfg.rollout.uses_vllm and self.toolset.enabled:
+            raise ValueError("rollout.engine vllm samples one turn; this run has tools (the recipe's or yours): use "
+                             "rollout.engine transformers, or tools.recipe_tools false")
 
     # ---------------------------------------------------------------- hooks
     def _after_freeze(self) -> None:
@@ -142,12 +147,17 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
         traj, reward_errors, reward_metrics = self.score(samples, indices, ro, step)
         traj.policy_features = policy_features
         traj.ref_logps = self._reference_logprobs(traj)
-        if cfg.num_iterations > 1:  # later updates are off-policy: keep the sampling policy's log-probs
+        correct = ro.sampling_logps is not None and cfg.rollout.vllm_importance_sampling_correction
+        if cfg.num_iterations > 1 or correct:  # later updates are off-policy / the engine's ratio needs the trainer's
             with torch.no_grad():
                 traj.old_logps = self._logprobs(traj, list(range(len(traj))), self.model)
+        engine_metrics = self._engine_correction(traj, ro) if correct else {}
         losses = self.update(traj)
+        if self.engine is not None:
+            self.engine.after_update()  # the new weights to vLLM every vllm_sync_steps steps
         metrics = self._mean_over_processes({
             **losses, **self._reward_metrics(traj, reward_errors, reward_metrics), **self._cost_metrics(traj),
+            **engine_metrics,
         })
         metrics.update(self.watch.step(step, samples, traj))  # after the update: guards read, never change, the step
         metrics.update(step=step + 1, step_time=time.perf_counter() - started)
@@ -164,6 +174,8 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
             prompts = encode(self.adapter, samples, device, self.session)
             policy_features = image_features(self.adapter, prompts, model=self.model) if self._encode_once() else None
             sampled_from = None if policy_features is None else policy_features.detach()
+            if cfg.rollout.uses_vllm:  # vLLM samples; the trainer encoded the prompts for its own forwards
+                return self._engine().rollout(samples, prompts, cfg.generation, g, device), policy_features
             args, turns = (self.adapter, samples, cfg.generation, g, device), cfg.tools.max_tool_calling_iterations
             ro = self.with_full_weights(lambda: rollout(
                 *args, shared_prefix=cfg.perf.shared_prefix, prompts=prompts, features=sampled_from,
@@ -171,6 +183,24 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
                 *args, self.session, self.chat_format, prompts, features=sampled_from, max_iterations=turns,
                 shared_prefix=cfg.perf.shared_prefix, encoder=self.model if policy_features is not None else None))
         return ro, policy_features
+
+    def _engine(self):
+        if self.engine is None:
+            from vlm_grpo.grpo.rollout.vllm_engine import open_engine
+
+            self.engine = open_engine(self.adapter, self.cfg, self.accelerator.device)
+        return self.engine
+
+    def _engine_correction(self, traj: Trajectory, ro: Rollout) -> dict[str, float]:
+        """The engine's log-probs against the trainer's (old_logps, just recomputed): the truncated ratio the loss
+        is weighed by, and its statistics (TRL's `sampling/...` metrics)."""
+        r = self.cfg.rollout
+        traj.sampling_logps = ro.sampling_logps
+        correction = sampling_correction(traj.old_logps, ro.sampling_logps, traj.loss_mask,
+                                         r.vllm_importance_sampling_mode, r.vllm_importance_sampling_clip_min,
+                                         r.vllm_importance_sampling_clip_max)
+        traj.sampling_ratio = correction.ratio
+        return correction.metrics
 
     def score(self, samples, indices, ro: Rollout, step: int):
         """The rollout scored: rewards per component, the loss mask, and advantages, as one Trajectory."""
@@ -221,6 +251,7 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
                         logps, _rows(traj.old_logps, rows), _rows(traj.ref_logps, rows), traj.advantages[rows],
                         traj.loss_mask[rows], cfg.loss, entropy=entropy, normalizer=tokens,
                         share=len(rows) / len(traj), entropy_control=self.entropy_control, collective=self.collective,
+                        sampling_logps=_rows(traj.sampling_logps, rows), sampling_ratio=_rows(traj.sampling_ratio, rows),
                     )
                     if aux is not None:  # MoE (TRL's rule): + coef x the routers' load-balancing loss, per micro-batch
                         loss = loss + self.router_aux_coef * aux / len(chunks)

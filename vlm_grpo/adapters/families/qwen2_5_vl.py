@@ -135,6 +135,12 @@ class Qwen2_5_VLAdapter(OneGridLayout, VLMAdapter):
                       max_position_embeddings=4096, rope_parameters=qwen_rope([4, 6, 6])),
             image=BENCH_PIXELS,
         ),
+        # vLLM on a CPU (tests, bench): its CPU attention needs head_dim >= 32; the tiny twin's, 128 wide, 4 heads
+        "qwen2_5_vl_vllm_tiny": Architecture(
+            vision=dict(TINY_VISION, out_hidden_size=128),
+            text=dict(TINY_TEXT, hidden_size=128, intermediate_size=256, rope_parameters=qwen_rope([4, 6, 6])),
+            image=TINY_PIXELS,
+        ),
         # CPU memory benchmark: the tiny twin's sizes with Qwen's 151,936-token vocabulary, so the logits dominate
         "qwen2_5_vl_wide_vocab": Architecture(TINY_VISION, TINY_TEXT, TINY_PIXELS, QWEN_VOCAB),
         # CPU benchmark, a real architecture at reduced depth: 0.54B parameters (0.31B the tied embedding), 64 tokens

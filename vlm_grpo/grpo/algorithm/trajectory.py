@@ -47,6 +47,8 @@ class Trajectory:
     completion_images: CompletionImages | None = None  # images tool turns showed, per row (each encoded once)
     conversations: list[list[dict]] | None = None  # [N] the messages after the prompt (tool rollouts), TRL's form
     tool_metrics: dict[str, float] = field(default_factory=dict)  # calls, failures, turns, images per completion
+    sampling_logps: torch.Tensor | None = None  # [N, T] the sampling engine's own log-probs (vLLM); None: the policy's
+    sampling_ratio: torch.Tensor | None = None  # [N, T] or [N, 1] the engine correction on the per-token loss
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]

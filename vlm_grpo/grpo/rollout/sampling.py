@@ -35,6 +35,7 @@ class Rollout:
     conversations: list[list[dict]] | None = None  # [B*G] the messages after the prompt, as TRL hands them on
     tool_metrics: dict[str, float] = field(default_factory=dict)
     turn_features: ImageFeatures | None = None  # the tool images' features as encoded (with gradient: encode once)
+    sampling_logps: torch.Tensor | None = None  # [B*G, T] the sampling engine's own log-probs (vLLM's); None: the policy sampled
 
     def prompt_index(self, rows: list[int]) -> list[int]:
         """The prompt each completion row belongs to."""

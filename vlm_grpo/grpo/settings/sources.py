@@ -41,6 +41,9 @@ TRL_NAMES: dict[str, tuple[str, dict | None]] = {
     "dataset_name": ("data.dataset", None),
     "dataset_train_split": ("data.dataset_split", None),
     "dataset_test_split": ("eval.split", None),
+    # vLLM rollouts (rollout section; its other vllm_* fields carry TRL's names)
+    "use_vllm": ("rollout.engine", {True: "vllm", False: "transformers"}),
+    "vllm_importance_sampling_cap": ("rollout.vllm_importance_sampling_clip_max", None),  # TRL's deprecated name
 }
 NOT_THE_SAME = {
     "per_device_train_batch_size": "TRL counts completions per device; here data.batch_size counts prompts per "
@@ -48,7 +51,6 @@ NOT_THE_SAME = {
     "num_train_epochs": "runs are counted in steps: set max_steps (one pass over N samples is N / data.batch_size "
     "steps per process)",
     "logging_steps": "every step is logged (metrics.jsonl and the trackers)",
-    "use_vllm": "generation runs in the policy itself (shared prefix and image features), there is no vLLM mode",
     "max_prompt_length": "prompts are never cut: an image's tokens must stay whole",
     "data_seed": "TRL's seeds the training sampler; here the data order follows seed, and eval.data_seed picks the "
     "held-out samples",

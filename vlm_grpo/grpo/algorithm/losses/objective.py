@@ -6,6 +6,8 @@
 3. the importance ratio, per token or per sequence (`importance_sampling_level`, GSPO);
 4. the k3 KL to the reference, times the ratio under `use_bias_correction_kl`;
 5. the registered loss's per-token term, masked, plus beta x KL;
+   (with an engine's sampling correction, rollout/vllm_engine.py: the per-token loss times its bounded ratio of
+   trainer to engine probabilities, algorithm/sampling_correction.py);
 6. the loss's normalisation (`NORMALISATIONS`); micro-batch normalisations are scaled by the micro-batch's share of
    the step's rows (TRL divides them by the accumulation steps), `step_tokens` by the step's token count;
 7. the entropy bonus: minus `entropy_coef` x the mean entropy of the training tokens (scaled by the share).
@@ -90,6 +92,8 @@ def policy_loss(
     share: float = 1.0,
     entropy_control=None,
     collective: Collective = ONE_PROCESS,
+    sampling_logps: torch.Tensor | None = None,
+    sampling_ratio: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The scalar loss of one micro-batch, and its metrics (plain floats, averaged over processes).
 
@@ -98,6 +102,8 @@ def policy_loss(
     with an entropy bonus it carries the policy's gradient, as TRL's does, so the bonus raises the entropy). normalizer: the step's completion-token count per process (`step_tokens` losses; None: this
     micro-batch's). share: this micro-batch's fraction of the step's rows. entropy_control: the bonus's
     coefficient (an EntropyControl, which also records this micro-batch's entropy; None: `cfg.entropy_coef`).
+    sampling_logps [R, T]: the sampling engine's own log-probs (vLLM's; the off-policy mask compares with them, as
+    TRL's); sampling_ratio [R, T] or [R, 1]: the engine correction that multiplies the per-token loss.
     """
     if logps.dim() != 2:
         raise ValueError(f"logps must be [R, T] per-token log-probs, got shape {tuple(logps.shape)}.")
@@ -128,7 +134,8 @@ def policy_loss(
         entropy_mask = high_entropy_mask(entropy, mask, 1 - cfg.top_entropy_quantile, collective)
     keep = None
     if cfg.off_policy_mask_threshold is not None:
-        keep = off_policy_mask(advantages, logps, old_logps, mask, cfg.off_policy_mask_threshold)
+        sampled = old_logps if sampling_logps is None else sampling_logps
+        keep = off_policy_mask(advantages, logps, sampled, mask, cfg.off_policy_mask_threshold)
 
     log_ratio = logps - old_logps
     if cfg.importance_sampling_level == "token":
@@ -152,6 +159,8 @@ def policy_loss(
         per_token = per_token * keep
     if entropy_mask is not None:
         per_token = per_token * entropy_mask
+    if sampling_ratio is not None:
+        per_token = per_token * sampling_ratio.to(per_token.dtype)
     if per_token_kl is not None:
         per_token = per_token + cfg.beta * per_token_kl
     policy = _aggregate(per_token, mask, loss_cls.normalisation, cfg, normalizer)

@@ -1,0 +1,112 @@
+"""GRPO runs with vLLM rollouts, each in its own process (one vLLM engine per process): a TRL user's settings in
+colocate mode, a resume, server mode against `vlm-grpo vllm-serve`, and a server that refuses a mismatched trainer."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+MODEL = ["--model", "preset:qwen2_5_vl_vllm_tiny", "--model.dtype", "float32"]
+QUIET = ["--logging.progress", "false", "--guard.audit_at_start", "false", "--guard.reliance_every", "0"]
+TRL_SETTINGS = """\
+# a TRL user's GRPOConfig fields, unchanged
+use_vllm: true
+vllm_mode: colocate
+vllm_importance_sampling_correction: true
+vllm_importance_sampling_mode: token_truncate
+vllm_importance_sampling_cap: 2.0
+max_completion_length: 12
+num_generations: 4
+temperature: 1.0
+learning_rate: 1.0e-4
+max_steps: 3
+save_steps: 3
+"""
+
+
+def _train(*words, timeout=400):
+    out = subprocess.run([sys.executable, "-m", "vlm_grpo.cli", "train", *MODEL, *QUIET, *words],
+                         capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def _metrics(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _check_vllm_steps(rows, steps):
+    assert [r["step"] for r in rows] == steps
+    for r in rows:  # the correction ran: ratios and the engine-trainer gap logged, finite
+        assert 0.0 < r["sampling/importance_sampling_ratio/mean"] <= 2.0
+        assert 0.0 <= r["sampling/sampling_logp_difference/mean"] < 0.05
+        assert r["perf/decode_tokens"] > 0
+
+
+def test_trl_settings_run_colocate_and_resume(tmp_path):
+    config = tmp_path / "trl.yaml"
+    config.write_text(TRL_SETTINGS)
+    run = tmp_path / "run"
+    _train("--config", str(config), "--output-dir", str(run))
+    rows = _metrics(run)
+    _check_vllm_steps(rows, [1, 2, 3])
+    assert "vllm: true" not in (run / "config.yaml").read_text() and "engine: vllm" in (run / "config.yaml").read_text()
+    # the weights moved and vLLM followed them: later steps' gap stays as small as the first's
+    assert rows[-1]["sampling/sampling_logp_difference/max"] < 0.05
+    _train("--config", str(config), "--output-dir", str(run), "--max-steps", "4", "--resume", "true")
+    rows = _metrics(run)
+    _check_vllm_steps(rows, [1, 2, 3, 4])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = _free_port()
+    log = tmp_path_factory.mktemp("server") / "log.txt"  # a file, not a pipe: vLLM's log would fill a pipe
+    proc = subprocess.Popen([sys.executable, "-m", "vlm_grpo.cli", "vllm-serve", "--model", "preset:qwen2_5_vl_vllm_tiny",
+                             "--dtype", "float32", "--port", str(port)], stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            env=os.environ.copy())
+    deadline = time.time() + 300
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health/", timeout=2).read()
+            break
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                pytest.fail(f"vllm-serve did not come up: {log.read_text()[-3000:]}")
+            time.sleep(1)
+    yield port
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_server_mode_runs_three_steps(server, tmp_path):
+    run = tmp_path / "run"
+    _train("--use_vllm", "true", "--vllm_mode", "server", "--vllm_server_port", str(server), "--max-steps", "3",
+           "--max_completion_length", "12", "--output-dir", str(run))
+    _check_vllm_steps(_metrics(run), [1, 2, 3])
+
+
+def test_a_mismatched_trainer_is_refused(server, tmp_path):
+    """The server serves the 128-wide preset; a trainer on the 256-wide one is refused at the handshake."""
+    out = subprocess.run([sys.executable, "-m", "vlm_grpo.cli", "train", "--model", "preset:qwen2_5_vl_small",
+                          "--model.dtype", "float32", *QUIET, "--use_vllm", "true", "--vllm_mode", "server",
+                          "--vllm_server_port", str(server), "--max-steps", "1", "--output-dir", str(tmp_path / "r")],
+                         capture_output=True, text=True, timeout=300, env=os.environ.copy())
+    assert out.returncode == 1
+    assert "the vLLM server at http://127.0.0.1:" in out.stderr and "start the server with the trainer's --model" \
+        in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "r" / "metrics.jsonl").exists() or not (tmp_path / "r" / "metrics.jsonl").read_text()

@@ -1,0 +1,65 @@
+"""Truncated importance sampling for an engine that samples with other numerics than the trainer (vLLM).
+
+The loss is built on the trainer's recomputed log-probs; the completions were drawn by the engine, whose own
+log-probs differ (other kernels, other precision, weights one push behind). Each token's loss is weighed by the
+ratio p_trainer / p_engine, bounded as TRL 1.16 bounds it (`vllm_importance_sampling_mode`):
+
+- token_truncate: per-token ratios clipped to [clip_min, clip_max];
+- token_mask: per-token ratios outside [clip_min, clip_max] set to 0;
+- sequence_truncate / sequence_mask: one ratio per completion, exp of the summed log-ratio over its training
+  tokens, clipped or zeroed likewise.
+
+Tokens the engine gave no log-prob for (NaN) get ratio 1. The statistics TRL logs (`sampling/...`) come with it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SamplingCorrection:
+    ratio: torch.Tensor  # [N, T] (token modes) or [N, 1] (sequence modes): multiplies the per-token loss
+    metrics: dict[str, float]
+
+
+def correction_ratio(trainer_logps: torch.Tensor, engine_logps: torch.Tensor, mask: torch.Tensor, mode: str,
+                     clip_min: float | None, clip_max: float | None) -> torch.Tensor:
+    """The bounded importance ratio of trainer to engine probabilities over the training tokens (`mask`)."""
+    diff = torch.nan_to_num((trainer_logps - engine_logps) * mask, nan=0.0)
+    sequence = mode.startswith("sequence_")
+    ratio = torch.exp(diff.sum(dim=-1, keepdim=True) if sequence else diff)
+    if mode.endswith("_truncate"):
+        return ratio if clip_min is None and clip_max is None else torch.clamp(ratio, min=clip_min, max=clip_max)
+    if mode.endswith("_mask"):
+        low = -math.inf if clip_min is None else clip_min
+        high = math.inf if clip_max is None else clip_max
+        return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+    raise ValueError(f"unknown vllm_importance_sampling_mode {mode!r}; one of token_truncate, token_mask, "
+                     "sequence_truncate, sequence_mask")
+
+
+def sampling_correction(trainer_logps: torch.Tensor, engine_logps: torch.Tensor, mask: torch.Tensor, mode: str,
+                        clip_min: float | None, clip_max: float | None) -> SamplingCorrection:
+    """The ratio, and the statistics TRL logs: the ratio's min / mean / max (over training tokens, or sequences)
+    and the engine-vs-trainer log-prob gap (mean and max over the training tokens the engine scored)."""
+    mask = mask.to(trainer_logps.dtype)
+    ratio = correction_ratio(trainer_logps, engine_logps, mask, mode, clip_min, clip_max)
+    flat = ratio.flatten() if mode.startswith("sequence_") else ratio[mask.bool()]
+    gap = (trainer_logps - engine_logps).abs()
+    gap = gap[mask.bool() & ~torch.isnan(gap)]
+
+    def stat(x: torch.Tensor, fn) -> float:
+        return float(fn(x)) if x.numel() else 0.0
+
+    metrics = {
+        "sampling/importance_sampling_ratio/min": stat(flat, torch.min),
+        "sampling/importance_sampling_ratio/mean": stat(flat, torch.mean),
+        "sampling/importance_sampling_ratio/max": stat(flat, torch.max),
+        "sampling/sampling_logp_difference/mean": stat(gap, torch.mean),
+        "sampling/sampling_logp_difference/max": stat(gap, torch.max),
+    }
+    return SamplingCorrection(ratio=ratio, metrics=metrics)

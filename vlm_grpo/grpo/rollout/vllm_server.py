@@ -1,0 +1,210 @@
+"""vLLM in its own process: `vlm-grpo vllm-serve --model SPEC` (the server) and the trainer's client.
+
+A small HTTP server on the loopback (stdlib, one request at a time) wrapping one `LLM`; routes named as TRL's
+trl/scripts/vllm_serve.py where they do the same:
+
+- GET  /health/            -> 200 once the engine is built
+- GET  /info/              -> the handshake: protocol, vlm-grpo and vLLM versions, architecture, weight signature
+- POST /generate/          -> JSON {requests: [{prompt, images: [PNG base64]}], sampling: {...}} -> results
+- POST /update_weights/    -> the policy's weights as safetensors bytes (works on CPU and GPU: no NCCL group)
+- POST /reset_prefix_cache/
+
+The client refuses a server whose model or protocol differs from the trainer's (the handshake), naming both.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import logging
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import torch
+
+from vlm_grpo.grpo.rollout.vllm_engine import (
+    PROTOCOL, VLLMEngine, architecture_of, build_llm, llm_generate, llm_load_weights, model_signature, signature,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ServerMismatch(RuntimeError):
+    """The server runs another model (or protocol) than the trainer's."""
+
+
+def _png(image) -> str:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _image(text: str):
+    from PIL import Image
+
+    return Image.open(io.BytesIO(base64.b64decode(text))).convert("RGB")
+
+
+def weights_bytes(items: list[tuple[str, torch.Tensor]]) -> bytes:
+    from safetensors.torch import save
+
+    return save({n: t.contiguous() for n, t in items})
+
+
+def weights_from_bytes(data: bytes) -> list[tuple[str, torch.Tensor]]:
+    from safetensors.torch import load
+
+    return list(load(data).items())
+
+
+# ---------------------------------------------------------------- the server
+class VLLMServer:
+    """One engine over one model directory, and what it answers."""
+
+    def __init__(self, model_dir: str, architecture: str, weights_signature: str, llm):
+        from vlm_grpo.version import __version__
+
+        import vllm
+
+        self.llm = llm
+        self.info = {"protocol": PROTOCOL, "vlm_grpo": __version__, "vllm": vllm.__version__, "model": model_dir,
+                     "architecture": architecture, "signature": weights_signature}
+
+    def generate(self, body: dict) -> dict:
+        reqs = []
+        for r in body["requests"]:
+            req: dict[str, Any] = {"prompt": r["prompt"]}
+            if r.get("images"):
+                req["multi_modal_data"] = {"image": [_image(x) for x in r["images"]]}
+            reqs.append(req)
+        options = dict(body["sampling"])
+        options["logit_bias"] = {int(k): v for k, v in (options.get("logit_bias") or {}).items()}
+        return {"results": llm_generate(self.llm, reqs, options)}
+
+    def update_weights(self, data: bytes) -> dict:
+        items = weights_from_bytes(data)
+        got = signature(self.info["architecture"], ((n, tuple(t.shape)) for n, t in items))
+        if got != self.info["signature"]:
+            raise ServerMismatch(f"weights of signature {got}; this server's model is {self.info['signature']}")
+        llm_load_weights(self.llm, items)
+        return {"updated": len(items)}
+
+
+def _handler(server: VLLMServer):
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, code: int, payload: dict) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            if self.path.rstrip("/") == "/health":
+                return self._send(200, {"status": "ok"})
+            if self.path.rstrip("/") == "/info":
+                return self._send(200, server.info)
+            return self._send(404, {"error": f"no route {self.path}"})
+
+        def do_POST(self):  # noqa: N802
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            route = self.path.rstrip("/")
+            try:
+                if route == "/generate":
+                    return self._send(200, server.generate(json.loads(body)))
+                if route == "/update_weights":
+                    return self._send(200, server.update_weights(body))
+                if route == "/reset_prefix_cache":
+                    server.llm.reset_prefix_cache()
+                    return self._send(200, {"status": "ok"})
+            except ServerMismatch as err:
+                return self._send(409, {"error": str(err)})
+            except Exception as err:  # the trainer gets the reason in one line; the server keeps serving
+                log.exception("vllm-serve: %s failed", route)
+                return self._send(500, {"error": f"{type(err).__name__}: {err}"})
+            return self._send(404, {"error": f"no route {self.path}"})
+
+        def log_message(self, fmt, *args):  # one line per request at debug level, not on stderr
+            log.debug(fmt, *args)
+
+    return Handler
+
+
+def serve(adapter, *, host: str, port: int, max_model_len: int, seed: int, gpu_memory_utilization: float,
+          kvcache_gb: float, device: torch.device, work_dir: str | None = None, ready=None) -> None:
+    """Export `adapter`'s model, build the engine and serve until interrupted. `ready(server)`: called once
+    listening (tests)."""
+    import tempfile
+
+    from vllm import ModelRegistry
+
+    from vlm_grpo.grpo.rollout.vllm_engine import check_runnable, export_model
+
+    check_runnable(adapter, device, ModelRegistry.get_supported_archs())
+    with tempfile.TemporaryDirectory(prefix="vllm-serve-", dir=work_dir) as tmp:
+        export_model(adapter, tmp)
+        llm = build_llm(tmp, max_model_len=max_model_len, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
+                        kvcache_gb=kvcache_gb, on_cpu=device.type == "cpu")
+        state = VLLMServer(adapter.source or tmp, architecture_of(adapter.model), model_signature(adapter.model), llm)
+        httpd = ThreadingHTTPServer((host, port), _handler(state))
+        httpd.daemon_threads = True
+        print(f"vllm-serve: {state.info['architecture']} ({state.info['model']}) on http://{host}:{port}", flush=True)
+        if ready is not None:
+            ready(httpd)
+        try:
+            httpd.serve_forever()
+        finally:
+            httpd.server_close()
+
+
+# ---------------------------------------------------------------- the trainer's client
+class ServerEngine(VLLMEngine):
+    """The trainer's side of server mode: the handshake at start, then generate and weight pushes over HTTP."""
+
+    def __init__(self, adapter, cfg):
+        super().__init__(adapter, cfg)
+        r = cfg.rollout
+        self.url = (r.vllm_server_base_url or f"http://{r.vllm_server_host}:{r.vllm_server_port}").rstrip("/")
+        self.timeout = r.vllm_server_timeout
+        self.handshake()
+
+    def _call(self, route: str, data: bytes | None = None, content_type: str = "application/json") -> dict:
+        request = urllib.request.Request(self.url + route, data=data, method="POST" if data is not None else "GET",
+                                         headers={"Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as err:
+            detail = json.loads(err.read() or b"{}").get("error", err.reason)
+            if err.code == 409:
+                raise ServerMismatch(f"the vLLM server at {self.url} refused the trainer: {detail}") from None
+            raise RuntimeError(f"the vLLM server at {self.url} failed {route}: {detail}") from None
+        except urllib.error.URLError as err:
+            raise RuntimeError(f"no vLLM server answers at {self.url} ({err.reason}): start one with "
+                               "`vlm-grpo vllm-serve --model SAME_MODEL`, or set rollout.vllm_mode colocate") from None
+
+    def handshake(self) -> None:
+        info = self._call("/info/")
+        mine = {"protocol": PROTOCOL, "architecture": architecture_of(self.adapter.model),
+                "signature": model_signature(self.adapter.model)}
+        for key, value in mine.items():
+            if info.get(key) != value:
+                raise ServerMismatch(
+                    f"the vLLM server at {self.url} serves {info.get('architecture')} ({info.get('model')}, {key} "
+                    f"{info.get(key)!r}), the trainer's model is {mine['architecture']} ({self.adapter.source}, "
+                    f"{key} {value!r}): start the server with the trainer's --model")
+        self.info = info
+
+    def generate(self, reqs, options):
+        body = {"requests": [{"prompt": r["prompt"],
+                              "images": [_png(im) for im in r.get("multi_modal_data", {}).get("image", [])]}
+                             for r in reqs],
+                "sampling": options}
+        return self._call("/generate/", json.dumps(body).encode())["results"]
+
+    def load_weights(self, items):
+        self._call("/update_weights/", weights_bytes(items), content_type="application/octet-stream")
