@@ -19,7 +19,7 @@ from vlm_grpo.adapters.sharing import image_features
 from vlm_grpo.grpo.algorithm import reference_sync
 from vlm_grpo.grpo.algorithm.advantages import ADVANTAGES, reward_scores
 from vlm_grpo.grpo.algorithm.losses import Collective, EntropyControl, policy_loss
-from vlm_grpo.grpo.algorithm.sampling_correction import sampling_correction
+from vlm_grpo.grpo.algorithm.sampling_correction import weigh_by_engine
 from vlm_grpo.grpo.algorithm.trajectory import Trajectory, model_tokens
 from vlm_grpo.grpo.data.order import step_seed
 from vlm_grpo.grpo.distributed import fsdp
@@ -151,7 +151,7 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
         if cfg.num_iterations > 1 or correct:  # later updates are off-policy / the engine's ratio needs the trainer's
             with torch.no_grad():
                 traj.old_logps = self._logprobs(traj, list(range(len(traj))), self.model)
-        engine_metrics = self._engine_correction(traj, ro) if correct else {}
+        engine_metrics = weigh_by_engine(traj, ro.sampling_logps, cfg.rollout) if correct else {}
         losses = self.update(traj)
         if self.engine is not None:
             self.engine.after_update()  # the new weights to vLLM every vllm_sync_steps steps
@@ -186,21 +186,10 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
 
     def _engine(self):
         if self.engine is None:
-            from vlm_grpo.grpo.rollout.vllm_engine import open_engine
+            from vlm_grpo.grpo.rollout.engines import open_engine
 
             self.engine = open_engine(self.adapter, self.cfg, self.accelerator.device)
         return self.engine
-
-    def _engine_correction(self, traj: Trajectory, ro: Rollout) -> dict[str, float]:
-        """The engine's log-probs against the trainer's (old_logps, just recomputed): the truncated ratio the loss
-        is weighed by, and its statistics (TRL's `sampling/...` metrics)."""
-        r = self.cfg.rollout
-        traj.sampling_logps = ro.sampling_logps
-        correction = sampling_correction(traj.old_logps, ro.sampling_logps, traj.loss_mask,
-                                         r.vllm_importance_sampling_mode, r.vllm_importance_sampling_clip_min,
-                                         r.vllm_importance_sampling_clip_max)
-        traj.sampling_ratio = correction.ratio
-        return correction.metrics
 
     def score(self, samples, indices, ro: Rollout, step: int):
         """The rollout scored: rewards per component, the loss mask, and advantages, as one Trajectory."""

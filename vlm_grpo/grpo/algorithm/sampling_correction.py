@@ -63,3 +63,13 @@ def sampling_correction(trainer_logps: torch.Tensor, engine_logps: torch.Tensor,
         "sampling/sampling_logp_difference/max": stat(gap, torch.max),
     }
     return SamplingCorrection(ratio=ratio, metrics=metrics)
+
+
+def weigh_by_engine(traj, engine_logps: torch.Tensor, rollout) -> dict[str, float]:
+    """Set the trajectory's engine log-probs and the ratio its loss is weighed by (from the trainer's freshly
+    recomputed `old_logps`, under the `rollout` settings' mode and bounds); the statistics to log."""
+    traj.sampling_logps = engine_logps
+    correction = sampling_correction(traj.old_logps, engine_logps, traj.loss_mask, rollout.vllm_importance_sampling_mode,
+                                     rollout.vllm_importance_sampling_clip_min, rollout.vllm_importance_sampling_clip_max)
+    traj.sampling_ratio = correction.ratio
+    return correction.metrics

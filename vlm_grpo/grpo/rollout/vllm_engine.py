@@ -83,7 +83,7 @@ def check_runnable(adapter, device: torch.device, supported: Iterable[str]) -> N
     if device.type == "cpu" and text_head_dim(adapter.model) < MIN_CPU_HEAD_DIM:
         raise ValueError(f"rollout.engine vllm: {adapter.family}'s attention heads are {text_head_dim(adapter.model)} "
                          f"wide; vLLM's CPU attention needs >= {MIN_CPU_HEAD_DIM} (a tiny twin is 16: use a preset "
-                         "such as preset:qwen2_5_vl_vllm_tiny)")
+                         "made for it: `vlm-grpo families` lists the presets)")
 
 
 # ---------------------------------------------------------------- weights
@@ -126,10 +126,8 @@ def export_model(adapter, directory: str | Path) -> Path:
 
     directory = Path(directory)
     model = _unwrapped(adapter.model)
-    if hasattr(adapter.model, "merge_adapter"):
-        from vlm_grpo.grpo.training.lora import merged_copy
-
-        model = merged_copy(adapter)
+    if hasattr(adapter.model, "merge_and_unload"):  # LoRA: a merged copy (peft's own merge), the policy untouched
+        model = copy.deepcopy(adapter.model).merge_and_unload()
     model = copy.deepcopy(model).to("cpu", torch.float32) if next(model.parameters()).dtype != torch.float32 else model
     model.save_pretrained(directory)
     adapter.processor.save_pretrained(directory)
@@ -304,15 +302,3 @@ class ColocateEngine(VLLMEngine):
     def close(self) -> None:
         self.llm = None
         self._tmp.cleanup()
-
-
-def open_engine(adapter, cfg, device: torch.device, work_dir: str | Path | None = None) -> VLLMEngine:
-    """The engine the settings name; its weights are the policy's from the first rollout on."""
-    if cfg.rollout.vllm_mode == "server":
-        from vlm_grpo.grpo.rollout.vllm_server import ServerEngine
-
-        engine: VLLMEngine = ServerEngine(adapter, cfg)
-        engine.push()  # the server may hold other weights of the same model (another seed): the policy's now
-    else:
-        engine = ColocateEngine(adapter, cfg, device, work_dir)
-    return engine

@@ -18,6 +18,7 @@ from vlm_grpo.grpo.algorithm.losses import LossConfig
 from vlm_grpo.grpo.distributed.fsdp import MODES as FSDP_MODES
 from vlm_grpo.grpo.settings.fields import SettingError, check_fields, setting
 from vlm_grpo.grpo.settings.model import LoraSettings, ModelConfig
+from vlm_grpo.grpo.settings.rollout import RolloutConfig
 from vlm_grpo.grpo.training.freeze import FREEZE_PRESETS
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")  # accelerate's trackers; each is the package it needs
@@ -92,57 +93,6 @@ class GenerationConfig:
         check_fields(self)
         if self.min_new_tokens > self.max_new_tokens:
             raise SettingError("min_new_tokens", f"{self.min_new_tokens} is above max_new_tokens ({self.max_new_tokens})")
-
-
-ENGINES = ("transformers", "vllm")
-VLLM_MODES = ("colocate", "server")
-IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL 1.16's
-
-
-@dataclass
-class RolloutConfig:
-    """What generates the completions: the policy's own generate() (transformers), or vLLM (rollout/vllm_engine.py),
-    in this process (colocate) or in a `vlm-grpo vllm-serve` server. The vllm_* names are TRL's (GRPOConfig)."""
-
-    engine: str = setting("transformers", help="transformers: the policy's generate() (shared prefix and image "
-                          "features); vllm: vLLM samples, the trainer recomputes the log-probs (TRL: use_vllm)",
-                          choices=ENGINES)
-    vllm_mode: str = setting("colocate", help="vLLM in this process (colocate), or a `vlm-grpo vllm-serve` server",
-                             choices=VLLM_MODES)
-    vllm_sync_steps: int = setting(1, help="push the policy's weights to vLLM every N optimizer steps (LoRA merged "
-                                   "first); 1: after every step, as TRL", at_least=1)
-    vllm_gpu_memory_utilization: float = setting(0.3, help="colocate on a GPU: share of its memory vLLM takes",
-                                                 above=0.0, at_most=1.0)
-    vllm_cpu_kvcache_gb: float = setting(1.0, help="colocate on a CPU: GiB of KV cache (VLLM_CPU_KVCACHE_SPACE)",
-                                         above=0.0)
-    vllm_max_model_length: int | None = setting(None, help="vLLM's context length (None: the model's, at most "
-                                                "4096)", at_least=16)
-    vllm_tensor_parallel_size: int = setting(1, help="vLLM processes per engine (one here)", at_least=1, at_most=1)
-    vllm_server_base_url: str | None = setting(None, help="server mode: the server's URL (None: from host and port)")
-    vllm_server_host: str = setting("127.0.0.1", help="server mode: the server's host")
-    vllm_server_port: int = setting(8000, help="server mode: the server's port", at_least=1, at_most=65535)
-    vllm_server_timeout: float = setting(240.0, help="server mode: seconds to wait for the server to answer",
-                                         above=0.0)
-    vllm_importance_sampling_correction: bool = setting(True, help="weigh each token's loss by the truncated "
-                                                        "ratio of trainer to vLLM probabilities (TRL's default)")
-    vllm_importance_sampling_mode: str = setting("sequence_mask", help="per token or per sequence; truncate "
-                                                 "(clip the ratio) or mask (zero it outside the bounds)",
-                                                 choices=IS_MODES)
-    vllm_importance_sampling_clip_max: float | None = setting(3.0, help="the ratio's upper bound (None: none)",
-                                                              above=0.0)
-    vllm_importance_sampling_clip_min: float | None = setting(None, help="the ratio's lower bound (None: none)",
-                                                              at_least=0.0)
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
-        if low is not None and high is not None and low > high:
-            raise SettingError("vllm_importance_sampling_clip_min", f"{low} is above vllm_importance_sampling_clip_max "
-                               f"({high})")
-
-    @property
-    def uses_vllm(self) -> bool:
-        return self.engine == "vllm"
 
 
 @dataclass
