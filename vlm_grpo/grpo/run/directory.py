@@ -19,12 +19,14 @@ from vlm_grpo.grpo.run.checkpoints import complete_checkpoints
 from vlm_grpo.grpo.run.lock import RunLock
 from vlm_grpo.grpo.run.logs import METRICS
 from vlm_grpo.grpo.settings.fields import SettingError
-from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT
+from vlm_grpo.grpo.run.completion_files import COMPLETIONS_DIR
+from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT, TRACKIO_FOLDER
 
 SCRATCH_DIRS = ("runs/latest", "runs/sft-latest")
-RUN_FILES = ("metrics.jsonl", "completions.jsonl", "config.yaml", "before-after.txt", ".write-test")
+RUN_FILES = ("metrics.jsonl", "completions.jsonl", "config.yaml", "before-after.txt", ".write-test", "report.html")
 RUN_GLOBS = ("checkpoint-*", ".tmp-checkpoint-*", ".old-checkpoint-*", "final", ".tmp-final", "eval-*.json", "plots",
-             TRACKER_PROJECT)  # the tracker logs' default project folder
+             TRACKER_PROJECT,  # the tracker logs' default project folder
+             COMPLETIONS_DIR, TRACKIO_FOLDER)  # the per-step completions and their images; trackio's files
 LEFTOVER_GLOBS = (".tmp-checkpoint-*", ".tmp-final")  # written, then renamed: never complete under these names
 
 

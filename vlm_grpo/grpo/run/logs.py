@@ -1,10 +1,13 @@
-"""The run directory's logs: metrics.jsonl (one line per step) and completions.jsonl (one per completion)."""
+"""The run directory's logs: metrics.jsonl (one line per step) and completions.jsonl (one per completion; the same rows
+per step as parquet under completions/, grpo/run/completion_files.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
+
+from vlm_grpo.grpo.run.completion_files import remove_after
 
 METRICS = "metrics.jsonl"
 COMPLETIONS = "completions.jsonl"
@@ -36,6 +39,7 @@ class RunLog:
                 # rewritten only when a line goes or the last one lacks its newline (completions.jsonl can be large)
                 if len(kept) < len(lines) or not text.endswith("\n"):
                     path.write_text("".join(line + "\n" for line in kept))
+        remove_after(self.run_dir, step)  # the per-step parquet files of the steps redone
         return dropped
 
     def _append(self, name: str, rows: list[dict[str, Any]]) -> None:
