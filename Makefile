@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test clean
+.PHONY: demo test test-browser clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,7 +30,14 @@ demo: $(STAMP)
 # One test process per core (2 here), one torch thread each; a test file runs whole on one process (its fixed
 # launch ports and fixtures stay together).
 test: $(REAL_STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not browser"
+
+# Opt-in: report.html in headless Chromium (images load, charts drawn, filters work); writes docs/images/report.png.
+# Chromium and its driver come from the system's package registry, selenium from PyPI.
+test-browser: $(STAMP)
+	apt-get update && apt-get install -y chromium chromium-driver
+	$(BIN)/python -m pip install -q -e '.[dev,browser]'
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m browser tests/browser
 
 clean:
 	rm -rf $(VENV)

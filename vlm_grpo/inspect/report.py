@@ -177,6 +177,11 @@ def _fmt(v: Any) -> str:
     return "–" if not math.isfinite(x) else f"{x:+.3f}"
 
 
+def _tail(prompt: str, n: int = 90) -> str:
+    """The prompt's end, on one line: where the question usually is."""
+    return " ⏎ ".join(prompt.strip().splitlines())[-n:]
+
+
 def _group_html(g: Group, pictures: Pictures, components: list[str], tag: str = "") -> str:
     first = g.rows[0]
     pics = []
@@ -205,7 +210,7 @@ def _group_html(g: Group, pictures: Pictures, components: list[str], tag: str = 
         f'<div class="group-head">{tag}<b>step {g.step}</b> · sample {_e(first.get("sample_index"))} · '
         f"mean reward {_fmt(g.mean_reward)} · {len(g.rows)} completions</div>"
         f'<div class="group-body"><div class="pictures">{pictures_html}</div><div class="answers">'
-        f"<details><summary>prompt</summary><pre>{_e(prompt)}</pre></details>"
+        f"<details><summary>prompt: …{_e(_tail(prompt))}</summary><pre>{_e(prompt)}</pre></details>"
         f'<table><tr><th>completion</th><th>reward</th>{head}<th>advantage</th></tr>{"".join(body)}</table>'
         "</div></div></div>")
 
