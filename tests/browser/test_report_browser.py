@@ -82,10 +82,12 @@ def test_report_opens_offline_with_images_charts_and_working_filters(report, bro
     # charts: inline SVGs laid out at size, with their lines drawn
     charts = browser.execute_script(
         "return Array.from(document.querySelectorAll('svg.chart-svg')).map(s => { const b = s.getBoundingClientRect();"
-        " return [s.dataset.chart, b.width, b.height, s.querySelectorAll('path').length]; });")
-    names = {c[0] for c in charts}
-    assert {"reward", "reward_components", "kl", "completion_length"} <= names
-    assert all(w > 200 and h > 100 and paths > 5 for _, w, h, paths in charts)
+        " const lines = Array.from(s.querySelectorAll('path.series')).map(p => p.getTotalLength());"
+        " return [s.dataset.chart, b.width, b.height, lines]; });")
+    drawn = {name: lines for name, w, h, lines in charts if w > 200 and h > 100 and lines}
+    assert {"reward", "reward_components", "accuracy", "kl", "completion_length"} <= set(drawn)
+    assert len(drawn) == len(charts) and drawn["reward"][0] > 100  # the reward curve runs across its chart
+    assert len(drawn["reward_components"]) == 3
 
     # nothing was fetched from anywhere
     fetched = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name);")

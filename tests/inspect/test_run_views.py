@@ -134,7 +134,9 @@ def test_report_written_at_the_end_is_one_offline_file(run):
     assert "default-src 'none'" in page
     for section in ("curves", "best-worst", "completions", "attention", "settings", "versions"):
         assert f"id='{section}'" in page
-    assert page.count('class="chart-svg"') >= 8 and "<path" in page
+    for chart in ("reward", "reward_components", "accuracy", "completion_length", "image_reliance", "guard_trips"):
+        assert f'data-chart="{chart}"' in page
+    assert page.count('<path class="series"') >= 10
     images = re.findall(r'<img class="prompt-image" src="data:image/png;base64,([^"]+)"', page)
     assert images and all(Image.open(__import__("io").BytesIO(__import__("base64").b64decode(b))).size == (56, 56)
                           for b in set(images))
@@ -230,3 +232,20 @@ def test_trackers_get_text_only_tables_without_log_multimodal_and_mlflow_artifac
     log_completion_tables([_Tracker("mlflow")], 3, rows, tmp_path)
     assert calls[0] == ("artifact", str(tmp_path / rows[0]["images"][0]), "completions/images")
     assert calls[1][1]["images"] == [rows[0]["images"]]
+
+
+def test_svg_chart_scales_points_into_its_frame():
+    from vlm_grpo.inspect.svg_charts import HEIGHT, LEFT, TOP, WIDTH, line_chart, nice_ticks
+
+    assert nice_ticks(0.0, 1.0) == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    assert nice_ticks(3.0, 97.0) == pytest.approx([20.0, 40.0, 60.0, 80.0])
+    svg = line_chart("r", "R <1>", [("a", [1, 2, 3], [0.0, 0.5, 1.0]), ("b", [1, 2, 3], [1e-3, 1e-2, 1e-1])], "y")
+    assert svg.startswith('<svg class="chart-svg" data-chart="r"') and "R &lt;1&gt;" in svg
+    d = re.search(r'<path class="series" d="M([\d.]+) ([\d.]+)L', svg)
+    x, y = float(d.group(1)), float(d.group(2))
+    assert x == pytest.approx(LEFT) and TOP < y < HEIGHT  # the first step at the left edge, inside the frame
+    xs = [float(v) for v in re.findall(r'cx="([\d.]+)"', svg)]
+    assert len(xs) == 6 and max(xs) <= WIDTH
+    log = line_chart("kl", "KL", [("kl", [1, 2], [1e-4, 1e-2])], "KL", log=True)
+    assert "(log)" in log and 'class="series"' in log
+    assert 'class="series"' not in line_chart("kl", "KL", [("kl", [1], [0.0])], log=True)  # nothing positive to draw

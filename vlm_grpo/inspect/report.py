@@ -1,12 +1,12 @@
 """One self-contained HTML page per run (`vlm-grpo report RUN_DIR` -> RUN_DIR/report.html): what the policy answered
 for which image, next to the curves.
 
-The page holds everything it shows (images as data URIs, charts as inline SVG drawn by the same chart list as
-`vlm-grpo plot`, a few lines of inline script for the filters) and loads nothing from anywhere, so it opens offline
+The page holds everything it shows (images as data URIs, charts as inline SVG, a few lines of inline script for
+the filters) and loads nothing from anywhere, so it opens offline
 and can be mailed or archived as one file. It stays light by sampling what it shows: at most MAX_STEPS logged steps
 (evenly spaced, the first and the last included), MAX_GROUPS prompts per step (flagged ones first, then those whose
 completions disagree most), completions cut at COMPLETION_CHARS, images shrunk to THUMB_SIDE pixels and no more than
-IMAGE_BUDGET bytes of them. Sections: curves; best and worst groups (mean reward over the run); completions by step,
+IMAGE_BUDGET bytes of them. Sections: curves (svg_charts.py); best and worst groups (mean reward over the run); completions by step,
 grouped by prompt with the prompt's images, each completion's rewards and advantage, the flagged ones marked;
 attention heatmaps found in the run directory; settings and versions.
 """
@@ -27,7 +27,8 @@ from typing import Any, Iterable
 from PIL import Image
 
 from vlm_grpo.grpo.run.completion_files import write_atomic
-from vlm_grpo.inspect.plots import RunData, charts
+from vlm_grpo.inspect.plots import RunData, accuracy_per_step
+from vlm_grpo.inspect.svg_charts import line_chart
 
 REPORT = "report.html"
 MAX_STEPS = 12
@@ -139,28 +140,62 @@ class Pictures:
         return uri
 
 
+# The report's curves: (name, title, [(metric, label)], y label, log scale); charts whose metrics were never logged
+# are left out. The same metrics as `vlm-grpo plot`'s charts, drawn by svg_charts.py.
+CURVES = (
+    ("reward", "Reward (total)", [("reward", "reward")], "mean reward", False),
+    ("reward_components", "Reward components", None, "mean reward", False),  # None: every rewards/<name>
+    ("kl", "KL to reference", [("kl", "kl")], "KL", True),
+    ("completion_length", "Completion length", [("completion_length", "length")], "tokens", False),
+    ("heldout_accuracy", "Held-out accuracy (greedy)", [("eval/accuracy", "held-out")], "accuracy", False),
+    ("image_reliance", "Image reliance (log-prob with - without the image)",
+     [("grounding/image_reliance", "vs a blank image"), ("grounding/image_reliance_swap", "vs another image")],
+     "nats / token", False),
+    ("attention_to_image", "Attention of answer tokens to the image", [("grounding/attention_to_image", "share")],
+     "share", False),
+    ("hacking_signs", "Signs of reward hacking",
+     [("guards/identical_groups", "identical groups"), ("guards/enumeration", "answers listed"),
+      ("guards/at_length_limit", "at the length limit")], "share of completions", False),
+    ("guard_trips", "Guard trips (cumulative steps)", "guards/trips/", "steps", False),  # a prefix: every such metric
+    ("entropy", "Policy entropy", [("entropy", "entropy")], "nats / token", False),
+    ("clip_fraction", "Clip fraction", [("clip_ratio/region_mean", "any"), ("clip_ratio/low_mean", "low"),
+                                        ("clip_ratio/high_mean", "high")], "fraction of tokens", False),
+    ("frac_reward_zero_std", "Groups with no signal", [("frac_reward_zero_std", "zero-std groups")], "fraction", False),
+    ("loss", "Training loss", [("loss", "loss")], "loss", False),
+    ("tool_use", "Tool use (per completion)", [("tools/call_frequency", "calls"), ("tools/turns", "model turns")],
+     "per completion", False),
+)
+
+
 def chart_svgs(data: RunData) -> list[tuple[str, str]]:
-    """(title, inline SVG) of every chart the run's logs fill (inspect/plots.py's list), text kept as text."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """(title, inline SVG) of every curve the run's logs fill, the accuracy (logged, or the share of completions whose
+    accuracy reward is above 0) after the reward components."""
     out = []
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "vlm-grpo-report"}):
-        for chart in charts(data):
-            fig, ax = plt.subplots(figsize=(4.6, 2.9))
-            try:
-                chart.draw(ax)
-                fig.tight_layout()
-                buf = io.StringIO()
-                fig.savefig(buf, format="svg")
-            finally:
-                plt.close(fig)
-            svg = buf.getvalue()
-            svg = svg[svg.index("<svg"):]  # no XML prolog or doctype inside the page
-            out.append((chart.title, svg.replace("<svg ", f'<svg class="chart-svg" data-chart="{chart.name}" ', 1)))
+    keys_logged = list(dict.fromkeys(k for row in data.metrics for k in row))
+    for name, title, keys, ylabel, log in CURVES:
+        if keys is None:
+            keys = [(f"rewards/{c}", c) for c in data.reward_components()]
+        elif isinstance(keys, str):
+            keys = [(k, k[len(keys):]) for k in keys_logged if k.startswith(keys)]
+        series = [(label, *data.series(key)) for key, label in keys if data.has(key)]
+        if series:
+            out.append((title, line_chart(name, title, series, ylabel, log)))
+        if name == "reward_components":
+            accuracy = _accuracy_series(data)
+            if accuracy is not None:
+                out.append(("Accuracy", line_chart("accuracy", "Accuracy", [accuracy], "accuracy")))
     return out
+
+
+def _accuracy_series(data: RunData):
+    if data.has("accuracy"):
+        return ("accuracy", *data.series("accuracy"))
+    component = data.accuracy_component()
+    if component and data.completions:
+        steps, values = accuracy_per_step(data, component)
+        if len(steps):
+            return (f"{component} > 0", steps, values)
+    return None
 
 
 # ---------------------------------------------------------------- html pieces
