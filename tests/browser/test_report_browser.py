@@ -112,7 +112,8 @@ def test_report_opens_offline_with_images_charts_and_working_filters(report, bro
 
     # a screenshot for the README: the filter bar over the last step's best groups, with their images
     _set(browser, "reward-filter", browser.find_element("id", "reward-filter").get_attribute("min"))
-    browser.execute_script("document.getElementById('best-worst').scrollIntoView(); window.scrollBy(0, -60);")
+    browser.set_window_size(1280, 1100)  # the last curves, then the best groups with their images
+    browser.execute_script("document.getElementById('best-worst').scrollIntoView(); window.scrollBy(0, -330);")
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(SCREENSHOT))
     from PIL import Image

@@ -249,3 +249,14 @@ def test_svg_chart_scales_points_into_its_frame():
     log = line_chart("kl", "KL", [("kl", [1, 2], [1e-4, 1e-2])], "KL", log=True)
     assert "(log)" in log and 'class="series"' in log
     assert 'class="series"' not in line_chart("kl", "KL", [("kl", [1], [0.0])], log=True)  # nothing positive to draw
+
+
+def test_report_of_a_run_without_completions_and_trl_spelled_settings(tmp_path):
+    from vlm_grpo.grpo.settings.sources import load_config
+
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in (1, 2)))
+    page = (rp.write_report(tmp_path)).read_text()
+    assert "no completions logged" in page and 'data-chart="loss"' in page and "config.yaml not found" in page
+    cfg = load_config(overrides=["--log_multimodal", "false", "--log-completions", "true", "--report_to", "trackio"])
+    assert (cfg.logging.log_multimodal, cfg.logging.log_completions, cfg.logging.report_to) == (False, True, ["trackio"])
+    assert cfg.logging.report is True
