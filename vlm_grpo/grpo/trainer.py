@@ -26,8 +26,8 @@ from vlm_grpo.grpo.logprobs.completions import group_scores
 from vlm_grpo.grpo.rewards.inputs import RewardInputs, trainer_state
 from vlm_grpo.grpo.rewards.scoring import nan_mean, nan_std, score
 from vlm_grpo.grpo.rollout.sampling import Rollout, encode, rollout
-from vlm_grpo.grpo.run.completion_files import attach_media, prompt_media, write_step_parquet
 from vlm_grpo.grpo.rollout.turns import ToolRollout, loggable_messages
+from vlm_grpo.grpo.run.completion_files import attach_media, prompt_media, write_step_parquet
 from vlm_grpo.grpo.settings.sections import TrainConfig
 from vlm_grpo.grpo.tools.chat_format import ChatFormat
 from vlm_grpo.grpo.tools.toolset import run_toolset
@@ -357,7 +357,8 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
             )
         rows = self._gather_rows(rows)
         if self.cfg.logging.log_multimodal:  # the pictures travel to the main process, which saves them
-            media = self._gather_rows([{"process": process, "group": k, **prompt_media(s)} for k, s in enumerate(samples)])
+            media = [{"process": process, "group": k, **prompt_media(s)} for k, s in enumerate(samples)]
+            media = self._gather_rows(media)
             if self.is_main:
                 rows = attach_media(self.run_dir, rows, media)
         if self.is_main:
