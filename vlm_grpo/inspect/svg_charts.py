@@ -1,7 +1,6 @@
-"""Line charts as small inline SVG text, for report.html: a run's curves in a few milliseconds each (matplotlib takes
-a quarter of a second per chart, which every train command would pay for its report) and a few kilobytes, with no
-script and nothing to load. Raw values are points, the trend a smoothed line (inspect/plots.py's `smooth`), as in
-the PNG charts."""
+"""A run's curves as small inline SVG, for report.html: a few milliseconds and kilobytes per chart (matplotlib takes
+a quarter of a second per chart, which every train command would pay for its report), no script, nothing to load.
+Raw values are points, the trend a smoothed line (inspect/plots.py's `smooth`), as in the PNG charts."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from vlm_grpo.inspect.plots import PALETTE, smooth
+from vlm_grpo.inspect.plots import PALETTE, RunData, accuracy_per_step, smooth
 
 WIDTH, HEIGHT = 340, 210
 LEFT, RIGHT, TOP, BOTTOM = 56, 10, 26, 34
@@ -91,3 +90,61 @@ def line_chart(name: str, title: str, series: Sequence[tuple[str, np.ndarray, np
                        f"{html.escape(label)}</text>")
     out.append("</svg>")
     return "".join(out)
+
+
+# The report's curves: (name, title, [(metric, label)], y label, log scale); charts whose metrics were never logged
+# are left out. The same metrics as `vlm-grpo plot`'s charts, drawn by svg_charts.py.
+CURVES = (
+    ("reward", "Reward (total)", [("reward", "reward")], "mean reward", False),
+    ("reward_components", "Reward components", None, "mean reward", False),  # None: every rewards/<name>
+    ("kl", "KL to reference", [("kl", "kl")], "KL", True),
+    ("completion_length", "Completion length", [("completion_length", "length")], "tokens", False),
+    ("heldout_accuracy", "Held-out accuracy (greedy)", [("eval/accuracy", "held-out")], "accuracy", False),
+    ("image_reliance", "Image reliance (log-prob with - without the image)",
+     [("grounding/image_reliance", "vs a blank image"), ("grounding/image_reliance_swap", "vs another image")],
+     "nats / token", False),
+    ("attention_to_image", "Attention of answer tokens to the image", [("grounding/attention_to_image", "share")],
+     "share", False),
+    ("hacking_signs", "Signs of reward hacking",
+     [("guards/identical_groups", "identical groups"), ("guards/enumeration", "answers listed"),
+      ("guards/at_length_limit", "at the length limit")], "share of completions", False),
+    ("guard_trips", "Guard trips (cumulative steps)", "guards/trips/", "steps", False),  # a prefix: every such metric
+    ("entropy", "Policy entropy", [("entropy", "entropy")], "nats / token", False),
+    ("clip_fraction", "Clip fraction", [("clip_ratio/region_mean", "any"), ("clip_ratio/low_mean", "low"),
+                                        ("clip_ratio/high_mean", "high")], "fraction of tokens", False),
+    ("frac_reward_zero_std", "Groups with no signal", [("frac_reward_zero_std", "zero-std groups")], "fraction", False),
+    ("loss", "Training loss", [("loss", "loss")], "loss", False),
+    ("tool_use", "Tool use (per completion)", [("tools/call_frequency", "calls"), ("tools/turns", "model turns")],
+     "per completion", False),
+)
+
+
+def chart_svgs(data: RunData) -> list[tuple[str, str]]:
+    """(title, inline SVG) of every curve the run's logs fill, the accuracy (logged, or the share of completions whose
+    accuracy reward is above 0) after the reward components."""
+    out = []
+    keys_logged = list(dict.fromkeys(k for row in data.metrics for k in row))
+    for name, title, keys, ylabel, log in CURVES:
+        if keys is None:
+            keys = [(f"rewards/{c}", c) for c in data.reward_components()]
+        elif isinstance(keys, str):
+            keys = [(k, k[len(keys):]) for k in keys_logged if k.startswith(keys)]
+        series = [(label, *data.series(key)) for key, label in keys if data.has(key)]
+        if series:
+            out.append((title, line_chart(name, title, series, ylabel, log)))
+        if name == "reward_components":
+            accuracy = _accuracy_series(data)
+            if accuracy is not None:
+                out.append(("Accuracy", line_chart("accuracy", "Accuracy", [accuracy], "accuracy")))
+    return out
+
+
+def _accuracy_series(data: RunData):
+    if data.has("accuracy"):
+        return ("accuracy", *data.series("accuracy"))
+    component = data.accuracy_component()
+    if component and data.completions:
+        steps, values = accuracy_per_step(data, component)
+        if len(steps):
+            return (f"{component} > 0", steps, values)
+    return None
