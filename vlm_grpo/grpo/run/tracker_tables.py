@@ -25,16 +25,16 @@ TEXT_CHARS = 400  # a prompt or completion longer than this is cut in tensorboar
 
 def tracker_table(rows: Sequence[dict[str, Any]], image: Callable[[Path], Any] | None) -> tuple[list[str], list[list]]:
     """(columns, data) of one step: the flat columns of the parquet file with flags joined, the picture paths
-    replaced by `image(path)` objects of the tracker (no picture columns when `image` is None)."""
+    replaced by lists of `image(path)` objects of the tracker under `image` and `video_frames` (TRL's column name;
+    a picture column only when some row has such pictures, none when `image` is None)."""
     flat = table_rows(rows)
     columns = [c for c in dict.fromkeys(k for row in flat for k in row) if c not in ("images", "video_frames")]
+    kinds = [k for k in ("images", "video_frames") if image is not None and any(row[k] for row in flat)]
     data = []
     for row in flat:
         cells = [", ".join(row[c]) if c == "flags" else row.get(c) for c in columns]
-        if image is not None:
-            cells += [[image(p) for p in row["images"]], [image(p) for p in row["video_frames"]]]
-        data.append(cells)
-    return columns + (["image", "video_frames"] if image is not None else []), data
+        data.append(cells + [[image(p) for p in row[kind]] for kind in kinds])
+    return columns + [{"images": "image"}.get(k, k) for k in kinds], data
 
 
 def _log_table(module_name: str):
