@@ -151,7 +151,6 @@ def test_report_command_writes_where_asked(run, tmp_path, capsys):
     from vlm_grpo.cli import main
 
     out = tmp_path / "r.html"
-    Image.new("RGB", (64, 32), (200, 0, 0)).save(tmp_path / "attention.png")
     assert main(["report", str(run.dir), "--out", str(out)]) == 0
     assert str(out) in capsys.readouterr().out and out.read_text().startswith("<!DOCTYPE html>")
     with pytest.raises(FileNotFoundError):
@@ -257,6 +256,11 @@ def test_report_of_a_run_without_completions_and_trl_spelled_settings(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in (1, 2)))
     page = (rp.write_report(tmp_path)).read_text()
     assert "no completions logged" in page and 'data-chart="loss"' in page and "config.yaml not found" in page
+    assert '<img class="attention-image"' not in page
+    (tmp_path / "attention").mkdir()
+    Image.new("RGB", (64, 32), (200, 0, 0)).save(tmp_path / "attention" / "heatmap.png")  # vlm-grpo attention --out
+    page = (rp.write_report(tmp_path)).read_text()
+    assert '<img class="attention-image" src="data:image/png;base64,' in page and "attention/heatmap.png" in page
     cfg = load_config(overrides=["--log_multimodal", "false", "--log-completions", "true", "--report_to", "trackio"])
     assert (cfg.logging.log_multimodal, cfg.logging.log_completions, cfg.logging.report_to) == (False, True, ["trackio"])
     assert cfg.logging.report is True

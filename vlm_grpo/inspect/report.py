@@ -38,7 +38,7 @@ COMPLETION_CHARS = 700
 PROMPT_CHARS = 1500
 THUMB_SIDE = 256
 IMAGE_BUDGET = 5_000_000  # bytes of inlined images; past it an image is named, not shown
-ATTENTION_GLOBS = ("attention*.png", "attention/**/*.png", "plots/attention*.png")
+ATTENTION_GLOBS = ("attention*.png", "attention/**/*.png")  # `vlm-grpo attention --out` pictures kept with the run
 PACKAGES = ("vlm-grpo", "torch", "transformers", "accelerate", "peft", "trl", "datasets")
 
 
