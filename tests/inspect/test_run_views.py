@@ -4,14 +4,14 @@ in the run directory and wandb writes only under the test's folder) serves every
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import os
 import re
-import sqlite3
 import subprocess
 import sys
 import types
-from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -58,13 +58,17 @@ def test_completions_log_holds_each_prompts_images_saved_inside_the_run(run):
 
 
 def test_trackio_project_in_the_run_dir_holds_the_completions_table_with_images(run):
-    db = run.dir / "trackio" / "vlm-grpo.db"
-    assert db.is_file() and f"TRACKIO_DIR={run.dir.resolve() / 'trackio'}" in run.out  # the dashboard's command
-    with sqlite3.connect(db) as con:
-        logged = [(step, json.loads(m)) for step, m in con.execute("select step, metrics from metrics")]
+    assert f"TRACKIO_DIR={run.dir.resolve() / 'trackio'}" in run.out  # the dashboard's command
+    # read as trackio's dashboard reads it: its own storage, pointed at the run's folder
+    reader = ("import json; from trackio.sqlite_storage import SQLiteStorage as S; (name,) = S.get_runs('vlm-grpo'); "
+              "print(json.dumps([[log['step'], {k: v for k, v in log.items() if k not in ('step', 'timestamp')}] "
+              "for log in S.get_logs('vlm-grpo', name)]))")
+    env = {**os.environ, "TRACKIO_DIR": str(run.dir / "trackio")}
+    logged = json.loads(subprocess.run([sys.executable, "-c", reader], env=env, capture_output=True, text=True,
+                                       check=True, timeout=120).stdout)
     tables = {step: m["completions"]["_value"] for step, m in logged if "completions" in m}
     assert sorted(tables) == [1, 2]
-    assert any("reward" in m for _, m in logged) and not any("step" in m for _, m in logged)
+    assert any("reward" in m for _, m in logged) and not any("__step" in m for _, m in logged)  # no clash with its step
     for step, table in tables.items():
         assert len(table) == 8
         for row, logged_row in zip(table, [r for r in run.rows if r["step"] == step]):
@@ -138,7 +142,7 @@ def test_report_written_at_the_end_is_one_offline_file(run):
         assert f'data-chart="{chart}"' in page
     assert page.count('<path class="series"') >= 10
     images = re.findall(r'<img class="prompt-image" src="data:image/png;base64,([^"]+)"', page)
-    assert images and all(Image.open(__import__("io").BytesIO(__import__("base64").b64decode(b))).size == (56, 56)
+    assert images and all(Image.open(io.BytesIO(base64.b64decode(b))).size == (56, 56)
                           for b in set(images))
     rows = re.findall(r'<tr class="completion[^"]*" data-step="(\d+)"', page)
     assert {"1", "2"} == set(rows)
