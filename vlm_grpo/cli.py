@@ -31,6 +31,7 @@ from vlm_grpo.commands import (
     families,
     generate,
     plot,
+    report,
     sft,
     train,
     verify,
@@ -42,8 +43,8 @@ from vlm_grpo.grpo.settings.fields import SettingError
 
 FAILED, REFUSED = 1, 2
 COMMANDS = (
-    train, sft, eval, check, check_cache, audit_rewards, plot, attention, completions, generate, compose, convert_gguf,
-    families, demo, bench, verify, env, vllm_serve,
+    train, sft, eval, check, check_cache, audit_rewards, plot, report, attention, completions, generate, compose,
+    convert_gguf, families, demo, bench, verify, env, vllm_serve,
 )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from vlm_grpo.adapters.registry import families
+from vlm_grpo.grpo.run.logs import read_jsonl
 from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.grpo.trainer import GRPOTrainer
 
@@ -33,6 +34,8 @@ def test_two_grpo_steps_on_video(family, tmp_path):
     for m in history:  # each step's 2 clips, encoded once for all 2 x 2 completions and log-prob forwards
         assert m["perf/vision_calls"] == 1 and m["perf/vision_images"] == 2 * per_video, m
     assert (tmp_path / "final" / "config.json").is_file()
+    rows = read_jsonl(tmp_path / "completions.jsonl")  # each clip's frames logged with its completions (log_multimodal)
+    assert all(len(r["video_frames"]) == FRAMES and (tmp_path / r["video_frames"][0]).is_file() for r in rows)
 
 
 @pytest.mark.parametrize("family", ALL_FAMILIES)
@@ -42,3 +45,5 @@ def test_rows_with_one_two_and_four_images_train_together(family, tmp_path):
     assert [m["step"] for m in history] == [1, 2]
     assert {"rewards/correctness", "rewards/format"} <= set(history[0])
     assert all(m["perf/vision_calls"] == 1 for m in history)  # 7 images of 3 prompts, one encoder call a step
+    rows = read_jsonl(tmp_path / "completions.jsonl")  # each prompt's images logged with its completions
+    assert sorted({len(r["images"]) for r in rows}) == [1, 2, 4]

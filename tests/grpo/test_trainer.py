@@ -153,6 +153,12 @@ def test_two_processes_keep_groups_whole(tmp_path):
     for key, procs in groups.items():
         assert len(procs) == 4 and len(set(procs)) == 1, (key, procs)
     assert len(read_jsonl(tmp_path / "metrics.jsonl")) == 2
+    # every process's prompt images reach the main process, which saves them and writes the step's parquet
+    assert all(len(r["images"]) == 1 and (tmp_path / r["images"][0]).is_file() for r in rows)
+    import pyarrow.parquet as pq
+
+    step2 = pq.read_table(tmp_path / "completions" / "completions_00002.parquet").to_pylist()
+    assert [r["images"] for r in step2] == [r["images"] for r in rows if r["step"] == 2]
 
 
 def test_unknown_recipe_and_bad_settings_are_clear(tmp_path):

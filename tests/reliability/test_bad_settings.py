@@ -25,7 +25,7 @@ BAD = {
     "--temperature 0": "'generation.temperature': 0.0 is out of range: it must be > 0.0",
     "--batch-size 2 --gradient-accumulation-steps 3": "'gradient_accumulation_steps': 3 does not divide data.batch_size",
     "--mixed-precision fp8": "'mixed_precision': 'fp8' is not one of no, bf16, fp16",
-    "--report-to neptune": "'logging.report_to': 'neptune' is not one of tensorboard, wandb, mlflow",
+    "--report-to neptune": "'logging.report_to': 'neptune' is not one of tensorboard, wandb, mlflow, trackio",
     "--per_device_train_batch_size 8": "TRL's per_device_train_batch_size has no same-meaning setting here",
     "--num_train_epochs 1": "runs are counted in steps: set max_steps",
     "--loss.max_completion_length 5": "'loss.max_completion_length': cannot be set: it is generation.max_new_tokens",

@@ -28,6 +28,7 @@ from vlm_grpo.grpo.rewards.inputs import RewardInputs, trainer_state
 from vlm_grpo.grpo.rewards.scoring import nan_mean, nan_std, score
 from vlm_grpo.grpo.rollout.sampling import Rollout, encode, rollout
 from vlm_grpo.grpo.rollout.turns import ToolRollout, loggable_messages
+from vlm_grpo.grpo.run.completion_files import attach_media, prompt_media, write_step_parquet
 from vlm_grpo.grpo.settings.sections import TrainConfig
 from vlm_grpo.grpo.tools.chat_format import ChatFormat
 from vlm_grpo.grpo.tools.toolset import final_message_rewards, run_toolset
@@ -161,7 +162,7 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
         })
         metrics.update(self.watch.step(step, samples, traj))  # after the update: guards read, never change, the step
         metrics.update(step=step + 1, step_time=time.perf_counter() - started)
-        self._log_completions(step + 1, traj)
+        self._log_completions(step + 1, traj, samples)
         return metrics
 
     def sample(self, samples) -> tuple[Rollout, Any]:
@@ -357,17 +358,20 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
             "perf/decode_tokens": traj.stats["decode_tokens"],
         }
 
-    def _log_completions(self, step: int, traj: Trajectory) -> None:
+    def _log_completions(self, step: int, traj: Trajectory, samples) -> None:
+        """completions.jsonl, completions/completions_NNNNN.parquet and the trackers' tables; with log_multimodal, each
+        prompt's images and video frames saved under completions/images/ and referenced from its rows."""
         if not self.cfg.logging.log_completions:
             return
-        g = traj.num_generations
+        g, process = traj.num_generations, self.accelerator.process_index
         advantages = traj.advantages if traj.advantages.dim() == 1 else _row_means(traj.advantages, traj.loss_mask)
         rows = []
         for i, text in enumerate(traj.completions):
             rows.append(
                 {
                     "step": step,
-                    "process": self.accelerator.process_index,
+                    "process": process,
+                    "group": i // g,
                     "sample_index": traj.sample_indices[i // g],
                     "prompt": traj.prompt_texts[i // g],
                     "completion": text,
@@ -379,7 +383,16 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
                     **({"turns": loggable_messages(traj.conversations[i])} if traj.conversations else {}),
                 }
             )
-        self.log.completions(self._gather_rows(rows))
+        rows = self._gather_rows(rows)
+        if self.cfg.logging.log_multimodal:  # the pictures travel to the main process, which saves them
+            media = [{"process": process, "group": k, **prompt_media(s)} for k, s in enumerate(samples)]
+            media = self._gather_rows(media)
+            if self.is_main:
+                rows = attach_media(self.run_dir, rows, media)
+        if self.is_main:
+            write_step_parquet(self.run_dir, step, rows)
+        self.log.completions(rows)
+        self.track_completions(rows, step)
 
     def _gather_rows(self, rows: list[dict]) -> list[dict]:
         if self.accelerator.num_processes == 1:

@@ -28,13 +28,15 @@ from vlm_grpo.grpo.run.lock import LOCK_FILE, RunLock
 from vlm_grpo.grpo.run.logs import METRICS
 from vlm_grpo.grpo.run.safe_files import CREATED_LIST, STAGING_PREFIX, CreatedFiles
 from vlm_grpo.grpo.settings.fields import SettingError
-from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT
+from vlm_grpo.grpo.run.completion_files import COMPLETIONS_DIR
+from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT, TRACKIO_FOLDER
 
 SCRATCH_DIRS = ("runs/latest", "runs/sft-latest")
 RUN_FILES = ("metrics.jsonl", "completions.jsonl", "config.yaml", "before-after.txt", ".write-test", AUDIT_FILE,
-             "errors.log")  # errors.log: user-code tracebacks (grpo/user_calls.ERROR_LOG)
+             "errors.log", "report.html")  # errors.log: user-code tracebacks (grpo/user_calls.ERROR_LOG)
 RUN_GLOBS = ("checkpoint-*", ".tmp-checkpoint-*", ".old-checkpoint-*", "final", ".tmp-final", "eval-*.json", "plots",
-             TRACKER_PROJECT)  # the tracker logs' default project folder
+             TRACKER_PROJECT,  # the tracker logs' default project folder
+             COMPLETIONS_DIR, TRACKIO_FOLDER)  # the per-step completions and their images; trackio's files
 LEFTOVER_GLOBS = (".tmp-checkpoint-*", ".tmp-final", STAGING_PREFIX + "*")  # written, then renamed: never complete
 # every top-level name a run opens: none may be a link (the lock file and the list of created files included)
 GUARDED = (*RUN_FILES, *RUN_GLOBS, ".tmp-*", LOCK_FILE, CREATED_LIST, ".shared-dir-check-*")

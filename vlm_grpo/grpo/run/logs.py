@@ -1,5 +1,6 @@
-"""The run directory's logs: metrics.jsonl (one line per step) and completions.jsonl (one per completion), appended
-and rewritten only through grpo/run/safe_files.py (never through a link, recorded as the run's own files)."""
+"""The run directory's logs: metrics.jsonl (one line per step) and completions.jsonl (one per completion; the same rows
+per step as parquet under completions/, grpo/run/completion_files.py), appended and rewritten only through
+grpo/run/safe_files.py (never through a link, recorded as the run's own files)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from vlm_grpo.grpo.run import safe_files
+from vlm_grpo.grpo.run.completion_files import remove_after
 
 METRICS = "metrics.jsonl"
 COMPLETIONS = "completions.jsonl"
@@ -39,6 +41,7 @@ class RunLog:
                 # rewritten only when a line goes or the last one lacks its newline (completions.jsonl can be large)
                 if len(kept) < len(lines) or not text.endswith("\n"):
                     safe_files.write_run_file(self.run_dir, name, "".join(line + "\n" for line in kept))
+        remove_after(self.run_dir, step)  # the per-step parquet files of the steps redone
         return dropped
 
     def _append(self, name: str, rows: list[dict[str, Any]]) -> None:

@@ -212,3 +212,20 @@ def write_run_file(run_dir: Path, name: str, data: bytes | str) -> Path:
 def append_run_file(run_dir: Path, name: str, text: str) -> None:
     CreatedFiles(run_dir).add(name)
     append_file(Path(run_dir) / name, text)
+
+
+def write_run_path(run_dir: Path, relative: str, data: bytes | str) -> Path:
+    """A whole file at `relative` inside the run directory (e.g. completions/images/x.png): its top-level entry
+    recorded as the run's, each folder on the way made or checked (never a link), then written as `write_file`."""
+    run_dir = Path(run_dir)
+    parts = Path(relative).parts
+    if not parts or Path(relative).is_absolute() or ".." in parts:
+        raise ValueError(f"{relative!r} is not a path inside the run directory")
+    CreatedFiles(run_dir).add(parts[0])
+    folder = run_dir
+    for part in parts[:-1]:
+        folder = folder / part
+        check_path(folder)
+        if not folder.is_dir():
+            os.mkdir(folder)
+    return write_file(run_dir / relative, data)

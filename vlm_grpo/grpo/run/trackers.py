@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import sys
+from pathlib import Path
 
 from vlm_grpo.grpo.settings.fields import SettingError
 from vlm_grpo.grpo.settings.sections import TRACKERS
 
-TRACKER_PROJECT = "vlm-grpo"  # tensorboard writes under RUN_DIR/vlm-grpo
+TRACKER_PROJECT = "vlm-grpo"  # tensorboard writes under RUN_DIR/vlm-grpo; trackio's project name
+TRACKIO_FOLDER = "trackio"  # trackio's files inside the run directory (when TRACKIO_DIR is not set)
 PACKAGES = {name: name for name in TRACKERS}  # the package each tracker needs
 
 
@@ -27,3 +31,13 @@ def flat_settings(d: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+def use_trackio_dir(run_dir: Path) -> Path:
+    """Where trackio keeps the run's project (its dashboard reads it): TRACKIO_DIR when set, else <run_dir>/trackio,
+    so a run leaves nothing outside its directory. trackio reads the variable once, when it is first imported."""
+    if "TRACKIO_DIR" not in os.environ and "trackio" not in sys.modules:
+        os.environ["TRACKIO_DIR"] = str(Path(run_dir).resolve() / TRACKIO_FOLDER)
+    from trackio.utils import TRACKIO_DIR
+
+    return Path(TRACKIO_DIR)

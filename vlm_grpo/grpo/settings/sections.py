@@ -21,7 +21,7 @@ from vlm_grpo.grpo.settings.model import LoraSettings, ModelConfig
 from vlm_grpo.grpo.settings.rollout import RolloutConfig
 from vlm_grpo.grpo.training.freeze import FREEZE_PRESETS
 
-TRACKERS = ("tensorboard", "wandb", "mlflow")  # accelerate's trackers; each is the package it needs
+TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")  # accelerate's trackers; each is the package it needs
 
 
 
@@ -252,11 +252,20 @@ class LoggingConfig:
     output_dir: str = setting("runs/latest", help="the run directory")
     save_every: int = setting(100, help="checkpoint every N steps (0: only at the end)", at_least=0)
     keep_checkpoints: int = setting(2, help="newest checkpoints kept (0: all)", at_least=0)
-    log_completions: bool = setting(True, help="write every completion with its rewards to completions.jsonl")
-    report_to: list[str] = setting(factory=list, help="trackers (accelerate): tensorboard, wandb, mlflow", choices=TRACKERS)
+    log_completions: bool = setting(True, help="every completion with its rewards, advantage and flags: to "
+                                    "completions.jsonl, completions/completions_NNNNN.parquet and a table per step in "
+                                    "each tracker (TRL's log_completions)")
+    log_multimodal: bool = setting(True, help="with log_completions: each prompt's images and video frames go with its "
+                                   "completions (saved under completions/images/, shown in the trackers' tables and "
+                                   "the report; TRL's log_multimodal)")
+    report_to: list[str] = setting(factory=list, help="trackers (accelerate): tensorboard, wandb, mlflow, trackio (a "
+                                   "local dashboard: its files under <output_dir>/trackio unless TRACKIO_DIR is set)",
+                                   choices=TRACKERS)
     progress: bool = setting(True, help="show a progress bar")
     save_merged: bool = setting(True, help="with LoRA, also write final/merged (the full model, deltas folded in)")
     plot: bool = setting(False, help="train/sft commands: write the run's charts to <output_dir>/plots at the end")
+    report: bool = setting(True, help="train/sft commands: write <output_dir>/report.html at the end (curves, "
+                           "completions with their images; `vlm-grpo report` writes it for any run)")
     run_name: str | None = setting(None, help="the run's name in wandb / mlflow")
     push_to_hub: bool = setting(False, help="push final/ (weights or LoRA adapter, processor, model card) to the hub")
     hub_model_id: str | None = setting(None, help="the hub repo to push to (default: the output directory's name)")

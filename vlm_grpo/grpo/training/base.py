@@ -51,7 +51,8 @@ from vlm_grpo.grpo.run.logs import RunLog
 from vlm_grpo.grpo.run import process_checks, safe_files
 from vlm_grpo.grpo.settings.sources import check_sources, to_yaml
 from vlm_grpo.grpo.run.stop_signals import stop_on_signals
-from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT, check_trackers, flat_settings
+from vlm_grpo.grpo.run.tracker_tables import log_completion_tables
+from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT, TRACKIO_FOLDER, check_trackers, flat_settings, use_trackio_dir
 from vlm_grpo.compat.cache_probe import probe_steps
 from vlm_grpo.loader import apply_cache_policy
 from vlm_grpo.recipes.checked import CheckedSource
@@ -248,16 +249,28 @@ class BaseTrainer(Checkpointed):
         if self.cfg.logging.report_to and not self._trackers_started:
             flat = {k: str(v) for k, v in flat_settings(self.cfg.to_dict()).items()}
             name = self.cfg.logging.run_name
-            kwargs = {"wandb": {"name": name}, "mlflow": {"run_name": name}} if name else {}
-            if self.is_main:  # the trackers' folder in the run directory is the run's own
-                safe_files.check_path(self.run_dir / TRACKER_PROJECT)
-                safe_files.CreatedFiles(self.run_dir).add(TRACKER_PROJECT)
+            kwargs = {"wandb": {"name": name}, "mlflow": {"run_name": name}, "trackio": {"name": name}} if name else {}
+            trackio_dir = use_trackio_dir(self.run_dir) if "trackio" in self.cfg.logging.report_to else None
+            if self.is_main:  # the trackers' folders in the run directory are the run's own
+                for folder in (TRACKER_PROJECT, TRACKIO_FOLDER):
+                    safe_files.check_path(self.run_dir / folder)
+                safe_files.CreatedFiles(self.run_dir).add(TRACKER_PROJECT, *([TRACKIO_FOLDER] if trackio_dir else []))
             self.accelerator.init_trackers(TRACKER_PROJECT, config=flat, init_kwargs=kwargs)
             self._trackers_started = True
+            if trackio_dir is not None and self.is_main:
+                print(f"trackio dashboard: TRACKIO_DIR={trackio_dir} trackio show --project {TRACKER_PROJECT}")
 
     def track(self, metrics: dict[str, Any], step: int) -> None:
         if self._trackers_started:
-            self.accelerator.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+            # `step` goes as the trackers' step, not as a metric (trackio reserves the name)
+            self.accelerator.log({k: v for k, v in metrics.items() if isinstance(v, (int, float)) and k != "step"},
+                                 step=step)
+
+    def track_completions(self, rows: list[dict[str, Any]], step: int) -> None:
+        """A step's completions (completions.jsonl rows, picture paths included) as a table in each tracker."""
+        if self._trackers_started and self.is_main:
+            log_completion_tables(self.accelerator.trackers, step, rows, self.run_dir,
+                                  multimodal=self.cfg.logging.log_multimodal)
 
     def write_card(self, folder: Path | None = None, title: str | None = None) -> str:
         """The model card (with any held-out results) in `folder` (default final/), its manifest brought up to

@@ -1,0 +1,127 @@
+"""Each logged step's completions as files in the run directory, laid out as TRL lays them out:
+completions/completions_NNNNN.parquet (one row per completion, each reward a column) that pandas, pyarrow and datasets
+read directly, and, with `log_multimodal`, each prompt's images and video frames under completions/images/, referenced
+from the rows by their path inside the run directory.
+
+Images are stored under a name made from their content, so a prompt drawn again (or the same image in several prompts)
+is stored once. The stored copy is cut to MAX_SIDE pixels: enough to judge an answer by, small enough for every step.
+Every file goes through run/safe_files (a fresh temporary file renamed into place, never through a link), so a kill
+never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+from PIL import Image
+
+from vlm_grpo.grpo.run import safe_files
+
+COMPLETIONS_DIR = "completions"
+IMAGES_DIR = f"{COMPLETIONS_DIR}/images"
+PARQUET = re.compile(r"completions_(\d+)\.parquet")
+MAX_SIDE = 512  # pixels of the longer side of a stored image
+VIDEO_FRAMES = 4  # frames kept from each video (evenly spaced)
+FIXED_COLUMNS = ("step", "process", "group", "sample_index", "prompt", "completion", "reward", "advantage", "flags",
+                 "images", "video_frames")
+
+
+def parquet_path(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / COMPLETIONS_DIR / f"completions_{step:05d}.parquet"
+
+
+def prompt_media(sample: Any) -> dict[str, list[Image.Image]]:
+    """A sample's pictures: its images, and a few evenly spaced frames of each of its videos."""
+    frames: list[Image.Image] = []
+    for video in getattr(sample, "videos", None) or []:
+        clip = list(getattr(video, "frames", video))
+        if clip:
+            n = min(VIDEO_FRAMES, len(clip))
+            frames += [clip[round(k * (len(clip) - 1) / max(n - 1, 1))] for k in range(n)]
+    return {"images": list(getattr(sample, "images", None) or []), "video_frames": frames}
+
+
+def save_image(run_dir: Path, image: Image.Image) -> str:
+    """The image as a PNG under completions/images/ (named by its content); its path inside the run directory."""
+    image = image.convert("RGB")
+    if max(image.size) > MAX_SIDE:
+        image = image.copy()
+        image.thumbnail((MAX_SIDE, MAX_SIDE))
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    data = buf.getvalue()
+    rel = f"{IMAGES_DIR}/{hashlib.sha1(data).hexdigest()[:20]}.png"
+    if not (Path(run_dir) / rel).exists():
+        safe_files.write_run_path(run_dir, rel, data)
+    return rel
+
+
+def attach_media(run_dir: Path, rows: list[dict[str, Any]], media: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each prompt's pictures saved, their paths added to its completions' rows (`images`, `video_frames`).
+
+    `media`: one entry per prompt, {"process", "group", "images", "video_frames"} (the PIL pictures)."""
+    saved = {(m["process"], m["group"]): {kind: [save_image(run_dir, im) for im in m[kind]]
+                                          for kind in ("images", "video_frames")} for m in media}
+    out = []
+    for row in rows:
+        paths = saved.get((row.get("process", 0), row.get("group")))
+        out.append({**row, **{k: v for k, v in paths.items() if v}} if paths else row)
+    return out
+
+
+def table_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """completions.jsonl rows as flat table rows: each reward component its own column (TRL names them by the
+    reward; one that clashes with a fixed column gets a `reward_` prefix), flags and picture paths as lists, tool
+    turns and rewards' extra values as JSON text."""
+    names = list(dict.fromkeys(name for r in rows for name in r.get("rewards", {})))
+    out = []
+    for r in rows:
+        row = {key: r.get(key) for key in FIXED_COLUMNS[:8]}
+        row["reward"] = _float(row["reward"])
+        row["advantage"] = _float(row["advantage"])
+        for name in names:
+            row[f"reward_{name}" if name in FIXED_COLUMNS else name] = _float(r.get("rewards", {}).get(name))
+        row["flags"] = [str(f) for f in r.get("flags", [])]
+        row["images"] = list(r.get("images", []))
+        row["video_frames"] = list(r.get("video_frames", []))
+        for key in ("extra", "turns"):
+            if key in r:
+                row[key] = json.dumps(r[key], default=str)
+        out.append(row)
+    return out
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def write_step_parquet(run_dir: Path, step: int, rows: Sequence[dict[str, Any]]) -> Path | None:
+    """completions/completions_NNNNN.parquet for one step (nothing when the step logged no completion)."""
+    if not rows:
+        return None
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    flat = table_rows(rows)
+    schema = {"flags": pa.list_(pa.string()), "images": pa.list_(pa.string()), "video_frames": pa.list_(pa.string())}
+    columns = list(dict.fromkeys(key for row in flat for key in row))
+    table = pa.table({key: pa.array([row.get(key) for row in flat], type=schema.get(key)) for key in columns})
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf)
+    path = parquet_path(run_dir, step)
+    return safe_files.write_run_path(run_dir, str(path.relative_to(run_dir)), buf.getvalue().to_pybytes())
+
+
+def remove_after(run_dir: Path, step: int) -> None:
+    """The per-step files of steps after `step` (a resumed run logs them again)."""
+    folder = Path(run_dir) / COMPLETIONS_DIR
+    if folder.is_dir():
+        for path in folder.glob("completions_*.parquet"):
+            match = PARQUET.fullmatch(path.name)
+            if match and int(match.group(1)) > step:
+                safe_files.remove(path)
