@@ -27,8 +27,8 @@ from vlm_grpo.grpo.logprobs.completions import group_scores
 from vlm_grpo.grpo.rewards.inputs import RewardInputs, trainer_state
 from vlm_grpo.grpo.rewards.scoring import nan_mean, nan_std, score
 from vlm_grpo.grpo.rollout.sampling import Rollout, encode, rollout
-from vlm_grpo.grpo.rollout.turns import ToolRollout, loggable_messages
-from vlm_grpo.grpo.run.completion_files import attach_media, prompt_media, write_step_parquet
+from vlm_grpo.grpo.rollout.turns import ToolRollout
+from vlm_grpo.grpo.run.completion_files import completion_rows, prompt_media, save_step
 from vlm_grpo.grpo.settings.sections import TrainConfig
 from vlm_grpo.grpo.tools.chat_format import ChatFormat
 from vlm_grpo.grpo.tools.toolset import final_message_rewards, run_toolset
@@ -43,18 +43,8 @@ from vlm_grpo.grpo.training.vision_counter import VisionCounter
 log = logging.getLogger(__name__)
 
 
-def _loggable(value: Any) -> Any:
-    """A value a reward logged, as completions.jsonl can hold it (anything but plain scalars as text)."""
-    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
-
-
 def _rows(x: torch.Tensor | None, rows: list[int]) -> torch.Tensor | None:
     return None if x is None else x[rows]
-
-
-def _row_means(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Per-token values [N, T] as one number per row: their mean over the row's training tokens."""
-    return (values * mask).sum(1) / mask.sum(1).clamp(min=1)
 
 
 class GRPOTrainer(BeforeAfter, BaseTrainer):
@@ -363,34 +353,14 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
         prompt's images and video frames saved under completions/images/ and referenced from its rows."""
         if not self.cfg.logging.log_completions:
             return
-        g, process = traj.num_generations, self.accelerator.process_index
-        advantages = traj.advantages if traj.advantages.dim() == 1 else _row_means(traj.advantages, traj.loss_mask)
-        rows = []
-        for i, text in enumerate(traj.completions):
-            rows.append(
-                {
-                    "step": step,
-                    "process": process,
-                    "group": i // g,
-                    "sample_index": traj.sample_indices[i // g],
-                    "prompt": traj.prompt_texts[i // g],
-                    "completion": text,
-                    "reward": traj.rewards[i].item(),
-                    "rewards": {name: v[i].item() for name, v in traj.reward_components.items()},
-                    "advantage": advantages[i].item(),
-                    **self.watch.flags(i),
-                    **({"extra": {k: _loggable(v[i]) for k, v in traj.extra.items()}} if traj.extra else {}),
-                    **({"turns": loggable_messages(traj.conversations[i])} if traj.conversations else {}),
-                }
-            )
+        process = self.accelerator.process_index
+        rows = completion_rows(traj, step, process, self.watch.flags)
         rows = self._gather_rows(rows)
+        media = None
         if self.cfg.logging.log_multimodal:  # the pictures travel to the main process, which saves them
-            media = [{"process": process, "group": k, **prompt_media(s)} for k, s in enumerate(samples)]
-            media = self._gather_rows(media)
-            if self.is_main:
-                rows = attach_media(self.run_dir, rows, media)
+            media = self._gather_rows([{"process": process, "group": k, **prompt_media(s)} for k, s in enumerate(samples)])
         if self.is_main:
-            write_step_parquet(self.run_dir, step, rows)
+            rows = save_step(self.run_dir, step, rows, media)
         self.log.completions(rows)
         self.track_completions(rows, step)
 

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from PIL import Image
 
+from vlm_grpo.grpo.rollout.turns import loggable_messages
 from vlm_grpo.grpo.run import safe_files
 
 COMPLETIONS_DIR = "completions"
@@ -125,3 +126,46 @@ def remove_after(run_dir: Path, step: int) -> None:
             match = PARQUET.fullmatch(path.name)
             if match and int(match.group(1)) > step:
                 safe_files.remove(path)
+
+
+def save_step(run_dir: Path, step: int, rows: list[dict[str, Any]], media: Sequence[dict[str, Any]] | None
+              ) -> list[dict[str, Any]]:
+    """A step's rows with their pictures saved (`media`: None with log_multimodal off) and the step's parquet file
+    written; the rows, picture paths added, for completions.jsonl and the trackers."""
+    if media is not None:
+        rows = attach_media(run_dir, rows, media)
+    write_step_parquet(run_dir, step, rows)
+    return rows
+
+
+def _loggable(value: Any) -> Any:
+    """A value a reward logged, as completions.jsonl can hold it (anything but plain scalars as text)."""
+    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+
+
+def completion_rows(traj, step: int, process: int, flags_of) -> list[dict[str, Any]]:
+    """One row per completion of a scored trajectory: prompt, completion, reward and its components, advantage (a
+    token-level advantage as its mean over the training tokens), the guards' flags (`flags_of(i)`), what rewards
+    logged (extra) and a tool rollout's turns."""
+    g = traj.num_generations
+    advantages = traj.advantages
+    if advantages.dim() > 1:
+        mask = traj.loss_mask
+        advantages = (advantages * mask).sum(1) / mask.sum(1).clamp(min=1)
+    rows = []
+    for i, text in enumerate(traj.completions):
+        rows.append({
+            "step": step,
+            "process": process,
+            "group": i // g,
+            "sample_index": traj.sample_indices[i // g],
+            "prompt": traj.prompt_texts[i // g],
+            "completion": text,
+            "reward": traj.rewards[i].item(),
+            "rewards": {name: v[i].item() for name, v in traj.reward_components.items()},
+            "advantage": advantages[i].item(),
+            **flags_of(i),
+            **({"extra": {k: _loggable(v[i]) for k, v in traj.extra.items()}} if traj.extra else {}),
+            **({"turns": loggable_messages(traj.conversations[i])} if traj.conversations else {}),
+        })
+    return rows

@@ -1,6 +1,6 @@
 """The run directory's logs: metrics.jsonl (one line per step) and completions.jsonl (one per completion; the same rows
-per step as parquet under completions/, grpo/run/completion_files.py), appended and rewritten only through
-grpo/run/safe_files.py (never through a link, recorded as the run's own files)."""
+per step as parquet under completions/, grpo/run/completion_files.py) and errors.log (user code's tracebacks),
+appended and rewritten only through grpo/run/safe_files.py (never through a link, recorded as the run's own files)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from typing import Any
 
 from vlm_grpo.grpo.run import safe_files
 from vlm_grpo.grpo.run.completion_files import remove_after
+from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.user_calls import ERROR_LOG, failure_entry
 
 METRICS = "metrics.jsonl"
 COMPLETIONS = "completions.jsonl"
@@ -66,3 +68,14 @@ def _parse(line: str) -> dict[str, Any] | None:
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def log_failure(run_dir: Path | None, err: BaseException) -> None:
+    """Append err's full traceback (a user function's own) to the run's errors.log, a run file like any other (no
+    links, on the run's list); the one-line message goes out whatever happens here."""
+    if run_dir is None or not Path(run_dir).is_dir():
+        return
+    try:
+        safe_files.append_run_file(Path(run_dir), ERROR_LOG, failure_entry(err))
+    except (OSError, SettingError):
+        pass

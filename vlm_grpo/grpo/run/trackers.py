@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from vlm_grpo.grpo.run import safe_files
 from vlm_grpo.grpo.settings.fields import SettingError
 from vlm_grpo.grpo.settings.sections import TRACKERS
 
@@ -41,3 +42,16 @@ def use_trackio_dir(run_dir: Path) -> Path:
     from trackio.utils import TRACKIO_DIR
 
     return Path(TRACKIO_DIR)
+
+
+def claim_tracker_folders(run_dir: Path, report_to, is_main: bool) -> Path | None:
+    """Before the trackers start: their folders in the run directory checked (no links) and listed as the run's
+    (run/safe_files), trackio pointed inside the run; the trackio folder, whose dashboard command is printed."""
+    trackio_dir = use_trackio_dir(run_dir) if "trackio" in report_to else None
+    if is_main:
+        for folder in (TRACKER_PROJECT, TRACKIO_FOLDER):
+            safe_files.check_path(Path(run_dir) / folder)
+        safe_files.CreatedFiles(run_dir).add(TRACKER_PROJECT, *([TRACKIO_FOLDER] if trackio_dir else []))
+        if trackio_dir is not None:
+            print(f"trackio dashboard: TRACKIO_DIR={trackio_dir} trackio show --project {TRACKER_PROJECT}")
+    return trackio_dir

@@ -26,7 +26,6 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from vlm_grpo.grpo.interrupts import StopSignal
-from vlm_grpo.grpo.user_calls import ERROR_LOG, failure_entry
 from vlm_grpo.grpo.run import checkpoints as ckpt
 from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
 from vlm_grpo.grpo.distributed import fsdp
@@ -47,12 +46,12 @@ from vlm_grpo.grpo.training.preflight import cheap_checks, check_drawn_sample, c
 from vlm_grpo.grpo.run.directory import prepare_run_dir
 from vlm_grpo.grpo.training.checkpointed import Checkpointed
 from vlm_grpo.grpo.training.policy import load_policy
-from vlm_grpo.grpo.run.logs import RunLog
+from vlm_grpo.grpo.run.logs import RunLog, log_failure
 from vlm_grpo.grpo.run import process_checks, safe_files
 from vlm_grpo.grpo.settings.sources import check_sources, to_yaml
 from vlm_grpo.grpo.run.stop_signals import stop_on_signals
 from vlm_grpo.grpo.run.tracker_tables import log_completion_tables
-from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT, TRACKIO_FOLDER, check_trackers, flat_settings, use_trackio_dir
+from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT, check_trackers, claim_tracker_folders, flat_settings
 from vlm_grpo.compat.cache_probe import probe_steps
 from vlm_grpo.loader import apply_cache_policy
 from vlm_grpo.recipes.checked import CheckedSource
@@ -105,17 +104,8 @@ class BaseTrainer(Checkpointed):
         except BaseException as err:
             self.release_lock()
             if self.is_main and not isinstance(err, StopSignal):
-                self._log_failure(err)
+                log_failure(self.run_dir, err)
             raise
-
-    def _log_failure(self, err: BaseException) -> None:
-        """Append err's full traceback to the run's errors.log (a run file like any other: no links, listed)."""
-        if self.run_dir is None or not Path(self.run_dir).is_dir():
-            return
-        try:
-            safe_files.append_run_file(Path(self.run_dir), ERROR_LOG, failure_entry(err))
-        except (OSError, SettingError):  # the one-line message still goes out; the log is a bonus
-            pass
 
     def _start(self, adapter, recipe, rewards) -> None:
         cfg = self.cfg
@@ -250,15 +240,9 @@ class BaseTrainer(Checkpointed):
             flat = {k: str(v) for k, v in flat_settings(self.cfg.to_dict()).items()}
             name = self.cfg.logging.run_name
             kwargs = {"wandb": {"name": name}, "mlflow": {"run_name": name}, "trackio": {"name": name}} if name else {}
-            trackio_dir = use_trackio_dir(self.run_dir) if "trackio" in self.cfg.logging.report_to else None
-            if self.is_main:  # the trackers' folders in the run directory are the run's own
-                for folder in (TRACKER_PROJECT, TRACKIO_FOLDER):
-                    safe_files.check_path(self.run_dir / folder)
-                safe_files.CreatedFiles(self.run_dir).add(TRACKER_PROJECT, *([TRACKIO_FOLDER] if trackio_dir else []))
+            claim_tracker_folders(self.run_dir, self.cfg.logging.report_to, self.is_main)
             self.accelerator.init_trackers(TRACKER_PROJECT, config=flat, init_kwargs=kwargs)
             self._trackers_started = True
-            if trackio_dir is not None and self.is_main:
-                print(f"trackio dashboard: TRACKIO_DIR={trackio_dir} trackio show --project {TRACKER_PROJECT}")
 
     def track(self, metrics: dict[str, Any], step: int) -> None:
         if self._trackers_started:
@@ -321,7 +305,7 @@ class BaseTrainer(Checkpointed):
         except BaseException as err:
             self.release_lock()
             if self.is_main:
-                self._log_failure(err)  # the full traceback; the message says one line
+                log_failure(self.run_dir, err)  # the full traceback; the message says one line
             raise
         if self.dataset.skipped and self.is_main:
             print(f"skipped {len(self.dataset.skipped)} bad samples: {list(self.dataset.skipped)}")
