@@ -78,6 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     except StopSignal as stop:
         print(f"vlm-grpo: {stop}", file=sys.stderr)
         code = stop.exit_code
+    except BaseException:  # noqa: BLE001 - after a signal, whatever broke on the way out (an import it cut short
+        # leaves a half-made module behind) is the signal's doing: the signal decides the exit
+        signum = stop_signals.received()
+        if not signum:
+            raise
+        print(f"vlm-grpo: stopped by {stop_signals.signal_name(signum)}", file=sys.stderr)
+        code = 128 + signum
     signum = stop_signals.received()
     if signum and code != 128 + signum:  # its StopSignal was swallowed somewhere: the signal still decides
         code = 128 + signum

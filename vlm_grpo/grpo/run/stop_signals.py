@@ -29,6 +29,10 @@ def received() -> int | None:
     return _received[0] if _received else None
 
 
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
 def raise_if_received() -> None:
     """A StopSignal when a signal came earlier and its StopSignal was swallowed on the way."""
     if _received:
