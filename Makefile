@@ -18,7 +18,7 @@ export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-latest test-vllm test-browser lock clean
+.PHONY: demo test test-fast durations test-latest test-vllm test-browser lock clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,15 @@ demo: $(STAMP)
 # launch ports and fixtures stay together).
 test: $(REAL_STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not browser"
+
+# The fast tier: tests recorded at <= 1 s (tests/durations.json), no training runs; `make durations` refreshes the
+# record from a whole run.
+test-fast: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not browser" --fast
+
+durations: $(REAL_STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not browser" --junitxml=$(VENV)/junit.xml; \
+		status=$$?; $(BIN)/python scripts/test_durations.py $(VENV)/junit.xml; exit $$status
 
 # Opt-in: report.html in headless Chromium (images load, charts drawn, filters work); writes docs/images/report.png.
 # Chromium and its driver come from the system's package registry, selenium from PyPI.

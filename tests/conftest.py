@@ -1,7 +1,9 @@
 """Test-wide settings (offline, one thread per process: 2-core machines stall with more) and tiny twins."""
 
 import functools
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -49,7 +51,30 @@ def adapter(family):
 OPT_IN_MARKERS = ("tools_matrix", "multinode", "generic_matrix", "browser")
 
 
+# The fast tier (`make test-fast`, `pytest --fast`): every test recorded (tests/durations.json, `make durations`)
+# as taking at most FAST_SECONDS; a test not recorded yet runs too. Units, contracts and probes on the tiny twins,
+# no training runs.
+FAST_SECONDS = 1.0
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fast", action="store_true", help=f"only tests recorded at <= {FAST_SECONDS} s "
+                     "(tests/durations.json; make durations refreshes it)")
+
+
+def _slow(items, config) -> list:
+    if not config.getoption("--fast") or not DURATIONS.is_file():
+        return []
+    seconds = json.loads(DURATIONS.read_text())
+    return [item for item in items if seconds.get(item.nodeid, 0.0) > FAST_SECONDS]
+
+
 def pytest_collection_modifyitems(config, items):
+    slow = _slow(items, config)
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item not in set(slow)]
     chosen = config.getoption("-m") or ""
     for name in OPT_IN_MARKERS:
         if name in chosen:

@@ -1,0 +1,43 @@
+"""Write tests/durations.json (test id -> seconds) from a pytest JUnit XML report, for `make test-fast`'s selection.
+
+    python -m pytest -n 2 --dist loadfile --junitxml=/tmp/junit.xml && python scripts/test_durations.py /tmp/junit.xml
+
+`make durations` does both. A test missing from the file (a new one) runs in the fast tier until the file is
+refreshed; a test recorded slower than tests/conftest.py's FAST_SECONDS does not.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "durations.json"
+
+
+def node_id(classname: str, name: str) -> str:
+    """`tests.grpo.test_x[.Class]` + `test_y[p]` -> `tests/grpo/test_x.py[::Class]::test_y[p]`."""
+    parts = classname.split(".")
+    for cut in range(len(parts), 0, -1):
+        path = Path(*parts[:cut]).with_suffix(".py")
+        if (ROOT / path).is_file():
+            return "::".join([path.as_posix(), *parts[cut:], name])
+    return f"{classname}::{name}"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    times = {}
+    for case in ET.parse(argv[0]).getroot().iter("testcase"):
+        times[node_id(case.get("classname", ""), case.get("name", ""))] = round(float(case.get("time", 0)), 3)
+    OUT.write_text(json.dumps(dict(sorted(times.items())), indent=0) + "\n")
+    print(f"{OUT.relative_to(ROOT)}: {len(times)} tests, {sum(times.values()):.0f} s in all")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
