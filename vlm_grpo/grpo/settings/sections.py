@@ -21,6 +21,8 @@ from vlm_grpo.grpo.settings.model import LoraSettings, ModelConfig
 from vlm_grpo.grpo.training.freeze import FREEZE_PRESETS
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")  # accelerate's trackers; each is the package it needs
+# transformers Trainer's optimizer names that run here (grpo/training/optimizer.py builds them with its own helper)
+OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adafactor", "sgd", "adamw_bnb_8bit", "paged_adamw_8bit")
 
 
 
@@ -65,6 +67,12 @@ class DataConfig:
                                     "before the model's processor", at_least=1)
     on_reward_error: str = setting("raise", help="a failing reward stops the run, or scores 0 and is counted",
                                    choices=("raise", "zero"))
+    shuffle: bool = setting(True, help="draw the training rows in a new shuffled order each pass (false: in row "
+                            "order; TRL's shuffle_dataset)")
+    data_seed: int | None = setting(None, help="seed of the training data order (None: the run's seed; TRL's data_seed)")
+    chat_template_kwargs: dict[str, Any] = setting(factory=dict, help="extra arguments of the processor's "
+                                                   "apply_chat_template when prompts are rendered (e.g. "
+                                                   "{enable_thinking: false})")
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -83,6 +91,14 @@ class GenerationConfig:
     sampler: str = setting("inverse_cdf", help="how a token is drawn: inverse_cdf (one uniform per row on the cumulative "
                            "probabilities) or multinomial (generate()'s own); the same distribution",
                            choices=("inverse_cdf", "multinomial"))
+    repetition_penalty: float = setting(1.0, help="generate()'s repetition penalty (1.0: none)", above=0.0)
+    min_p: float | None = setting(None, help="keep tokens whose probability is at least min_p x the top one's "
+                                  "(None: off)", at_least=0.0, at_most=1.0)
+    cache_implementation: str | None = setting(None, help="generate()'s KV cache class, e.g. static (None: the "
+                                               "model's default)")
+    generation_kwargs: dict[str, Any] = setting(factory=dict, help="more transformers GenerationConfig fields for "
+                                                "rollouts (e.g. {no_repeat_ngram_size: 3}); set on the model's "
+                                                "generation config")
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -125,6 +141,10 @@ class PerfConfig:
                                     "completions chunk by chunk: no logits of all positions exist)", at_least=1)
     gradient_checkpointing: bool = setting(False, help="recompute the language model's and vision tower's blocks in "
                                            "backward instead of keeping their activations")
+    gradient_checkpointing_kwargs: dict[str, Any] = setting(factory=dict, help="torch.utils.checkpoint arguments "
+                                                            "(e.g. {use_reentrant: true}; default use_reentrant false)")
+    full_determinism: bool = setting(False, help="deterministic kernels everywhere (transformers' "
+                                     "enable_full_determinism): slower, bitwise repeatable")
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -147,7 +167,12 @@ class OptimConfig:
                                 "experts (a mixture-of-experts model's routers and experts, part of language)")
     trainable_patterns: list[str] = setting(factory=list, help="regexes of parameter names trained again after freeze")
     freeze_preset: str | None = setting(None, help="a named freeze policy: " + ", ".join(sorted(FREEZE_PRESETS)))
+    optimizer: str = setting("adamw_torch", help="the optimizer, by transformers Trainer's name: adamw_torch, "
+                             "adamw_torch_fused, adafactor, sgd, adamw_bnb_8bit, paged_adamw_8bit (bitsandbytes)",
+                             choices=OPTIMIZERS)
     lr_scheduler: str = setting("constant_with_warmup", help="any schedule transformers.get_scheduler knows")
+    lr_scheduler_kwargs: dict[str, Any] = setting(factory=dict, help="the schedule's own arguments (get_scheduler's "
+                                                  "scheduler_specific_kwargs, e.g. {num_cycles: 2})")
     warmup_steps: int = setting(0, help="warm-up steps (wins over warmup_ratio when > 0)", at_least=0)
     warmup_ratio: float = setting(0.0, help="warm-up as a share of the run's scheduler steps", at_least=0.0, at_most=1.0)
 
@@ -239,6 +264,10 @@ class LoggingConfig:
     keep_checkpoints: int = setting(2, help="newest checkpoints kept (0: all)", at_least=0)
     log_completions: bool = setting(True, help="write every completion with its rewards to completions.jsonl")
     report_to: list[str] = setting(factory=list, help="trackers (accelerate): tensorboard, wandb, mlflow", choices=TRACKERS)
+    log_every: int = setting(1, help="send the step's metrics to the trackers every N steps (metrics.jsonl holds "
+                             "every step)", at_least=1)
+    checkpoint_at_end: bool = setting(True, help="checkpoint the last step too (false: only save_every's steps, "
+                                      "as TRL's save_strategy no/steps)")
     progress: bool = setting(True, help="show a progress bar")
     save_merged: bool = setting(True, help="with LoRA, also write final/merged (the full model, deltas folded in)")
     plot: bool = setting(False, help="train/sft commands: write the run's charts to <output_dir>/plots at the end")
@@ -299,6 +328,8 @@ class TrainConfig:
     perf: PerfConfig = dataclasses.field(default_factory=PerfConfig)
     tools: ToolsConfig = dataclasses.field(default_factory=ToolsConfig)
     max_steps: int = setting(3, help="optimizer steps of the run (GRPO: rollout batches)", at_least=1)
+    epochs: float = setting(0.0, help="run length in passes over the training split (TRL's num_train_epochs), "
+                            "instead of max_steps when > 0: ceil(epochs x rows // prompts per step) steps", at_least=0.0)
     advantage: str = setting("group", help="the advantage estimator (see README, 'Advantage estimators')",
                              choices=tuple(sorted(ADVANTAGES)))
     scale_rewards: str = setting("group", help="group advantages: what a group's centred reward is divided by: the "

@@ -35,6 +35,11 @@ TRL_NAMES: dict[str, tuple[str, dict | None]] = {
     "lr_scheduler_type": ("optim.lr_scheduler", None),
     "hub_private_repo": ("logging.hub_private", None),
     "gradient_checkpointing": ("perf.gradient_checkpointing", None),
+    "num_train_epochs": ("epochs", None),
+    "data_seed": ("data.data_seed", None),
+    "shuffle_dataset": ("data.shuffle", None),
+    "optim": ("optim.optimizer", None),
+    "adam_epsilon": ("optim.adam_eps", None),
     "bf16": ("mixed_precision", {True: "bf16", False: "no"}),
     "fp16": ("mixed_precision", {True: "fp16", False: "no"}),
     # TRL's script arguments (`trl grpo --dataset_name ...`)
@@ -44,14 +49,12 @@ TRL_NAMES: dict[str, tuple[str, dict | None]] = {
 }
 NOT_THE_SAME = {
     "per_device_train_batch_size": "TRL counts completions per device; here data.batch_size counts prompts per "
-    "process and data.num_generations completions per prompt (TRL's value = batch_size x num_generations)",
-    "num_train_epochs": "runs are counted in steps: set max_steps (one pass over N samples is N / data.batch_size "
-    "steps per process)",
-    "logging_steps": "every step is logged (metrics.jsonl and the trackers)",
+    "process and data.num_generations completions per prompt (TRL's value = batch_size x num_generations; the Python "
+    "API's GRPOConfig converts it)",
+    "logging_steps": "every step is logged to metrics.jsonl; logging.log_every N sends every Nth to the trackers "
+    "(the Python API's GRPOConfig takes logging_steps with TRL's meaning)",
     "use_vllm": "generation runs in the policy itself (shared prefix and image features), there is no vLLM mode",
     "max_prompt_length": "prompts are never cut: an image's tokens must stay whole",
-    "data_seed": "TRL's seeds the training sampler; here the data order follows seed, and eval.data_seed picks the "
-    "held-out samples",
 }
 DERIVED = {"loss.max_completion_length": "it is generation.max_new_tokens (TRL: max_completion_length)"}
 HISTORY = "history"  # config.yaml's record of the run's resumes (resume_rules.py): read by people, not a setting

@@ -31,7 +31,7 @@ from vlm_grpo.grpo.distributed import fsdp
 from vlm_grpo.grpo.distributed import processes
 from vlm_grpo.grpo.settings.fields import SettingError
 from vlm_grpo.grpo.settings.sections import TrainConfig
-from vlm_grpo.grpo.data.order import batch_indices, repeats_note
+from vlm_grpo.grpo.data.order import batch_indices, epoch_steps, repeats_note
 from vlm_grpo.grpo.data.source import build_split, resolve_recipe
 from vlm_grpo.grpo.evaluate import evaluate_run, heldout_split, run_rewards_of
 from vlm_grpo.grpo.training.guards import KLWatchdog, LearningSignalMonitor, NonFiniteGuard, TrainingHalted, check_disk_space
@@ -44,7 +44,7 @@ from vlm_grpo.grpo.training.optimizer import build_optimizer, build_scheduler, t
 from vlm_grpo.grpo.training.preflight import cheap_checks, check_drawn_sample, check_mixed_precision, raise_on_failure
 from vlm_grpo.grpo.run.directory import prepare_run_dir
 from vlm_grpo.grpo.training.checkpointed import Checkpointed
-from vlm_grpo.grpo.training.policy import load_policy
+from vlm_grpo.grpo.training.policy import apply_prompt_and_generation_settings, load_policy
 from vlm_grpo.grpo.run.logs import RunLog
 from vlm_grpo.grpo.run import process_checks
 from vlm_grpo.grpo.settings.sources import check_sources, to_yaml
@@ -88,6 +88,10 @@ class BaseTrainer(Checkpointed):
             project_dir=cfg.logging.output_dir,
         )
         set_seed(cfg.seed)
+        if cfg.perf.full_determinism:  # TRL's full_determinism: transformers' own switch (seeds, deterministic kernels)
+            from transformers import enable_full_determinism
+
+            enable_full_determinism(cfg.seed)
         self.sharding = fsdp.requested_mode(cfg.fsdp, self.accelerator)  # "no", or how FSDP shards the policy
         if self.sharding != "no" and not torch.distributed.is_initialized():
             raise SettingError("fsdp", f"{self.sharding} shards across processes: launch with `accelerate launch "
@@ -115,11 +119,14 @@ class BaseTrainer(Checkpointed):
         self.rewards = list(rewards) if rewards is not None else run_rewards_of(
             self.recipe, cfg, self.accelerator.device, required=self.needs_rewards)
         self.dataset = CheckedSource(self._build_dataset(), cfg.data.on_bad_sample)
+        if cfg.epochs > 0:  # the run's length in passes over the split (TRL's num_train_epochs with max_steps -1)
+            cfg.max_steps = epoch_steps(cfg.epochs, len(self.dataset), cfg.data.batch_size * self.accelerator.num_processes)
         note = repeats_note(len(self.dataset), cfg.data.batch_size * self.accelerator.num_processes)
         if note and self.is_main:
             print(note)
         self.adapter = adapter or load_policy(cfg, self.accelerator.device)
         self.dataset.for_adapter(self.adapter)  # a video row for a model that reads no video is a bad row
+        apply_prompt_and_generation_settings(self.adapter, cfg)
         if self.adapter.use_cache is None:  # an adapter built by the caller: decide as the loader would
             apply_cache_policy(self.adapter, cfg.model.cache_policy, probe_steps(cfg.generation.max_new_tokens))
         # every sample is checked against the model the first time it is drawn (encodes, fits the positions); in
@@ -203,7 +210,7 @@ class BaseTrainer(Checkpointed):
         self._after_freeze()
         adapter.model.train(self.dropout)
         if cfg.perf.gradient_checkpointing:
-            checkpointing.enable(adapter.model)
+            checkpointing.enable(adapter.model, cfg.perf.gradient_checkpointing_kwargs)
         if self.sharding != "no":  # before the optimizer: it must hold the shards
             root = fsdp.shard(adapter.model, self.sharding)
             self._shard_more()
@@ -222,7 +229,10 @@ class BaseTrainer(Checkpointed):
     # ---------------------------------------------------------------- data
     def _samples(self, step: int):
         acc = self.accelerator
-        idx = batch_indices(len(self.dataset), self.cfg.data.batch_size, step, self.cfg.seed, acc.process_index, acc.num_processes)
+        data = self.cfg.data
+        seed = self.cfg.seed if data.data_seed is None else data.data_seed
+        idx = batch_indices(len(self.dataset), data.batch_size, step, seed, acc.process_index, acc.num_processes,
+                            shuffle=data.shuffle)
         picked = [self.dataset.pick(i) for i in idx]  # in skip mode a bad sample's place goes to the next good one
         return [sample for _, sample in picked], [i for i, _ in picked]
 
@@ -240,7 +250,7 @@ class BaseTrainer(Checkpointed):
             self._trackers_started = True
 
     def track(self, metrics: dict[str, Any], step: int) -> None:
-        if self._trackers_started:
+        if self._trackers_started and (step % self.cfg.logging.log_every == 0 or step == self.cfg.max_steps):
             self.accelerator.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
 
     def write_card(self, folder: Path | None = None, title: str | None = None) -> str:
@@ -276,7 +286,7 @@ class BaseTrainer(Checkpointed):
                 with stop.saving_checkpoint():
                     # the last step run (a step hook may have stopped the run early)
                     last = history[-1]["step"] if history else self.cfg.max_steps
-                    if history or not ckpt.latest_checkpoint(self.run_dir):
+                    if self.cfg.logging.checkpoint_at_end and (history or not ckpt.latest_checkpoint(self.run_dir)):
                         self.save(last)
                     self.save_final()
                 signum = self._agreed_stop(stop)

@@ -25,3 +25,26 @@ def load_policy(cfg: TrainConfig, device: torch.device | None = None, decide_cac
         decide_cache=decide_cache,
         module_groups=cfg.model.module_groups or None,
     )
+
+
+def apply_prompt_and_generation_settings(adapter, cfg: TrainConfig) -> None:
+    """The settings that shape prompts and sampling beyond the sampler's own (TRL's chat_template_kwargs,
+    repetition_penalty, min_p, cache_implementation, generation_kwargs): the chat template's extra arguments on the
+    adapter, the rest on the model's generation config, which generate() and the sampler's warpers read. Nothing is
+    touched when they are at their defaults."""
+    if cfg.data.chat_template_kwargs:
+        adapter.chat_template_kwargs = dict(cfg.data.chat_template_kwargs)
+    gen = cfg.generation
+    fields = {**gen.generation_kwargs}
+    if gen.repetition_penalty != 1.0:
+        fields["repetition_penalty"] = gen.repetition_penalty
+    if gen.min_p is not None:
+        fields["min_p"] = gen.min_p
+    if gen.cache_implementation is not None:
+        fields["cache_implementation"] = gen.cache_implementation
+    if fields:
+        config = adapter.model.generation_config
+        for key, value in fields.items():
+            if not hasattr(config, key):
+                raise ValueError(f"generation.generation_kwargs: {key!r} is not a transformers GenerationConfig field")
+            setattr(config, key, value)
