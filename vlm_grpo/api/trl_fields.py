@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 import os
 import warnings
@@ -481,14 +482,15 @@ JOINT = {"adam_beta1": _betas, "adam_beta2": _betas, "num_train_epochs": _length
 
 
 # ------------------------------------------------------------------ reading the installed TRL
+@functools.cache
 def trl_defaults() -> dict[str, Any]:
-    """Each field of the installed TRL's GRPOConfig with its default ({} without TRL)."""
+    """Each field of the installed TRL's GRPOConfig with its default (without TRL: TrainingArguments')."""
     try:
-        import trl
-    except ImportError:
-        return {}
+        from trl import GRPOConfig as config_class
+    except ImportError:  # without TRL: the fields it inherits from transformers' TrainingArguments
+        from transformers import TrainingArguments as config_class
     out = {}
-    for f in dataclasses.fields(trl.GRPOConfig):
+    for f in dataclasses.fields(config_class):
         if f.default is not dataclasses.MISSING:
             out[f.name] = f.default
         elif f.default_factory is not dataclasses.MISSING:
@@ -514,7 +516,7 @@ def translate(given: dict[str, Any]) -> dict[str, Any]:
     defaults = trl_defaults()
     given = {k: _plain(v) for k, v in given.items()}
     out: dict[str, Any] = {}
-    refused: list[str] = []
+    refused: list[tuple[str, str]] = []
     for name, value in given.items():
         rule = RULES.get(name)
         if rule is None:
@@ -525,9 +527,9 @@ def translate(given: dict[str, Any]) -> dict[str, Any]:
                 try:
                     rule.to(value, given)
                 except SettingError as err:
-                    refused.append(f"{name}: {err.problem}")
+                    refused.append((name, err.problem))
             elif not is_default(name, value, defaults) and value not in (None, False):
-                refused.append(f"{name}={value!r}: {rule.note}")
+                refused.append((name, f"{value!r} cannot be honoured here: {rule.note}"))
             continue
         if rule.status == NO_EFFECT:
             if not is_default(name, value, defaults) and value is not None:
@@ -546,9 +548,10 @@ def translate(given: dict[str, Any]) -> dict[str, Any]:
             out["logging.save_every"] = _steps_value(value, given, name)
         else:
             out[name] = value  # the same name and meaning here: the settings parser takes it
+    if len(refused) == 1:
+        raise SettingError(*refused[0])
     if refused:
-        raise SettingError(", ".join(r.split(":")[0].split("=")[0] for r in refused),
-                           "TRL values that cannot be honoured here: " + "; ".join(refused))
+        raise SettingError(", ".join(name for name, _ in refused), "; ".join(f"{n}: {p}" for n, p in refused))
     if any(name in given for name in BATCH_FIELDS):
         out.update(_batch(given))
     if given.get("logging_strategy", "steps") == "steps" and isinstance(given.get("logging_steps"), int):
