@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test clean
+.PHONY: demo test clean trl-fields-doc
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ demo: $(STAMP)
 # launch ports and fixtures stay together).
 test: $(REAL_STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
+
+# docs/trl-grpoconfig-fields.md from vlm_grpo/api/trl_fields.py and the installed TRL (a test checks it is current)
+trl-fields-doc: $(STAMP)
+	$(BIN)/python -c "from vlm_grpo.api.trl_fields import DOC, table_markdown; DOC.write_text(table_markdown())"
 
 clean:
 	rm -rf $(VENV)

@@ -97,7 +97,8 @@ class _Trainer:
         schedule = getattr(self.args, "schedule", {})
         apply_process_settings(schedule)
         self.callback_bridge = CallbackBridge(callbacks or [], self.args)
-        parts = {"rollout_func": rollout_func} if rollout_func is not None else {}
+        # TRL calls rollout_func(prompts, trainer) with its own trainer: this one
+        parts = {"rollout_func": lambda prompts, _run: rollout_func(prompts, self)} if rollout_func is not None else {}
         self.run = self.run_class(cfg, adapter=adapter, recipe=recipe, rewards=rewards, step_hooks=[self._after_step],
                                   **parts)
         run = self.run

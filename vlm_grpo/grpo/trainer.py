@@ -25,6 +25,7 @@ from vlm_grpo.grpo.distributed import fsdp
 from vlm_grpo.grpo.logprobs.completions import group_scores
 from vlm_grpo.grpo.rewards.inputs import RewardInputs, trainer_state
 from vlm_grpo.grpo.rewards.scoring import nan_mean, nan_std, score
+from vlm_grpo.grpo.rollout.custom import custom_rollout
 from vlm_grpo.grpo.rollout.sampling import Rollout, encode, rollout
 from vlm_grpo.grpo.rollout.turns import ToolRollout, loggable_messages
 from vlm_grpo.grpo.settings.sections import TrainConfig
@@ -62,9 +63,10 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
     stage = "grpo"
 
     def __init__(self, cfg: TrainConfig, adapter=None, recipe=None, after_run=(), tools=(), environment_factory=None,
-                 **parts):
+                 rollout_func=None, **parts):
         cfg.loss.max_completion_length = cfg.generation.max_new_tokens
         self.reference = None
+        self.rollout_func = rollout_func  # TRL's rollout_func: the user's generation (rollout/custom.py)
         self.timings: dict[str, float] = {}  # seconds of the last step's phases (kept out of the metrics)
         self.updates = 0  # optimizer updates so far (the reference sync counts them)
         self.entropy_control = EntropyControl(cfg.loss)
@@ -159,6 +161,8 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
             policy_features = image_features(self.adapter, prompts, model=self.model) if self._encode_once() else None
             sampled_from = None if policy_features is None else policy_features.detach()
             args, turns = (self.adapter, samples, cfg.generation, g, device), cfg.tools.max_tool_calling_iterations
+            if self.rollout_func is not None:
+                return custom_rollout(self.rollout_func, self, self.adapter, samples, prompts, g), policy_features
             ro = self.with_full_weights(lambda: rollout(
                 *args, shared_prefix=cfg.perf.shared_prefix, prompts=prompts, features=sampled_from,
             ) if self.session is None else ToolRollout.sample(  # multi-turn: tool images encoded once each
@@ -173,6 +177,7 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
                                            trainer_state(step, cfg.max_steps))
         if ro.conversations is not None:  # rewards get the whole conversation, as TRL passes it
             inputs.with_tools(self.session, ro.conversations)
+        inputs.fields.update(ro.extra_fields)  # a rollout_func's own columns, as TRL hands them to the rewards
         reward_errors: dict[str, int] = {}
         total, components = score(self.rewards, inputs, on_error=cfg.data.on_reward_error, errors=reward_errors)
         loss_mask = model_tokens(ro.completion_mask, ro.tool_mask)  # tool turns train on no token

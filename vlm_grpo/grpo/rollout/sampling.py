@@ -35,6 +35,7 @@ class Rollout:
     conversations: list[list[dict]] | None = None  # [B*G] the messages after the prompt, as TRL hands them on
     tool_metrics: dict[str, float] = field(default_factory=dict)
     turn_features: ImageFeatures | None = None  # the tool images' features as encoded (with gradient: encode once)
+    extra_fields: dict[str, list] = field(default_factory=dict)  # a rollout_func's columns for the rewards, per row
 
     def prompt_index(self, rows: list[int]) -> list[int]:
         """The prompt each completion row belongs to."""
