@@ -16,11 +16,15 @@ from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback  # noqa:
 
 from tests.recipes.helpers import image  # noqa: E402
 
-SETTINGS = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, num_generations=2,
-                max_completion_length=3, num_train_epochs=1, max_steps=-1, logging_steps=2, logging_first_step=True,
-                save_steps=2, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=2, report_to="none",
-                seed=0)
-ROWS = 6  # 6 rows, 2 prompts per generation: 3 optimizer steps in one epoch
+COMMON = dict(num_generations=2, max_completion_length=3, per_device_eval_batch_size=2, report_to="none", seed=0)
+CONFIGS = {
+    # 6 rows, 2 prompts per generation: 3 optimizer steps in one epoch
+    "steps": (6, dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, num_train_epochs=1, max_steps=-1,
+                      logging_steps=2, logging_first_step=True, save_steps=2, eval_strategy="steps", eval_steps=2)),
+    # 4 rows, 2 prompts per generation, 1.5 epochs: 3 steps, passes ending at steps 2 and 3
+    "epoch": (4, dict(per_device_train_batch_size=4, num_train_epochs=1.5, logging_strategy="epoch",
+                      eval_strategy="epoch", eval_on_start=True, save_strategy="no")),
+}
 
 
 class Recorder(TrainerCallback):
@@ -60,7 +64,7 @@ def summary(trainer, recorder: Recorder, out: Path, train_calls) -> dict:
     }
 
 
-def run_trl(out: Path) -> dict:
+def run_trl(out: Path, rows: int, settings: dict) -> dict:
     from vlm_grpo.loader import load_model
 
     tokenizer = load_model("tiny:smolvlm").tokenizer
@@ -68,9 +72,10 @@ def run_trl(out: Path) -> dict:
     model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id))
-    rows = [{"prompt": f"Which colour is square {i}?"} for i in range(ROWS)]
+    rows = [{"prompt": f"Which colour is square {i}?"} for i in range(rows)]
     recorder = Recorder()
-    args = trl.GRPOConfig(output_dir=str(out), use_cpu=True, bf16=False, gradient_checkpointing=False, **SETTINGS)
+    args = trl.GRPOConfig(output_dir=str(out), use_cpu=True, bf16=False, gradient_checkpointing=False, **COMMON,
+                          **settings)
     trainer = trl.GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=recorder.reward, args=args,
                               train_dataset=Dataset.from_list(rows), eval_dataset=Dataset.from_list(rows[:2]),
                               callbacks=[recorder])
@@ -78,12 +83,12 @@ def run_trl(out: Path) -> dict:
     return summary(trainer, recorder, out, [c[1:] for c in recorder.calls if c[0] == "train"])
 
 
-def run_ours(out: Path) -> dict:
+def run_ours(out: Path, rows: int, settings: dict) -> dict:
     from vlm_grpo import GRPOConfig, GRPOTrainer
 
-    rows = [{"prompt": f"Which colour is square {i}?", "image": image(i)} for i in range(ROWS)]
+    rows = [{"prompt": f"Which colour is square {i}?", "image": image(i)} for i in range(rows)]
     recorder = Recorder()
-    args = GRPOConfig(output_dir=str(out), progress=False, **SETTINGS)
+    args = GRPOConfig(output_dir=str(out), progress=False, **COMMON, **settings)
     trainer = GRPOTrainer(model="tiny:smolvlm", reward_funcs=recorder.reward, args=args,
                           train_dataset=Dataset.from_list(rows), eval_dataset=Dataset.from_list(rows[:2]),
                           callbacks=[recorder])
@@ -104,10 +109,11 @@ def run_ours(out: Path) -> dict:
     return summary(trainer, recorder, out, [c[1:] for c in recorder.calls if c[0] == "train"])
 
 
-def test_the_same_config_runs_the_same_schedule_as_trl(tmp_path, monkeypatch):
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_the_same_config_runs_the_same_schedule_as_trl(name, tmp_path, monkeypatch):
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    theirs = run_trl(tmp_path / "trl")
-    ours = run_ours(tmp_path / "ours")
-    assert theirs["generations"] == [(4, 2)] * 3  # the oracle did what the settings say
-    assert theirs["logged_train_steps"] == [1, 2] and theirs["evaluated"] == [2, 3]
+    rows, settings = CONFIGS[name]
+    theirs = run_trl(tmp_path / "trl", rows, settings)
+    ours = run_ours(tmp_path / "ours", rows, settings)
+    assert theirs["generations"] == [(4, 2)] * 3 and theirs["optimizer_steps"] == 3  # the oracle did as set
     assert ours == theirs

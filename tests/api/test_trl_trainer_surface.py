@@ -1,0 +1,92 @@
+"""The trainer's TRL surface: add/pop/remove_callback on transformers' callbacks, on_save after each checkpoint,
+trainer.accelerator, TRL's rollout_func (its completions trained on, its extra keys handed to the rewards), and the
+settings TRL names that shape a run (optimizer, schedule, generation, data order) reaching it."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import PrinterCallback, TrainerCallback
+
+from tests.api.test_python_api import FAST, rows, says_colour
+from vlm_grpo import GRPOConfig, GRPOTrainer
+from vlm_grpo.grpo.run.logs import read_jsonl
+
+
+class Events(TrainerCallback):
+    def __init__(self):
+        self.seen = []
+
+    def on_save(self, args, state, control, **kwargs):
+        self.seen.append(("save", state.global_step))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.seen.append(("step", state.global_step))
+
+
+class Other(TrainerCallback):
+    pass
+
+
+def test_callbacks_are_added_popped_and_removed_as_in_trl_and_hear_each_save(tmp_path):
+    trainer = GRPOTrainer(model="tiny:smolvlm", reward_funcs=[says_colour], train_dataset=rows(),
+                          args=GRPOConfig(output_dir=str(tmp_path / "run"), save_steps=1, **FAST),
+                          callbacks=[PrinterCallback])
+    events = Events()
+    trainer.add_callback(events)
+    trainer.add_callback(Other)
+    popped = trainer.pop_callback(PrinterCallback)
+    assert isinstance(popped, PrinterCallback) and trainer.pop_callback(PrinterCallback) is None
+    trainer.remove_callback(Other)
+    assert [type(cb).__name__ for cb in trainer.callback_handler.callbacks] == ["DefaultFlowCallback", "Events"]
+    assert trainer.accelerator is trainer.run.accelerator and trainer.accelerator.num_processes == 1
+    trainer.train()
+    # transformers saves after the step's end; here a checkpoint is written before the step hook: both per step
+    assert sorted(events.seen) == [("save", 1), ("save", 2), ("step", 1), ("step", 2)]
+
+
+def test_rollout_func_completions_are_trained_on_and_its_fields_reach_the_rewards(tmp_path):
+    seen = {}
+
+    def rollout_func(prompts, trainer):
+        tokenizer = trainer.processing_class.tokenizer
+        seen["prompts"], seen["trainer"] = prompts, trainer
+        ids = [tokenizer.encode(f" red {i}", add_special_tokens=False) for i in range(len(prompts))]
+        return {"prompt_ids": [[0]] * len(prompts), "completion_ids": ids, "logprobs": [[0.0] * len(i) for i in ids],
+                "source": [f"mine-{i}" for i in range(len(prompts))]}
+
+    def reads_source(completions, source, **kwargs):
+        seen.setdefault("rewarded", []).append((list(completions), list(source)))
+        return [1.0 if "red" in c else 0.0 for c in completions]
+
+    trainer = GRPOTrainer(model="tiny:smolvlm", reward_funcs=[reads_source], train_dataset=rows(),
+                          rollout_func=rollout_func, args=GRPOConfig(output_dir=str(tmp_path / "run"),
+                                                                     **{**FAST, "max_steps": 1}))
+    trainer.train()
+    assert seen["trainer"] is trainer and len(seen["prompts"]) == 4  # 2 prompts x 2 generations, as TRL hands them
+    assert seen["prompts"][0] == seen["prompts"][1] != seen["prompts"][2]
+    completions, source = seen["rewarded"][-1]
+    assert [c.strip() for c in completions] == [f"red {i}" for i in range(4)] and source == [f"mine-{i}" for i in range(4)]
+    logged = read_jsonl(tmp_path / "run" / "completions.jsonl")
+    assert [row["completion"].strip() for row in logged] == [f"red {i}" for i in range(4)]
+
+
+def test_trl_run_settings_reach_the_run(tmp_path):
+    """Optimizer by name, schedule kwargs, generation extras and the chat template's arguments, data order."""
+    import torch
+
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), **{**FAST, "max_steps": 1}, optim="sgd",
+                      lr_scheduler_type="cosine_with_restarts", lr_scheduler_kwargs={"num_cycles": 2}, min_p=0.1,
+                      repetition_penalty=1.3, generation_kwargs={"no_repeat_ngram_size": 2}, shuffle_dataset=False,
+                      chat_template_kwargs={"add_vision_id": True})
+    trainer = GRPOTrainer(model="tiny:smolvlm", reward_funcs=[says_colour], train_dataset=rows(), args=args)
+    run = trainer.run
+    assert type(run.optimizer.optimizer if hasattr(run.optimizer, "optimizer") else run.optimizer) is torch.optim.SGD
+    assert run.scheduler.lr_lambdas[0].keywords["num_cycles"] == 2
+    config = run.adapter.model.generation_config
+    assert (config.min_p, config.repetition_penalty, config.no_repeat_ngram_size) == (0.1, 1.3, 2)
+    assert run.adapter.chat_template_kwargs == {"add_vision_id": True}
+    samples, indices = run._samples(0)
+    assert indices == [0, 1]  # shuffle_dataset=False: rows in order
+    with pytest.raises(ValueError, match="'no_such_field' is not a transformers GenerationConfig field"):
+        GRPOTrainer(model="tiny:smolvlm", reward_funcs=[says_colour], train_dataset=rows(),
+                    args=GRPOConfig(output_dir=str(tmp_path / "bad"), **FAST, generation_kwargs={"no_such_field": 1}))
