@@ -103,6 +103,13 @@ def test_length_logging_saving_and_model_fields_translate_with_trls_meaning():
     assert cfg.generation.repetition_penalty == 1.1 and cfg.generation.min_p == 0.05
     assert cfg.data.chat_template_kwargs == {"enable_thinking": False} and cfg.data.reward_weights == []
     assert cfg.data.shuffle is False and cfg.data.data_seed == 7
+    from transformers.integrations import get_available_reporting_integrations
+
+    from vlm_grpo.grpo.settings.sections import TRACKERS
+
+    installed = [t for t in get_available_reporting_integrations() if t in TRACKERS]
+    assert GRPOConfig(report_to="all").train_config.logging.report_to == installed
+    assert GRPOConfig(report_to="none").train_config.logging.report_to == []
     with pytest.raises(ValueError, match="'logging.report_to': 'nosuch' is not one of"):
         GRPOConfig(report_to="nosuch")
 

@@ -70,15 +70,30 @@ def test_rollout_func_completions_are_trained_on_and_its_fields_reach_the_reward
     assert [row["completion"].strip() for row in logged] == [f"red {i}" for i in range(4)]
 
 
-def test_trl_run_settings_reach_the_run(tmp_path):
-    """Optimizer by name, schedule kwargs, generation extras and the chat template's arguments, data order."""
+def test_trl_run_settings_reach_the_run(tmp_path, monkeypatch):
+    """Optimizer by name, schedule kwargs, generation extras and the chat template's arguments, data order, full
+    determinism and the log level."""
+    import logging
+
     import torch
 
-    args = GRPOConfig(output_dir=str(tmp_path / "run"), **{**FAST, "max_steps": 1}, optim="sgd",
+    for name in ("CUDA_LAUNCH_BLOCKING", "CUBLAS_WORKSPACE_CONFIG", "FLASH_ATTENTION_DETERMINISTIC"):
+        monkeypatch.setenv(name, "")  # enable_full_determinism sets them: restored after the test
+    level = logging.getLogger("vlm_grpo").level
+    args = GRPOConfig(full_determinism=True, log_level="error", output_dir=str(tmp_path / "run"), **{**FAST, "max_steps": 1}, optim="sgd",
                       lr_scheduler_type="cosine_with_restarts", lr_scheduler_kwargs={"num_cycles": 2}, min_p=0.1,
                       repetition_penalty=1.3, generation_kwargs={"no_repeat_ngram_size": 2}, shuffle_dataset=False,
                       chat_template_kwargs={"add_vision_id": True})
-    trainer = GRPOTrainer(model="tiny:smolvlm", reward_funcs=[says_colour], train_dataset=rows(), args=args)
+    try:
+        trainer = GRPOTrainer(model="tiny:smolvlm", reward_funcs=[says_colour], train_dataset=rows(), args=args)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert logging.getLogger("vlm_grpo").level == logging.ERROR
+    finally:
+        torch.use_deterministic_algorithms(False)
+        logging.getLogger("vlm_grpo").setLevel(level)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_warning()
     run = trainer.run
     assert type(run.optimizer.optimizer if hasattr(run.optimizer, "optimizer") else run.optimizer) is torch.optim.SGD
     assert run.scheduler.lr_lambdas[0].keywords["num_cycles"] == 2
