@@ -105,3 +105,16 @@ def test_trl_run_settings_reach_the_run(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="'no_such_field' is not a transformers GenerationConfig field"):
         GRPOTrainer(model="tiny:smolvlm", reward_funcs=[says_colour], train_dataset=rows(),
                     args=GRPOConfig(output_dir=str(tmp_path / "bad"), **FAST, generation_kwargs={"no_such_field": 1}))
+
+
+def test_a_run_counted_in_epochs_resumes_to_more_epochs(tmp_path):
+    settings = dict(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=2,
+                    max_completion_length=4, progress=False, save_steps=1)
+    first = GRPOTrainer(model="tiny:smolvlm", reward_funcs=[says_colour], train_dataset=rows(),
+                        args=GRPOConfig(num_train_epochs=1, **settings))
+    assert first.train().global_step == 2  # 4 rows, 2 prompts per step: 2 steps per epoch
+    # the run directory is checked when the trainer is made: the resume is asked for there (TRL's field)
+    again = GRPOTrainer(model="tiny:smolvlm", reward_funcs=[says_colour], train_dataset=rows(),
+                        args=GRPOConfig(num_train_epochs=2, resume_from_checkpoint=True, **settings))
+    assert again.train().global_step == 4
+    assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss" in m] == [1, 2, 3, 4]
