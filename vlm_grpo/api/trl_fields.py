@@ -229,6 +229,15 @@ def _log_level(v, _):
     return {"trl.log_level": v}
 
 
+def _fp32_head(v, given):
+    half = given.get("bf16") or given.get("fp16") or str((given.get("model_init_kwargs") or {}).get(
+        "dtype", "")).removeprefix("torch.") in ("bfloat16", "float16", "half")
+    if v and half:
+        raise SettingError("cast_lm_head_to_fp32", "the LM head runs in the policy's half precision here (its "
+                           "logits are upcast after the matmul): train in float32 for an fp32 head")
+    return {}
+
+
 def _vllm(v, _):
     if v:
         raise SettingError("use_vllm", VLLM)
@@ -405,7 +414,9 @@ RULES: dict[str, Rule] = {
     "router_aux_loss_coef": _honour("loss.router_aux_loss_coef"),
     "disable_dropout": _honour("(always)", "the policy always runs without dropout here (the ratio compares like with "
                                "like); False, TRL's default, is accepted", lambda v, _: {}),
-    "cast_lm_head_to_fp32": _none("log-probs are taken from fp32 logits here, chunk by chunk"),
+    "cast_lm_head_to_fp32": Rule(REFUSED, "", "with an fp32 policy the head already runs in fp32 (accepted); with "
+                                 "bf16/fp16 the head's matmul runs in half precision and its logits are upcast after: "
+                                 "train in float32 (mixed_precision no) for an fp32 head", _fp32_head),
     # ------------------------------------------------ generation
     "num_generations": _honour("data.num_generations"),
     "max_completion_length": _honour("generation.max_new_tokens"),
