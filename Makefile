@@ -34,7 +34,7 @@ test: $(REAL_STAMP)
 
 # docs/trl-grpoconfig-fields.md from vlm_grpo/api/trl_fields.py and the installed TRL (a test checks it is current)
 trl-fields-doc: $(STAMP)
-	$(BIN)/python -c "from vlm_grpo.api.trl_fields import DOC, table_markdown; DOC.write_text(table_markdown())"
+	$(BIN)/python -c "from vlm_grpo.api.trl_fields_doc import DOC, table_markdown; DOC.write_text(table_markdown())"
 
 clean:
 	rm -rf $(VENV)

@@ -11,7 +11,8 @@ import pytest
 trl = pytest.importorskip("trl")
 
 from vlm_grpo import GRPOConfig  # noqa: E402
-from vlm_grpo.api.trl_fields import DOC, HONOURED, NO_EFFECT, REFUSED, RULES, table_markdown, trl_defaults  # noqa: E402
+from vlm_grpo.api.trl_fields import HONOURED, NO_EFFECT, REFUSED, RULES, trl_defaults  # noqa: E402
+from vlm_grpo.api.trl_fields_doc import DOC, table_markdown  # noqa: E402
 
 
 def test_every_field_of_the_installed_trl_is_classified():

@@ -49,8 +49,6 @@ class VLMAdapter(VideoHooks, ABC):
     module_layout: ClassVar[ModuleLayout]  # the module groups: freezing, learning rates, LoRA targets
     tiny_architecture: ClassVar[Architecture]  # the tiny twin's sizes
     presets: ClassVar[dict[str, Architecture]] = {}  # name -> a real-size (or benchmark) architecture
-    # extra apply_chat_template arguments of every prompt (a run's data.chat_template_kwargs sets them per instance)
-    chat_template_kwargs: ClassVar[dict[str, Any]] = {}
 
     # ================================================================ MUST implement
     @classmethod
@@ -183,7 +181,7 @@ class VLMAdapter(VideoHooks, ABC):
         tools = tools or [None] * len(conversations)
         texts = [
             self.processor.apply_chat_template(list(conv), add_generation_prompt=True, tokenize=False,
-                                               **self.chat_template_kwargs, **({"tools": list(t)} if t else {}))
+                                               **getattr(self, "chat_template_kwargs", {}), **({"tools": list(t)} if t else {}))
             for conv, t in zip(conversations, tools)
         ]
         images = [[prepare_sample_image(img, i) for img in sample] for i, sample in enumerate(images)]

@@ -32,7 +32,7 @@ def apply_prompt_and_generation_settings(adapter, cfg: TrainConfig) -> None:
     repetition_penalty, min_p, cache_implementation, generation_kwargs): the chat template's extra arguments on the
     adapter, the rest on the model's generation config, which generate() and the sampler's warpers read. Nothing is
     touched when they are at their defaults."""
-    if cfg.data.chat_template_kwargs:
+    if cfg.data.chat_template_kwargs:  # read by the adapter's encode_prompts (absent: none)
         adapter.chat_template_kwargs = dict(cfg.data.chat_template_kwargs)
     gen = cfg.generation
     fields = {**gen.generation_kwargs}
