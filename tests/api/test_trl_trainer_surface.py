@@ -40,8 +40,17 @@ def test_callbacks_are_added_popped_and_removed_as_in_trl_and_hear_each_save(tmp
     assert [type(cb).__name__ for cb in trainer.callback_handler.callbacks] == ["DefaultFlowCallback", "Events"]
     assert trainer.accelerator is trainer.run.accelerator and trainer.accelerator.num_processes == 1
     trainer.train()
+    trainer.log({"custom": 1.0})
+    assert trainer.state.log_history[-1] == {"custom": 1.0, "epoch": trainer.state.epoch, "step": 2}
     # transformers saves after the step's end; here a checkpoint is written before the step hook: both per step
     assert sorted(events.seen) == [("save", 1), ("save", 2), ("step", 1), ("step", 2)]
+
+
+def test_scheduled_evaluation_without_held_out_data_stops_when_the_trainer_is_made(tmp_path):
+    with pytest.raises(ValueError, match=r"eval_strategy='steps': rows given in Python have no held-out split; give "
+                                         r"GRPOTrainer\(eval_dataset=...\)"):
+        GRPOTrainer(model="tiny:smolvlm", reward_funcs=[says_colour], train_dataset=rows(),
+                    args=GRPOConfig(output_dir=str(tmp_path / "run"), eval_strategy="steps", **FAST))
 
 
 def test_rollout_func_completions_are_trained_on_and_its_fields_reach_the_rewards(tmp_path):

@@ -20,7 +20,7 @@ from vlm_grpo.api.callbacks import CallbackBridge
 from vlm_grpo.api.config import GRPOConfig, SFTConfig
 from vlm_grpo.api.parts import adapter_for, lora_settings, model_record, records, reward_parts
 from vlm_grpo.api.schedule import Schedule
-from vlm_grpo.grpo.data.source import remember_rows
+from vlm_grpo.grpo.data.source import MEMORY, remember_rows
 from vlm_grpo.grpo.evaluate import heldout_metrics
 from vlm_grpo.grpo.rewards.scoring import weighed
 from vlm_grpo.grpo.settings.sources import load_recipe_config, merge_settings
@@ -76,6 +76,12 @@ class _Trainer:
         if peft_config is not None:
             layers.append(lora_settings(peft_config))
         cfg, recipe = load_recipe_config(settings=merge_settings(*layers))
+        schedule = getattr(self.args, "schedule", {})
+        apply_process_settings(schedule)
+        scheduled = schedule.get("eval_strategy", "no") != "no" or schedule.get("eval_on_start")
+        if scheduled and cfg.data.eval_dataset is None and str(cfg.data.dataset or "").startswith(MEMORY):
+            raise ValueError(f"eval_strategy={schedule.get('eval_strategy')!r}: rows given in Python have no held-out "
+                             "split; give GRPOTrainer(eval_dataset=...) (TRL refuses this too)")
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where the run's accelerator puts it
         rewards = None
         if reward_funcs is not None:
@@ -94,8 +100,6 @@ class _Trainer:
             from vlm_grpo.grpo.training.policy import load_policy
 
             adapter = adapter_for(load_policy(cfg, device), processing_class)
-        schedule = getattr(self.args, "schedule", {})
-        apply_process_settings(schedule)
         self.callback_bridge = CallbackBridge(callbacks or [], self.args)
         # TRL calls rollout_func(prompts, trainer) with its own trainer: this one
         parts = {"rollout_func": lambda prompts, _run: rollout_func(prompts, self)} if rollout_func is not None else {}
@@ -146,6 +150,10 @@ class _Trainer:
 
     def remove_callback(self, callback: Any) -> None:
         self.callback_bridge.remove(callback)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's Trainer.log: an entry of state.log_history at the current step, handed to every callback's on_log."""
+        self.callback_bridge.log(logs)
 
     def _after_step(self, run, metrics: dict[str, Any]) -> bool:
         """Each step's end, by transformers' DefaultFlowCallback: logged, evaluated; true stops the run."""
