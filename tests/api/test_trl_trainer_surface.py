@@ -106,8 +106,13 @@ def test_trl_run_settings_reach_the_run(tmp_path, monkeypatch):
     run = trainer.run
     assert type(run.optimizer.optimizer if hasattr(run.optimizer, "optimizer") else run.optimizer) is torch.optim.SGD
     assert run.scheduler.lr_lambdas[0].keywords["num_cycles"] == 2
+    from vlm_grpo.grpo.training.policy import sampling_with
+
     config = run.adapter.model.generation_config
-    assert (config.min_p, config.repetition_penalty, config.no_repeat_ngram_size) == (0.1, 1.3, 2)
+    own = (config.min_p, config.repetition_penalty, config.no_repeat_ngram_size)
+    with sampling_with(run.adapter.model, run.cfg.generation):  # rollouts generate with them ...
+        assert (config.min_p, config.repetition_penalty, config.no_repeat_ngram_size) == (0.1, 1.3, 2)
+    assert (config.min_p, config.repetition_penalty, config.no_repeat_ngram_size) == own  # ... the model keeps its own
     assert run.adapter.chat_template_kwargs == {"add_vision_id": True}
     samples, indices = run._samples(0)
     assert indices == [0, 1]  # shuffle_dataset=False: rows in order
@@ -127,3 +132,21 @@ def test_a_run_counted_in_epochs_resumes_to_more_epochs(tmp_path):
                         args=GRPOConfig(num_train_epochs=2, resume_from_checkpoint=True, **settings))
     assert again.train().global_step == 4
     assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss" in m] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("min_p", [None, 1.0])
+def test_min_p_reaches_the_sampler(min_p, tmp_path):
+    """min_p=1.0 keeps only the most likely token: a prompt's completions are then all the same; without it the
+    tiny twin's sampled completions differ."""
+    groups = []
+
+    def record(completions, **kwargs):
+        texts = [c if isinstance(c, str) else c[0]["content"] for c in completions]
+        groups.extend(texts[i:i + 4] for i in range(0, len(texts), 4))
+        return [0.0] * len(texts)
+
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), **{**FAST, "max_steps": 1, "num_generations": 4,
+                                                           "max_completion_length": 8}, min_p=min_p)
+    GRPOTrainer(model="tiny:smolvlm", reward_funcs=[record], train_dataset=rows(), args=args).train()
+    same = [len(set(group)) == 1 for group in groups[-2:]]  # the step's 2 prompts (the audit's calls come first)
+    assert all(same) if min_p else not all(same)

@@ -238,7 +238,7 @@ RULES: dict[str, Rule] = {
     "top_k": _honour("generation.top_k", "", lambda v, _: {"generation.top_k": v or 0}),
     "min_p": _honour("generation.min_p"),
     "generation_kwargs": _honour("generation.generation_kwargs", "sampling fields go to their settings, the rest "
-                                 "onto the model's generation config", tr.generation_kwargs),
+                                 "onto the model's generation config while it samples", tr.generation_kwargs),
     "chat_template_kwargs": _honour("data.chat_template_kwargs", "", tr.dict_or_empty("data.chat_template_kwargs")),
     "repetition_penalty": _honour("generation.repetition_penalty"),
     "cache_implementation": _honour("generation.cache_implementation"),

@@ -37,6 +37,7 @@ from vlm_grpo.grpo.training.before_after import BeforeAfter
 from vlm_grpo.grpo.training.hacking_watch import HackingWatch
 from vlm_grpo.grpo.training.lora import is_lora_wrapped, reference_disabled
 from vlm_grpo.grpo.training.optimizer import update_step
+from vlm_grpo.grpo.training.policy import sampling_with
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
 
 log = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
         (with gradient) taken first, which the rollout samples from (detached) and the single update reuses."""
         cfg, g, device = self.cfg, self.cfg.data.num_generations, self.accelerator.device
         self.session = self.toolset.start(samples, g).format(self.chat_format) if self.toolset.enabled else None
-        with self.accelerator.autocast():  # sample in the precision the policy forward runs in
+        with self.accelerator.autocast(), sampling_with(self.adapter.model, cfg.generation):  # the policy's precision
             prompts = encode(self.adapter, samples, device, self.session)
             policy_features = image_features(self.adapter, prompts, model=self.model) if self._encode_once() else None
             sampled_from = None if policy_features is None else policy_features.detach()

@@ -97,8 +97,8 @@ class GenerationConfig:
     cache_implementation: str | None = setting(None, help="generate()'s KV cache class, e.g. static (None: the "
                                                "model's default)")
     generation_kwargs: dict[str, Any] = setting(factory=dict, help="more transformers GenerationConfig fields for "
-                                                "rollouts (e.g. {no_repeat_ngram_size: 3}); set on the model's "
-                                                "generation config")
+                                                "rollouts (e.g. {no_repeat_ngram_size: 3}), on the model's "
+                                                "generation config while it samples")
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -266,8 +266,8 @@ class LoggingConfig:
     report_to: list[str] = setting(factory=list, help="trackers (accelerate): tensorboard, wandb, mlflow", choices=TRACKERS)
     log_every: int = setting(1, help="send the step's metrics to the trackers every N steps (metrics.jsonl holds "
                              "every step)", at_least=1)
-    checkpoint_at_end: bool = setting(True, help="checkpoint the last step too (false: only save_every's steps, "
-                                      "as TRL's save_strategy no/steps)")
+    checkpoint_at_end: bool = setting(True, help="checkpoint the last step too (false: only save_every's steps; "
+                                      "TRL's save_strategy='no' is save_every 0 and this false)")
     progress: bool = setting(True, help="show a progress bar")
     save_merged: bool = setting(True, help="with LoRA, also write final/merged (the full model, deltas folded in)")
     plot: bool = setting(False, help="train/sft commands: write the run's charts to <output_dir>/plots at the end")

@@ -44,7 +44,7 @@ from vlm_grpo.grpo.training.optimizer import build_optimizer, build_scheduler, t
 from vlm_grpo.grpo.training.preflight import cheap_checks, check_drawn_sample, check_mixed_precision, raise_on_failure
 from vlm_grpo.grpo.run.directory import prepare_run_dir
 from vlm_grpo.grpo.training.checkpointed import Checkpointed
-from vlm_grpo.grpo.training.policy import apply_prompt_and_generation_settings, load_policy
+from vlm_grpo.grpo.training.policy import apply_prompt_settings, check_generation_fields, load_policy
 from vlm_grpo.grpo.run.logs import RunLog
 from vlm_grpo.grpo.run import process_checks
 from vlm_grpo.grpo.settings.sources import check_sources, to_yaml
@@ -126,7 +126,8 @@ class BaseTrainer(Checkpointed):
             print(note)
         self.adapter = adapter or load_policy(cfg, self.accelerator.device)
         self.dataset.for_adapter(self.adapter)  # a video row for a model that reads no video is a bad row
-        apply_prompt_and_generation_settings(self.adapter, cfg)
+        apply_prompt_settings(self.adapter, cfg)
+        check_generation_fields(self.adapter.model, cfg.generation)
         if self.adapter.use_cache is None:  # an adapter built by the caller: decide as the loader would
             apply_cache_policy(self.adapter, cfg.model.cache_policy, probe_steps(cfg.generation.max_new_tokens))
         # every sample is checked against the model the first time it is drawn (encodes, fits the positions); in
