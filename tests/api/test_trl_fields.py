@@ -134,3 +134,16 @@ def test_the_optimizers_are_transformers_own(tmp_path):
     param = torch.nn.Parameter(torch.ones(3))
     cls, kwargs = optimizer_class(OptimConfig(optimizer="adafactor"))
     cls([param], **kwargs).step()  # runs here
+
+
+def test_gradient_checkpointing_kwargs_reach_torch_checkpoint():
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from vlm_grpo.grpo.training import gradient_checkpointing
+    from vlm_grpo.loader import load_model
+
+    model = load_model("tiny:smolvlm").model
+    kwargs = GRPOConfig(gradient_checkpointing_kwargs={"use_reentrant": True}).train_config.perf.gradient_checkpointing_kwargs
+    assert gradient_checkpointing.enable(model, kwargs) > 0
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+    assert {m._gradient_checkpointing_func.keywords["use_reentrant"] for m in layers} == {True}
