@@ -18,7 +18,7 @@ export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-fast durations test-latest test-vllm test-browser lock clean
+.PHONY: demo test test-fast durations test-latest test-vllm test-browser lock trl-fields-doc clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -97,6 +97,10 @@ test-vllm: $(VLLM_STAMP)
 	OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_HOST_IP=127.0.0.1 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
 	TORCHINDUCTOR_CACHE_DIR=$(abspath $(VLLM_VENV))/inductor-cache \
 	$(VLLM_BIN)/python -m pytest -m vllm -o addopts=-q tests/vllm_rollout
+
+# docs/trl-grpoconfig-fields.md from vlm_grpo/api/trl_fields.py and the installed TRL (a test checks it is current)
+trl-fields-doc: $(STAMP)
+	$(BIN)/python -c "from vlm_grpo.api.trl_fields_doc import DOC, table_markdown; DOC.write_text(table_markdown())"
 
 clean:
 	rm -rf $(VENV) $(LATEST_VENV) $(LOCK_TOOLS) $(VLLM_VENV)

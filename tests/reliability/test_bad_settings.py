@@ -27,7 +27,7 @@ BAD = {
     "--mixed-precision fp8": "'mixed_precision': 'fp8' is not one of no, bf16, fp16",
     "--report-to neptune": "'logging.report_to': 'neptune' is not one of tensorboard, wandb, mlflow, trackio",
     "--per_device_train_batch_size 8": "TRL's per_device_train_batch_size has no same-meaning setting here",
-    "--num_train_epochs 1": "runs are counted in steps: set max_steps",
+    "--max_prompt_length 64": "prompts are never cut: an image's tokens must stay whole",
     "--loss.max_completion_length 5": "'loss.max_completion_length': cannot be set: it is generation.max_new_tokens",
     "--max-stpes 3": "'max_stpes': unknown setting; did you mean 'max_steps'?",
     "--learning-rate fast": "'optim.learning_rate': 'fast' is not a valid float",

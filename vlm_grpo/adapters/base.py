@@ -181,7 +181,7 @@ class VLMAdapter(VideoHooks, ABC):
         tools = tools or [None] * len(conversations)
         texts = [
             self.processor.apply_chat_template(list(conv), add_generation_prompt=True, tokenize=False,
-                                               **({"tools": list(t)} if t else {}))
+                                               **getattr(self, "chat_template_kwargs", {}), **({"tools": list(t)} if t else {}))
             for conv, t in zip(conversations, tools)
         ]
         images = [[prepare_sample_image(img, i) for img in sample] for i, sample in enumerate(images)]

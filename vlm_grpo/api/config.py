@@ -5,7 +5,8 @@ Every keyword is a setting `vlm-grpo train --help` lists: a field name unique ac
 it means the same (`max_completion_length`, `bf16`, `save_steps` ...). They go through the parser the command line
 and YAML files use (grpo/settings/sources.py), so every value is checked when the config is built, TRL names with
 no same-meaning setting are refused together in one message, and `config="run.yaml"` reads a file underneath the
-keywords. Attributes read back as TRL's do: `args.output_dir`, `args.learning_rate`, `args.max_completion_length`.
+keywords. Every field of TRL's own GRPOConfig is taken as api/trl_fields.py classifies it (docs/trl-grpoconfig-fields.md):
+honoured with TRL's meaning, accepted without effect (with a warning), or refused in one line. Attributes read back as TRL's do: `args.output_dir`, `args.learning_rate`, `args.max_completion_length`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from vlm_grpo.api.trl_fields import RULES, translate, trl_defaults
 from vlm_grpo.grpo.settings.sources import canonical_key, load_config, merge_settings, read_yaml, to_yaml
 
 
@@ -25,8 +27,13 @@ class GRPOConfig:
     default_output_dir = "runs/latest"
 
     def __init__(self, config: str | Path | None = None, **settings: Any):
-        data = merge_settings(read_yaml(config) if config else {}, settings)
-        object.__setattr__(self, "settings", data)  # the mapping as given (YAML underneath the keywords)
+        object.__setattr__(self, "config_file", config)
+        object.__setattr__(self, "given", dict(settings))  # the keywords as written (TRL's names included)
+        translated = translate(settings)  # TRL's fields with TRL's meaning (api/trl_fields.py)
+        schedule = {k.removeprefix("trl."): translated.pop(k) for k in list(translated) if k.startswith("trl.")}
+        data = merge_settings(read_yaml(config) if config else {}, translated)
+        object.__setattr__(self, "settings", data)  # the mapping our parser reads (YAML underneath the keywords)
+        object.__setattr__(self, "schedule", schedule)  # TRL's logging/evaluation moments, for the trainer
         object.__setattr__(self, "train_config", load_config(base=self._with_defaults(data)))
 
     def _with_defaults(self, data: dict[str, Any]) -> dict[str, Any]:
@@ -42,9 +49,15 @@ class GRPOConfig:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
+        given = object.__getattribute__(self, "given")
+        if name in given and name in RULES and RULES[name].to is not None:
+            return given[name]  # a TRL field whose value was translated: read back as written
         try:
             key, translation = canonical_key(name)
         except ValueError as err:
+            defaults = trl_defaults()
+            if name in RULES and name in defaults:  # a TRL field left at TRL's default (callbacks may read it)
+                return given.get(name, defaults[name])
             raise AttributeError(f"{type(self).__name__} has no setting {name!r}: {err}") from None
         section, _, field = key.rpartition(".")
         value = getattr(getattr(self.train_config, section) if section else self.train_config, field)
@@ -54,8 +67,8 @@ class GRPOConfig:
 
     def __setattr__(self, name: str, value: Any) -> None:
         """`args.learning_rate = 1e-4` as in TRL: the setting is checked again with the others."""
-        settings = {**self.settings, name: value}
-        type(self).__init__(self, **settings)
+        settings = {**self.given, name: value}
+        type(self).__init__(self, self.config_file, **settings)
 
     def to_dict(self) -> dict[str, Any]:
         return self.train_config.to_dict()
@@ -64,7 +77,7 @@ class GRPOConfig:
         return to_yaml(self.train_config)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.settings.items())})"
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.given.items())})"
 
 
 class SFTConfig(GRPOConfig):

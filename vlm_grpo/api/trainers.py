@@ -19,12 +19,30 @@ from typing import Any, Sequence
 from vlm_grpo.api.callbacks import CallbackBridge
 from vlm_grpo.api.config import GRPOConfig, SFTConfig
 from vlm_grpo.api.parts import adapter_for, lora_settings, model_record, records, reward_parts
-from vlm_grpo.grpo.data.source import remember_rows
+from vlm_grpo.api.schedule import Schedule
+from vlm_grpo.grpo.data.source import MEMORY, remember_rows
 from vlm_grpo.grpo.evaluate import heldout_metrics
 from vlm_grpo.grpo.rewards.scoring import weighed
 from vlm_grpo.grpo.settings.sources import load_recipe_config, merge_settings
 from vlm_grpo.grpo.sft import SFTTrainer as SFTRun
 from vlm_grpo.grpo.trainer import GRPOTrainer as GRPORun
+
+
+def apply_process_settings(schedule: dict[str, Any]) -> None:
+    """TRL's process-wide settings, applied as transformers' Trainer applies them: log_level (vlm_grpo's and
+    transformers' loggers; "passive" leaves them) and tf32 (torch's matmul and cuDNN switches; None leaves them)."""
+    import logging
+
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    level = schedule.get("log_level", "passive")
+    if level not in (None, "passive"):
+        number = hf_logging.log_levels[level]
+        hf_logging.set_verbosity(number)
+        logging.getLogger("vlm_grpo").setLevel(number)
+    if schedule.get("tf32") is not None:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(schedule["tf32"])
 
 
 def _rows_record(data: Any, name: str) -> str:
@@ -39,7 +57,7 @@ class _Trainer:
     def __init__(self, model: Any, reward_funcs: Any = None, args: GRPOConfig | None = None, train_dataset: Any = None,
                  eval_dataset: Any = None, processing_class: Any = None, reward_processing_classes: Any = None,
                  callbacks: Sequence[Any] | None = None, optimizers: tuple = (None, None), peft_config: Any = None,
-                 tools: Sequence[Any] | None = None, environment_factory: Any = None):
+                 tools: Sequence[Any] | None = None, environment_factory: Any = None, rollout_func: Any = None):
         import torch
 
         tool_parts = {}
@@ -61,6 +79,12 @@ class _Trainer:
         if peft_config is not None:
             layers.append(lora_settings(peft_config))
         cfg, recipe = load_recipe_config(settings=merge_settings(*layers))
+        schedule = getattr(self.args, "schedule", {})
+        apply_process_settings(schedule)
+        scheduled = schedule.get("eval_strategy", "no") != "no" or schedule.get("eval_on_start")
+        if scheduled and cfg.data.eval_dataset is None and str(cfg.data.dataset or "").startswith(MEMORY):
+            raise ValueError(f"eval_strategy={schedule.get('eval_strategy')!r}: rows given in Python have no held-out "
+                             "split; give GRPOTrainer(eval_dataset=...) (TRL refuses this too)")
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where the run's accelerator puts it
         rewards = None
         if reward_funcs is not None:
@@ -79,9 +103,25 @@ class _Trainer:
             from vlm_grpo.grpo.training.policy import load_policy
 
             adapter = adapter_for(load_policy(cfg, device), processing_class)
-        self.callbacks = CallbackBridge(callbacks or [], self.args)
-        self.run = self.run_class(cfg, adapter=adapter, recipe=recipe, rewards=rewards, step_hooks=[self.callbacks.step],
-                                  **tool_parts)
+        self.callback_bridge = CallbackBridge(callbacks or [], self.args)
+        # TRL calls rollout_func(prompts, trainer) with its own trainer: this one
+        parts = {"rollout_func": lambda prompts, _run: rollout_func(prompts, self)} if rollout_func is not None else {}
+        parts.update(tool_parts)
+        self.run = self.run_class(cfg, adapter=adapter, recipe=recipe, rewards=rewards, step_hooks=[self._after_step],
+                                  **parts)
+        run = self.run
+        prompts_per_step = cfg.data.batch_size * run.accelerator.num_processes
+        self.steps_per_epoch = max(len(run.dataset) // prompts_per_step, 1)  # TRL's count: partial batches dropped
+        if schedule.get("save_strategy") == "epoch":  # a checkpoint at each pass's end (the last step: at the end)
+            run.cfg.logging.save_every = self.steps_per_epoch
+        saving = run.save
+
+        def save_and_tell(step: int, *args: Any, **kwargs: Any):
+            path = saving(step, *args, **kwargs)
+            self.callback_bridge.saved(run, step)
+            return path
+
+        run.save = save_and_tell  # on_save after every checkpoint the run writes
 
     # ---------------------------------------------------------------- what TRL's trainers expose
     @property
@@ -94,7 +134,40 @@ class _Trainer:
 
     @property
     def state(self):
-        return self.callbacks.state
+        return self.callback_bridge.state
+
+    @property
+    def accelerator(self):
+        return self.run.accelerator
+
+    @property
+    def callback_handler(self):
+        return self.callback_bridge.handler
+
+    def add_callback(self, callback: Any) -> None:
+        """A `TrainerCallback` (class or instance) added to the run's callbacks, as TRL's trainer takes it."""
+        self.callback_bridge.add(callback)
+
+    def pop_callback(self, callback: Any) -> Any:
+        """Removes a callback (class: its first instance) and returns it; None when there is none."""
+        return self.callback_bridge.pop(callback)
+
+    def remove_callback(self, callback: Any) -> None:
+        self.callback_bridge.remove(callback)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's Trainer.log: an entry of state.log_history at the current step, handed to every callback's on_log."""
+        self.callback_bridge.log(logs)
+
+    def _after_step(self, run, metrics: dict[str, Any]) -> bool:
+        """Each step's end, by transformers' DefaultFlowCallback: logged, evaluated; true stops the run."""
+        evaluate, stop = self.callback_bridge.step(run, metrics)
+        if evaluate:
+            self.evaluate()
+        return stop
+
+    def _schedule(self) -> Schedule:
+        return Schedule.of(getattr(self.args, "schedule", {}), self.run.cfg.max_steps, self.steps_per_epoch)
 
     @property
     def train_dataset(self):
@@ -111,16 +184,20 @@ class _Trainer:
             else:
                 self.run.cfg.resume_from = str(resume_from_checkpoint)
         started = time.perf_counter()
+        schedule = self._schedule()
         try:
-            self.callbacks.begin(self.run)
+            self.callback_bridge.begin(self.run, schedule)
         except BaseException:  # a user's callback failed before the run: the run directory is free again
             self.run.release_lock()
             raise
+        if schedule.eval_on_start:
+            self.evaluate()
         history = self.run.train()
-        self.callbacks.end(self.run)
         losses = [m["loss"] for m in history if "loss" in m]
-        metrics = {"train_runtime": time.perf_counter() - started,
-                   "train_loss": sum(losses) / len(losses) if losses else float("nan"),
+        summary = {"train_runtime": time.perf_counter() - started,
+                   "train_loss": sum(losses) / len(losses) if losses else float("nan")}
+        self.callback_bridge.end(self.run, summary)
+        metrics = {**summary,
                    **{k: v for k, v in (history[-1] if history else {}).items() if isinstance(v, (int, float))}}
         return TrainOutput(global_step=history[-1]["step"] if history else 0, training_loss=metrics["train_loss"],
                            metrics=metrics)
@@ -145,7 +222,7 @@ class _Trainer:
         metrics = {f"{metric_key_prefix}_{k.split('/', 1)[1]}": v for k, v in heldout_metrics(report).items()}
         metrics.update({f"{metric_key_prefix}_rewards/{k}": v for k, v in report["rewards"].items() if v is not None})
         self.last_evaluation = report
-        self.callbacks.evaluated(self.run, metrics)
+        self.callback_bridge.evaluated(self.run, metrics)
         return metrics
 
     def save_model(self, output_dir: str | Path | None = None) -> Path:
@@ -185,9 +262,10 @@ class _Trainer:
 
 class GRPOTrainer(_Trainer):
     """TRL's `GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
-    reward_processing_classes, callbacks, optimizers, peft_config, tools, environment_factory)` over vlm-grpo's GRPO
-    loop; `tools` are typed functions with Google-style docstrings (sync or async), `environment_factory` a class whose
-    public methods are tools plus `reset()` and an optional `get_reward()` (or a dict of them), as in TRL 1.16."""
+    reward_processing_classes, callbacks, optimizers, peft_config, tools, environment_factory, rollout_func)` over
+    vlm-grpo's GRPO loop; `tools` are typed functions with Google-style docstrings (sync or async), `environment_factory`
+    a class whose public methods are tools plus `reset()` and an optional `get_reward()` (or a dict of them), as in
+    TRL 1.16."""
 
     config_class = GRPOConfig
     run_class = GRPORun

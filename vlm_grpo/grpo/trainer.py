@@ -26,6 +26,7 @@ from vlm_grpo.grpo.distributed import fsdp
 from vlm_grpo.grpo.logprobs.completions import group_scores
 from vlm_grpo.grpo.rewards.inputs import RewardInputs, trainer_state
 from vlm_grpo.grpo.rewards.scoring import nan_mean, nan_std, score
+from vlm_grpo.grpo.rollout.custom import custom_rollout
 from vlm_grpo.grpo.rollout.sampling import Rollout, encode, rollout
 from vlm_grpo.grpo.rollout.turns import ToolRollout
 from vlm_grpo.grpo.run.completion_files import completion_rows, prompt_media, save_step
@@ -38,6 +39,7 @@ from vlm_grpo.grpo.training.before_after import BeforeAfter
 from vlm_grpo.grpo.training.hacking_watch import HackingWatch
 from vlm_grpo.grpo.training.lora import is_lora_wrapped, reference_disabled
 from vlm_grpo.grpo.training.optimizer import update_step
+from vlm_grpo.grpo.training.policy import sampling_with
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
 
 log = logging.getLogger(__name__)
@@ -54,9 +56,10 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
     stage = "grpo"
 
     def __init__(self, cfg: TrainConfig, adapter=None, recipe=None, after_run=(), tools=(), environment_factory=None,
-                 **parts):
+                 rollout_func=None, **parts):
         cfg.loss.max_completion_length = cfg.generation.max_new_tokens
         self.reference = None
+        self.rollout_func = rollout_func  # TRL's rollout_func: the user's generation (rollout/custom.py)
         self.timings: dict[str, float] = {}  # seconds of the last step's phases (kept out of the metrics)
         self.updates = 0  # optimizer updates so far (the reference sync counts them)
         self.entropy_control = EntropyControl(cfg.loss)
@@ -161,13 +164,15 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
         cfg, g, device = self.cfg, self.cfg.data.num_generations, self.accelerator.device
         self.session = self.toolset.start(samples, g, rows=self._rows, step=self.step + 1).format(self.chat_format) \
             if self.toolset.enabled else None
-        with self.accelerator.autocast():  # sample in the precision the policy forward runs in
+        with self.accelerator.autocast(), sampling_with(self.adapter.model, cfg.generation):  # the policy's precision
             prompts = encode(self.adapter, samples, device, self.session)
             policy_features = image_features(self.adapter, prompts, model=self.model) if self._encode_once() else None
             sampled_from = None if policy_features is None else policy_features.detach()
             if cfg.rollout.uses_vllm:  # vLLM samples; the trainer encoded the prompts for its own forwards
                 return self._engine().rollout(samples, prompts, cfg.generation, g, device), policy_features
             args, turns = (self.adapter, samples, cfg.generation, g, device), cfg.tools.max_tool_calling_iterations
+            if self.rollout_func is not None:
+                return custom_rollout(self.rollout_func, self, self.adapter, samples, prompts, g), policy_features
             ro = self.with_full_weights(lambda: rollout(
                 *args, shared_prefix=cfg.perf.shared_prefix, prompts=prompts, features=sampled_from,
             ) if self.session is None else ToolRollout.sample(  # multi-turn: tool images encoded once each
@@ -190,6 +195,7 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
         if ro.conversations is not None:  # rewards get the whole conversation, as TRL passes it
             inputs.with_tools(self.session, ro.conversations)
         inputs.rows = [indices[i // g] for i in range(len(inputs))]
+        inputs.fields.update(ro.extra_fields)  # a rollout_func's own columns, as TRL hands them to the rewards
         reward_errors: dict[str, int] = {}
         total, components = score(self.rewards, inputs, on_error=cfg.data.on_reward_error, errors=reward_errors,
                                   timeout=cfg.data.reward_timeout or None)
@@ -362,7 +368,7 @@ class GRPOTrainer(BeforeAfter, BaseTrainer):
         if self.is_main:
             rows = save_step(self.run_dir, step, rows, media)
         self.log.completions(rows)
-        self.track_completions(rows, step)
+        self.trackers.completions(rows, step)
 
     def _gather_rows(self, rows: list[dict]) -> list[dict]:
         if self.accelerator.num_processes == 1:

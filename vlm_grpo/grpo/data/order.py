@@ -2,27 +2,39 @@
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import torch
 
 
 @lru_cache(maxsize=8)
-def _permutation(size: int, seed: int, epoch: int) -> tuple[int, ...]:
+def _permutation(size: int, seed: int, epoch: int, shuffle: bool = True) -> tuple[int, ...]:
+    if not shuffle:
+        return tuple(range(size))
     generator = torch.Generator().manual_seed(seed * 7919 + epoch)
     return tuple(torch.randperm(size, generator=generator).tolist())
 
 
-def batch_indices(size: int, batch_size: int, step: int, seed: int, process_index: int = 0, num_processes: int = 1) -> list[int]:
-    """Sample indices of one process's prompts at `step`; every process gets distinct prompts."""
+def batch_indices(size: int, batch_size: int, step: int, seed: int, process_index: int = 0, num_processes: int = 1,
+                  shuffle: bool = True) -> list[int]:
+    """Sample indices of one process's prompts at `step`; every process gets distinct prompts (`shuffle` false: each
+    pass in row order)."""
     if size <= 0:
         raise ValueError("the training set is empty")
     start = step * batch_size * num_processes + process_index * batch_size
     out = []
     for position in range(start, start + batch_size):
         epoch, offset = divmod(position, size)
-        out.append(_permutation(size, seed, epoch)[offset])
+        out.append(_permutation(size, seed, epoch, shuffle)[offset])
     return out
+
+
+def epoch_steps(epochs: float, size: int, prompts_per_step: int) -> int:
+    """Steps of a run `epochs` passes long, by TRL's count: a step takes `prompts_per_step` rows (all processes), a
+    pass has size // prompts_per_step whole steps (at least 1; a last partial batch is dropped, as TRL's sampler
+    does), and a fractional total rounds up (transformers' Trainer)."""
+    return max(math.ceil(epochs * max(size // prompts_per_step, 1)), 1)
 
 
 def step_seed(seed: int, step: int, process_index: int = 0) -> int:

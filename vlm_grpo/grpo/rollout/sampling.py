@@ -36,6 +36,7 @@ class Rollout:
     tool_metrics: dict[str, float] = field(default_factory=dict)
     turn_features: ImageFeatures | None = None  # the tool images' features as encoded (with gradient: encode once)
     sampling_logps: torch.Tensor | None = None  # [B*G, T] the sampling engine's own log-probs (vLLM's); None: the policy sampled
+    extra_fields: dict[str, list] = field(default_factory=dict)  # a rollout_func's columns for the rewards, per row
 
     def prompt_index(self, rows: list[int]) -> list[int]:
         """The prompt each completion row belongs to."""

@@ -19,11 +19,11 @@ from typing import Any
 
 from vlm_grpo.grpo.settings.fields import SettingError
 
-SAFE = ("max_steps", "logging.", "guard.", "eval.", "perf.", "sft.eval_every", "model.cache_policy", "model.device",
+SAFE = ("max_steps", "epochs", "logging.", "guard.", "eval.", "perf.", "sft.eval_every", "model.cache_policy", "model.device",
         "model.attn_implementation", "model.trust_remote_code", "model.allow_pickle_weights", "data.on_bad_sample",
         "data.on_reward_error", "gradient_accumulation_steps")
 FIXED = ("model.name", "model.init_from", "model.dtype", "lora.", "optim.freeze", "optim.trainable_patterns",
-         "optim.freeze_preset", "fsdp")
+         "optim.freeze_preset", "optim.optimizer", "fsdp")
 IGNORED = ("loss.max_completion_length", "resume", "resume_from", "resume_accept", "trust_checkpoint")  # derived; how a run resumes
 PROCESSES = "num_processes"  # not a setting: how many processes trained (each draws its own prompts)
 
@@ -88,7 +88,8 @@ def check_resume(state: dict[str, Any], current: dict[str, Any], *, checkpoint: 
     if state.get("stage", stage) != stage:
         raise SettingError("resume", f"{checkpoint} was written by the {state['stage']} stage, not {stage}: start a "
                            "new run from its weights with --init-from instead")
-    if current.get("max_steps", step) < step:
+    # a run counted in epochs has its max_steps once the data is read, after this check (base.py)
+    if not current.get("epochs") and current.get("max_steps", step) < step:
         raise SettingError("max_steps", f"{current['max_steps']} is below {checkpoint}'s step {step}: a resumed run "
                            f"continues to a max_steps of at least {step}")
     saved_processes = state.get(PROCESSES)

@@ -7,22 +7,19 @@ it is built, so nothing reaches a run unchecked. `vlm-grpo train --help` lists e
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from typing import Any
 
-from vlm_grpo.adapters.module_groups import GROUP_NAMES, SUB_GROUPS
 from vlm_grpo.grpo.algorithm.advantages import ADVANTAGES, MULTI_OBJECTIVE
 from vlm_grpo.grpo.algorithm.advantages.group import SCALE_REWARDS
 from vlm_grpo.grpo.algorithm.losses import LossConfig
 from vlm_grpo.grpo.distributed.fsdp import MODES as FSDP_MODES
 from vlm_grpo.grpo.settings.fields import SettingError, check_fields, setting
 from vlm_grpo.grpo.settings.model import LoraSettings, ModelConfig
+from vlm_grpo.grpo.settings.optim import OPTIMIZERS, OptimConfig  # noqa: F401 - names offered here too
 from vlm_grpo.grpo.settings.rollout import RolloutConfig
-from vlm_grpo.grpo.training.freeze import FREEZE_PRESETS
 
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")  # accelerate's trackers; each is the package it needs
-
 
 
 @dataclass
@@ -70,6 +67,12 @@ class DataConfig:
                                    choices=("raise", "zero"))
     reward_timeout: float = setting(0.0, help="seconds a reward call may run (0: no limit); one that overruns is stopped "
                                     "and counts under on_reward_error", at_least=0.0)
+    shuffle: bool = setting(True, help="draw the training rows in a new shuffled order each pass (false: in row "
+                            "order; TRL's shuffle_dataset)")
+    data_seed: int | None = setting(None, help="seed of the training data order (None: the run's seed; TRL's data_seed)")
+    chat_template_kwargs: dict[str, Any] = setting(factory=dict, help="extra arguments of the processor's "
+                                                   "apply_chat_template when prompts are rendered (e.g. "
+                                                   "{enable_thinking: false})")
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -88,6 +91,14 @@ class GenerationConfig:
     sampler: str = setting("inverse_cdf", help="how a token is drawn: inverse_cdf (one uniform per row on the cumulative "
                            "probabilities) or multinomial (generate()'s own); the same distribution",
                            choices=("inverse_cdf", "multinomial"))
+    repetition_penalty: float = setting(1.0, help="generate()'s repetition penalty (1.0: none)", above=0.0)
+    min_p: float | None = setting(None, help="keep tokens whose probability is at least min_p x the top one's "
+                                  "(None: off)", at_least=0.0, at_most=1.0)
+    cache_implementation: str | None = setting(None, help="generate()'s KV cache class, e.g. static (None: the "
+                                               "model's default)")
+    generation_kwargs: dict[str, Any] = setting(factory=dict, help="more transformers GenerationConfig fields for "
+                                                "rollouts (e.g. {no_repeat_ngram_size: 3}), on the model's "
+                                                "generation config while it samples")
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -140,72 +151,13 @@ class PerfConfig:
                                     "completions chunk by chunk: no logits of all positions exist)", at_least=1)
     gradient_checkpointing: bool = setting(False, help="recompute the language model's and vision tower's blocks in "
                                            "backward instead of keeping their activations")
+    gradient_checkpointing_kwargs: dict[str, Any] = setting(factory=dict, help="torch.utils.checkpoint arguments "
+                                                            "(e.g. {use_reentrant: true}; default use_reentrant false)")
+    full_determinism: bool = setting(False, help="deterministic kernels everywhere (transformers' "
+                                     "enable_full_determinism): slower, bitwise repeatable")
 
     def __post_init__(self) -> None:
         check_fields(self)
-
-
-@dataclass
-class OptimConfig:
-    learning_rate: float = setting(1e-5, help="learning rate of every module group without its own", at_least=0.0)
-    vision_lr: float | None = setting(None, help="vision tower learning rate (None: learning_rate)", at_least=0.0)
-    projector_lr: float | None = setting(None, help="projector learning rate (None: learning_rate)", at_least=0.0)
-    language_lr: float | None = setting(None, help="language model learning rate (None: learning_rate)", at_least=0.0)
-    head_lr: float | None = setting(None, help="LM head learning rate (None: learning_rate)", at_least=0.0)
-    experts_lr: float | None = setting(None, help="mixture-of-experts routers and experts, a part of the language "
-                                       "model (None: language_lr)", at_least=0.0)
-    weight_decay: float = setting(0.0, help="AdamW weight decay", at_least=0.0)
-    adam_betas: tuple[float, float] = setting((0.9, 0.999), help="AdamW betas")
-    adam_eps: float = setting(1e-8, help="AdamW epsilon", above=0.0)
-    max_grad_norm: float = setting(1.0, help="clip the gradient norm to this (<= 0: measure only)")
-    freeze: list[str] = setting(factory=list, help="module groups to freeze: vision, projector, language, head; "
-                                "experts (a mixture-of-experts model's routers and experts, part of language)")
-    trainable_patterns: list[str] = setting(factory=list, help="regexes of parameter names trained again after freeze")
-    freeze_preset: str | None = setting(None, help="a named freeze policy: " + ", ".join(sorted(FREEZE_PRESETS)))
-    lr_scheduler: str = setting("constant_with_warmup", help="any schedule transformers.get_scheduler knows")
-    warmup_steps: int = setting(0, help="warm-up steps (wins over warmup_ratio when > 0)", at_least=0)
-    warmup_ratio: float = setting(0.0, help="warm-up as a share of the run's scheduler steps", at_least=0.0, at_most=1.0)
-
-    def __post_init__(self) -> None:
-        self.freeze = list(self.freeze)
-        self.trainable_patterns = list(self.trainable_patterns)
-        self.adam_betas = tuple(self.adam_betas)
-        check_fields(self)
-        unknown = [g for g in self.freeze if g not in GROUP_NAMES]
-        if unknown:
-            raise SettingError(
-                "freeze", f"unknown module group(s) {unknown} in freeze; valid module groups: {', '.join(GROUP_NAMES)}"
-            )
-        if self.freeze_preset is not None and self.freeze_preset not in FREEZE_PRESETS:
-            raise SettingError("freeze_preset", f"unknown freeze preset {self.freeze_preset!r}; known presets: "
-                               f"{', '.join(sorted(FREEZE_PRESETS))}")
-        for pattern in self.trainable_patterns:
-            try:
-                re.compile(pattern)
-            except re.error as err:
-                raise SettingError("trainable_patterns", f"{pattern!r} is not a valid regex ({err})") from None
-        if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
-            raise SettingError("adam_betas", f"{self.adam_betas!r} must be two numbers in [0, 1)")
-        from transformers import SchedulerType
-
-        try:
-            SchedulerType(self.lr_scheduler)
-        except ValueError:
-            valid = ", ".join(s.value for s in SchedulerType)
-            raise SettingError("lr_scheduler", f"unknown lr_scheduler {self.lr_scheduler!r}; transformers accepts: {valid}") from None
-
-    def lr_for(self, group: str) -> float:
-        """A group's learning rate; a sub-group without its own takes its group's."""
-        if group not in GROUP_NAMES:
-            raise ValueError(f"unknown module group {group!r}; valid module groups: {', '.join(GROUP_NAMES)}")
-        lr = getattr(self, f"{group}_lr")
-        if lr is None:
-            return self.lr_for(SUB_GROUPS[group]) if group in SUB_GROUPS else self.learning_rate
-        return lr
-
-    def frozen_groups(self) -> set[str]:
-        preset = FREEZE_PRESETS[self.freeze_preset] if self.freeze_preset else None
-        return set(self.freeze) | set(preset.freeze if preset else ())
 
 
 @dataclass
@@ -261,6 +213,10 @@ class LoggingConfig:
     report_to: list[str] = setting(factory=list, help="trackers (accelerate): tensorboard, wandb, mlflow, trackio (a "
                                    "local dashboard: its files under <output_dir>/trackio unless TRACKIO_DIR is set)",
                                    choices=TRACKERS)
+    log_every: int = setting(1, help="send the step's metrics to the trackers every N steps (metrics.jsonl holds "
+                             "every step)", at_least=1)
+    checkpoint_at_end: bool = setting(True, help="checkpoint the last step too (false: only save_every's steps; "
+                                      "TRL's save_strategy='no' is save_every 0 and this false)")
     progress: bool = setting(True, help="show a progress bar")
     save_merged: bool = setting(True, help="with LoRA, also write final/merged (the full model, deltas folded in)")
     plot: bool = setting(False, help="train/sft commands: write the run's charts to <output_dir>/plots at the end")
@@ -324,6 +280,8 @@ class TrainConfig:
     tools: ToolsConfig = dataclasses.field(default_factory=ToolsConfig)
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
     max_steps: int = setting(3, help="optimizer steps of the run (GRPO: rollout batches)", at_least=1)
+    epochs: float = setting(0.0, help="run length in passes over the training split (TRL's num_train_epochs), "
+                            "instead of max_steps when > 0: ceil(epochs x rows // prompts per step) steps", at_least=0.0)
     advantage: str = setting("group", help="the advantage estimator (see README, 'Advantage estimators')",
                              choices=tuple(sorted(ADVANTAGES)))
     scale_rewards: str = setting("group", help="group advantages: what a group's centred reward is divided by: the "

@@ -35,6 +35,11 @@ TRL_NAMES: dict[str, tuple[str, dict | None]] = {
     "lr_scheduler_type": ("optim.lr_scheduler", None),
     "hub_private_repo": ("logging.hub_private", None),
     "gradient_checkpointing": ("perf.gradient_checkpointing", None),
+    "num_train_epochs": ("epochs", None),
+    "data_seed": ("data.data_seed", None),
+    "shuffle_dataset": ("data.shuffle", None),
+    "optim": ("optim.optimizer", None),
+    "adam_epsilon": ("optim.adam_eps", None),
     "bf16": ("mixed_precision", {True: "bf16", False: "no"}),
     "fp16": ("mixed_precision", {True: "fp16", False: "no"}),
     # TRL's script arguments (`trl grpo --dataset_name ...`)
@@ -47,13 +52,11 @@ TRL_NAMES: dict[str, tuple[str, dict | None]] = {
 }
 NOT_THE_SAME = {
     "per_device_train_batch_size": "TRL counts completions per device; here data.batch_size counts prompts per "
-    "process and data.num_generations completions per prompt (TRL's value = batch_size x num_generations)",
-    "num_train_epochs": "runs are counted in steps: set max_steps (one pass over N samples is N / data.batch_size "
-    "steps per process)",
-    "logging_steps": "every step is logged (metrics.jsonl and the trackers)",
+    "process and data.num_generations completions per prompt (TRL's value = batch_size x num_generations; the Python "
+    "API's GRPOConfig converts it)",
+    "logging_steps": "every step is logged to metrics.jsonl; logging.log_every N sends every Nth to the trackers "
+    "(the Python API's GRPOConfig takes logging_steps with TRL's meaning)",
     "max_prompt_length": "prompts are never cut: an image's tokens must stay whole",
-    "data_seed": "TRL's seeds the training sampler; here the data order follows seed, and eval.data_seed picks the "
-    "held-out samples",
 }
 DERIVED = {"loss.max_completion_length": "it is generation.max_new_tokens (TRL: max_completion_length)"}
 TRUST_FLAGS = {"trust_checkpoint": "--trust-checkpoint", "model.trust_remote_code": "--trust-remote-code"}

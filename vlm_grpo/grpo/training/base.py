@@ -32,7 +32,7 @@ from vlm_grpo.grpo.distributed import fsdp
 from vlm_grpo.grpo.distributed import processes
 from vlm_grpo.grpo.settings.fields import SettingError
 from vlm_grpo.grpo.settings.sections import TrainConfig
-from vlm_grpo.grpo.data.order import batch_indices, repeats_note
+from vlm_grpo.grpo.data.order import batch_indices, epoch_steps, repeats_note
 from vlm_grpo.grpo.data.source import build_split, resolve_recipe
 from vlm_grpo.grpo.evaluate import evaluate_run, heldout_split, run_rewards_of
 from vlm_grpo.grpo.training.guards import KLWatchdog, LearningSignalMonitor, NonFiniteGuard, TrainingHalted, check_disk_space
@@ -45,13 +45,13 @@ from vlm_grpo.grpo.training.optimizer import build_optimizer, build_scheduler, t
 from vlm_grpo.grpo.training.preflight import cheap_checks, check_drawn_sample, check_mixed_precision, raise_on_failure
 from vlm_grpo.grpo.run.directory import prepare_run_dir
 from vlm_grpo.grpo.training.checkpointed import Checkpointed
-from vlm_grpo.grpo.training.policy import load_policy
+from vlm_grpo.grpo.training.policy import apply_prompt_settings, check_generation_fields, load_policy
 from vlm_grpo.grpo.run.logs import RunLog, log_failure
 from vlm_grpo.grpo.run import process_checks, safe_files
 from vlm_grpo.grpo.settings.sources import check_sources, to_yaml
 from vlm_grpo.grpo.run.stop_signals import stop_on_signals
-from vlm_grpo.grpo.run.tracker_tables import log_completion_tables
-from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT, check_trackers, claim_tracker_folders, flat_settings
+from vlm_grpo.grpo.run.run_trackers import RunTrackers
+from vlm_grpo.grpo.run.trackers import check_trackers
 from vlm_grpo.compat.cache_probe import probe_steps
 from vlm_grpo.loader import apply_cache_policy
 from vlm_grpo.recipes.checked import CheckedSource
@@ -81,7 +81,6 @@ class BaseTrainer(Checkpointed):
         self.step_hooks = list(step_hooks)
         self.log_history: list[dict[str, Any]] = []  # every step's metrics, for trainer_state.json
         self.heldout: dict[str, dict[str, Any]] = {}  # held-out reports by moment (before, after ...), for the card
-        self._trackers_started = False
         self.after_run = list(after_run)  # called with the run directory at the end (e.g. the plots the command wires)
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),  # lets torchrun-launched CPU processes form a gloo group
@@ -90,11 +89,16 @@ class BaseTrainer(Checkpointed):
             project_dir=cfg.logging.output_dir,
         )
         set_seed(cfg.seed)
+        if cfg.perf.full_determinism:  # TRL's full_determinism: transformers' own switch (seeds, deterministic kernels)
+            from transformers import enable_full_determinism
+
+            enable_full_determinism(cfg.seed)
         self.sharding = fsdp.requested_mode(cfg.fsdp, self.accelerator)  # "no", or how FSDP shards the policy
         if self.sharding != "no" and not torch.distributed.is_initialized():
             raise SettingError("fsdp", f"{self.sharding} shards across processes: launch with `accelerate launch "
                                "--num_processes N` (or torchrun); one process trains without fsdp")
         self.run_dir = Path(cfg.logging.output_dir)
+        self.trackers = RunTrackers(self.accelerator, cfg, self.run_dir, self.is_main)
         self.lock = None  # the run directory's lock, held by the main process until the run ends
         if self.is_main:
             self.lock = prepare_run_dir(self.run_dir, resume=cfg.resume or cfg.resume_from is not None,
@@ -119,11 +123,15 @@ class BaseTrainer(Checkpointed):
         self.rewards = list(rewards) if rewards is not None else run_rewards_of(
             self.recipe, cfg, self.accelerator.device, required=self.needs_rewards)
         self.dataset = CheckedSource(self._build_dataset(), cfg.data.on_bad_sample)
+        if cfg.epochs > 0:  # the run's length in passes over the split (TRL's num_train_epochs with max_steps -1)
+            cfg.max_steps = epoch_steps(cfg.epochs, len(self.dataset), cfg.data.batch_size * self.accelerator.num_processes)
         note = repeats_note(len(self.dataset), cfg.data.batch_size * self.accelerator.num_processes)
         if note and self.is_main:
             print(note)
         self.adapter = adapter or load_policy(cfg, self.accelerator.device)
         self.dataset.for_adapter(self.adapter)  # a video row for a model that reads no video is a bad row
+        apply_prompt_settings(self.adapter, cfg)
+        check_generation_fields(self.adapter.model, cfg.generation)
         if self.adapter.use_cache is None:  # an adapter built by the caller: decide as the loader would
             apply_cache_policy(self.adapter, cfg.model.cache_policy, probe_steps(cfg.generation.max_new_tokens))
         # every sample is checked against the model the first time it is drawn (encodes, fits the positions); in
@@ -207,7 +215,7 @@ class BaseTrainer(Checkpointed):
         self._after_freeze()
         adapter.model.train(self.dropout)
         if cfg.perf.gradient_checkpointing:
-            checkpointing.enable(adapter.model)
+            checkpointing.enable(adapter.model, cfg.perf.gradient_checkpointing_kwargs)
         if self.sharding != "no":  # before the optimizer: it must hold the shards
             root = fsdp.shard(adapter.model, self.sharding)
             self._shard_more()
@@ -226,7 +234,10 @@ class BaseTrainer(Checkpointed):
     # ---------------------------------------------------------------- data
     def _samples(self, step: int):
         acc = self.accelerator
-        idx = batch_indices(len(self.dataset), self.cfg.data.batch_size, step, self.cfg.seed, acc.process_index, acc.num_processes)
+        data = self.cfg.data
+        seed = self.cfg.seed if data.data_seed is None else data.data_seed
+        idx = batch_indices(len(self.dataset), data.batch_size, step, seed, acc.process_index, acc.num_processes,
+                            shuffle=data.shuffle)
         picked = [self.dataset.pick(i) for i in idx]  # in skip mode a bad sample's place goes to the next good one
         return [sample for _, sample in picked], [i for i, _ in picked]
 
@@ -234,28 +245,6 @@ class BaseTrainer(Checkpointed):
         return processes.mean_over_processes(self.accelerator, metrics)
 
     # ---------------------------------------------------------------- trackers, card, hub
-    def start_trackers(self) -> None:
-        """accelerate's trackers (logging.report_to), started once per run."""
-        if self.cfg.logging.report_to and not self._trackers_started:
-            flat = {k: str(v) for k, v in flat_settings(self.cfg.to_dict()).items()}
-            name = self.cfg.logging.run_name
-            kwargs = {"wandb": {"name": name}, "mlflow": {"run_name": name}, "trackio": {"name": name}} if name else {}
-            claim_tracker_folders(self.run_dir, self.cfg.logging.report_to, self.is_main)
-            self.accelerator.init_trackers(TRACKER_PROJECT, config=flat, init_kwargs=kwargs)
-            self._trackers_started = True
-
-    def track(self, metrics: dict[str, Any], step: int) -> None:
-        if self._trackers_started:
-            # `step` goes as the trackers' step, not as a metric (trackio reserves the name)
-            self.accelerator.log({k: v for k, v in metrics.items() if isinstance(v, (int, float)) and k != "step"},
-                                 step=step)
-
-    def track_completions(self, rows: list[dict[str, Any]], step: int) -> None:
-        """A step's completions (completions.jsonl rows, picture paths included) as a table in each tracker."""
-        if self._trackers_started and self.is_main:
-            log_completion_tables(self.accelerator.trackers, step, rows, self.run_dir,
-                                  multimodal=self.cfg.logging.log_multimodal)
-
     def write_card(self, folder: Path | None = None, title: str | None = None) -> str:
         """The model card (with any held-out results) in `folder` (default final/), its manifest brought up to
         date; returns the title it carries."""
@@ -275,8 +264,7 @@ class BaseTrainer(Checkpointed):
             if self.cfg.logging.push_to_hub:
                 url = push_final(final, title, private=self.cfg.logging.hub_private)
                 print(f"pushed {final} to {url}")
-        if self._trackers_started:
-            self.accelerator.end_training()
+        self.trackers.end()
         self.release_lock()
 
     # ---------------------------------------------------------------- the loop
@@ -289,7 +277,7 @@ class BaseTrainer(Checkpointed):
                 with stop.saving_checkpoint():
                     # the last step run (a step hook may have stopped the run early)
                     last = history[-1]["step"] if history else self.cfg.max_steps
-                    if history or not ckpt.latest_checkpoint(self.run_dir):
+                    if self.cfg.logging.checkpoint_at_end and (history or not ckpt.latest_checkpoint(self.run_dir)):
                         self.save(last)
                     self.save_final()
                 signum = self._agreed_stop(stop)
@@ -317,7 +305,7 @@ class BaseTrainer(Checkpointed):
     def _loop(self, stop) -> list[dict[str, Any]]:
         cfg = self.cfg
         self.start = self.resume() if cfg.resume or cfg.resume_from else 0
-        self.start_trackers()
+        self.trackers.start()
         watchdogs = [NonFiniteGuard(cfg.guard.max_nonfinite_steps), KLWatchdog(cfg.guard),
                      LearningSignalMonitor(cfg.generation.temperature)]
         history = []
@@ -336,7 +324,7 @@ class BaseTrainer(Checkpointed):
             history.append(metrics)
             self.log_history.append(metrics)
             self.log.metrics(metrics)
-            self.track(metrics, metrics["step"])
+            self.trackers.metrics(metrics, metrics["step"])
             progress.update(1)
             progress.set_postfix(self.progress_postfix(metrics))
             # A guard that trips raises before this step is saved: the newest checkpoint stays the last good one.

@@ -26,7 +26,7 @@ class BeforeAfter:
             self.log.metrics({"step": step, "stage": f"eval-{when}", **heldout_metrics(report)})
             print(f"\nheld-out evaluation {when} GRPO (step {step}):\n{format_report(report)}")
         self.heldout[when] = report
-        self.track(heldout_metrics(report), step)
+        self.trackers.metrics(heldout_metrics(report), step)
         return report
 
     def train(self) -> list[dict[str, Any]]:
@@ -35,7 +35,7 @@ class BeforeAfter:
         if not cfg.eval.before_after:
             return super().train()
         resuming = cfg.resume_from is not None or (cfg.resume and latest_checkpoint(self.run_dir) is not None)
-        self.start_trackers()
+        self.trackers.start()
         if not resuming:
             before = self._heldout("before", 0)
         elif (self.run_dir / "eval-before.json").is_file():  # a resumed run evaluated it the first time

@@ -16,12 +16,13 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from vlm_grpo.adapters.features import hf_core
 
 
-def enable(model: torch.nn.Module) -> int:
-    """Turn checkpointing on in every checkpointable block; returns how many blocks it covers."""
+def enable(model: torch.nn.Module, kwargs: dict | None = None) -> int:
+    """Turn checkpointing on in every checkpointable block (`kwargs`: torch.utils.checkpoint's, over the default
+    use_reentrant=False); returns how many blocks it covers."""
     core = hf_core(model)
     if not getattr(core, "supports_gradient_checkpointing", False):
         raise ValueError(f"{type(core).__name__} does not support gradient checkpointing")
-    core.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    core.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False, **(kwargs or {})})
     return sum(isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing for m in core.modules())
 
 

@@ -43,13 +43,28 @@ def param_groups(adapter, cfg: OptimConfig) -> list[dict]:
     return groups
 
 
-def build_optimizer(adapter, cfg: OptimConfig) -> torch.optim.AdamW:
-    """Apply the freeze policy, then AdamW over the per-module-group parameter groups."""
+def build_optimizer(adapter, cfg: OptimConfig) -> torch.optim.Optimizer:
+    """Apply the freeze policy, then the optimizer (AdamW by default) over the per-module-group parameter groups."""
     apply_freeze(adapter, cfg)
-    return torch.optim.AdamW(
-        param_groups(adapter, cfg), lr=cfg.learning_rate, betas=cfg.adam_betas, eps=cfg.adam_eps,
-        weight_decay=cfg.weight_decay,
-    )
+    if cfg.optimizer == "adamw_torch":
+        return torch.optim.AdamW(
+            param_groups(adapter, cfg), lr=cfg.learning_rate, betas=cfg.adam_betas, eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
+        )
+    cls, kwargs = optimizer_class(cfg)
+    return cls(param_groups(adapter, cfg), **kwargs)
+
+
+def optimizer_class(cfg: OptimConfig) -> tuple[type, dict]:
+    """(class, keyword arguments) of `cfg.optimizer` as transformers' Trainer builds the optimizer of that name."""
+    from types import SimpleNamespace
+
+    from transformers import Trainer
+
+    args = SimpleNamespace(optim=cfg.optimizer, optim_args=None, learning_rate=cfg.learning_rate,
+                           adam_beta1=cfg.adam_betas[0], adam_beta2=cfg.adam_betas[1], adam_epsilon=cfg.adam_eps)
+    cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
+    return cls, {**kwargs, "weight_decay": cfg.weight_decay}
 
 
 def warmup_steps_for(cfg: OptimConfig, total_steps: int) -> int:
@@ -65,7 +80,8 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_st
     if total_steps < 1:
         raise ValueError(f"total_steps must be >= 1, got {total_steps}")
     return get_scheduler(
-        cfg.lr_scheduler, optimizer, num_warmup_steps=warmup_steps_for(cfg, total_steps), num_training_steps=total_steps
+        cfg.lr_scheduler, optimizer, num_warmup_steps=warmup_steps_for(cfg, total_steps), num_training_steps=total_steps,
+        scheduler_specific_kwargs=cfg.lr_scheduler_kwargs or None,
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from vlm_grpo.compat.cache_probe import probe_steps
@@ -25,3 +27,44 @@ def load_policy(cfg: TrainConfig, device: torch.device | None = None, decide_cac
         decide_cache=decide_cache,
         module_groups=cfg.model.module_groups or None,
     )
+
+
+def apply_prompt_settings(adapter, cfg: TrainConfig) -> None:
+    """TRL's chat_template_kwargs: extra apply_chat_template arguments of every prompt the adapter encodes."""
+    if cfg.data.chat_template_kwargs:  # read by the adapter's encode_prompts (absent: none)
+        adapter.chat_template_kwargs = dict(cfg.data.chat_template_kwargs)
+
+
+def generation_fields(gen) -> dict:
+    """TRL's repetition_penalty, min_p, cache_implementation and generation_kwargs as GenerationConfig fields (only
+    those set: none at the defaults)."""
+    fields = dict(gen.generation_kwargs)
+    if gen.repetition_penalty != 1.0:
+        fields["repetition_penalty"] = gen.repetition_penalty
+    if gen.min_p is not None:
+        fields["min_p"] = gen.min_p
+    if gen.cache_implementation is not None:
+        fields["cache_implementation"] = gen.cache_implementation
+    return fields
+
+
+def check_generation_fields(model, gen) -> None:
+    config = model.generation_config
+    for key in generation_fields(gen):
+        if not hasattr(config, key):
+            raise ValueError(f"generation.generation_kwargs: {key!r} is not a transformers GenerationConfig field")
+
+
+@contextlib.contextmanager
+def sampling_with(model, gen):
+    """The rollout's generate() calls with `generation_fields` on the model's generation config, which generate() and
+    the sampler's warpers read; restored after, so evaluation and the saved model keep the model's own."""
+    fields, config = generation_fields(gen), model.generation_config
+    before = {key: getattr(config, key) for key in fields}
+    for key, value in fields.items():
+        setattr(config, key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            setattr(config, key, value)
