@@ -87,10 +87,16 @@ def run_environment(cls, sample: Sample | None = None):
 
 def bridge_and_trainer(cls):
     from vlm_grpo.api.callbacks import CallbackBridge
+    from vlm_grpo.api.schedule import Schedule
 
     trainer = SimpleNamespace(adapter=SimpleNamespace(model=None, processor=None), cfg=SimpleNamespace(max_steps=3),
                               is_main=True)
-    return CallbackBridge([cls], SimpleNamespace()), trainer
+    from transformers import TrainingArguments
+
+    bridge = CallbackBridge([cls], TrainingArguments(output_dir="unused", report_to="none"))
+    bridge.schedule = Schedule(max_steps=3, steps_per_epoch=3)  # every step logged, as a run without TRL's fields
+    bridge.state.max_steps, bridge.state.logging_steps = 3, 1
+    return bridge, trainer
 
 
 def run_callback(cls, metrics=None):
@@ -240,7 +246,8 @@ def test_a_callback_that_mutates_the_logs_leaves_the_metrics():
     metrics = {"step": 1, "reward": 0.5}
     bridge, trainer = bridge_and_trainer(corpus.CallbackMutatesLogs)
     bridge.step(trainer, metrics)
-    assert metrics == {"step": 1, "reward": 0.5} and bridge.state.log_history == [{"step": 1, "reward": 0.5}]
+    assert metrics == {"step": 1, "reward": 0.5}
+    assert [(e["step"], e["reward"]) for e in bridge.state.log_history] == [(1, 0.5)]
 
 
 def test_the_corpus_covers_every_class():

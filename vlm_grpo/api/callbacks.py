@@ -32,7 +32,9 @@ def _guarded_handler(callbacks: Sequence[Any]):
                          lr_scheduler=self.lr_scheduler, train_dataloader=self.train_dataloader,
                          eval_dataloader=self.eval_dataloader)
             for callback in self.callbacks:
-                method = getattr(callback, event)
+                method = getattr(callback, event, None)
+                if method is None:  # a duck-typed callback without this event (not a TrainerCallback subclass)
+                    continue
                 if isinstance(callback, DefaultFlowCallback):  # transformers' own flow: not user code
                     result = method(args, state, control, **parts, **kwargs)
                 else:
