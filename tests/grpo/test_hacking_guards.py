@@ -92,7 +92,9 @@ def test_plots_and_card_show_image_reliance_and_the_guards_counts(format_only_ru
     card = (run / "final" / "README.md").read_text()
     assert "## Grounding and reward-hacking guards" in card and "| image reliance vs a blank image (nats/token) |" in card
     trips = history[-1]["guards/trips/rising_component"]
-    assert f"rising_component {trips}," in card and "Reward audit at the start (8 samples): 2 exploits flagged" in card
+    assert f"rising_component {trips}," in card
+    flagged = json.loads((run / "reward-audit.json").read_text())["flags"]  # format_only, echo (content-free), ...
+    assert len(flagged) >= 2 and f"Reward audit at the start (8 samples): {len(flagged)} exploits flagged" in card
 
 
 def test_identical_groups_trip_their_monitor_and_can_stop_the_run_after_a_checkpoint(tmp_path, caplog):

@@ -76,8 +76,9 @@ def test_a_failed_start_is_not_a_run_and_leftover_temp_checkpoints_are_removed(t
     step_rewards.ACTIONS[0] = broken  # the first step fails: nothing trained, nothing to resume
     assert main(["train", *RUN, "--output-dir", str(run)]) == 1
     # raised once, on the batch only: the message shows that error, not a made-up one
-    assert ("reward 'lowercase' raised on the batch (no completion alone): ZeroDivisionError: division by zero"
-            in capsys.readouterr().err)
+    err = capsys.readouterr().err
+    assert "reward 'lowercase' (" in err and "step_rewards.py:" in err
+    assert "raised ZeroDivisionError: division by zero on the batch (no completion alone), step 1" in err
     assert not ckpt.complete_checkpoints(run) and (run / "config.yaml").is_file()
     leftover = run / ".tmp-checkpoint-3-4242"  # what a kill during a save leaves
     leftover.mkdir()

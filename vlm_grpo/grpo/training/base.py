@@ -26,6 +26,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from vlm_grpo.grpo.interrupts import StopSignal
+from vlm_grpo.grpo.user_calls import UserCodeError
 from vlm_grpo.grpo.run import checkpoints as ckpt
 from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
 from vlm_grpo.grpo.distributed import fsdp
@@ -107,7 +108,7 @@ class BaseTrainer(Checkpointed):
             self._start(adapter, recipe, rewards)
         except BaseException as err:
             self.release_lock()
-            if self.is_main and not isinstance(err, StopSignal):
+            if self.is_main and isinstance(err, UserCodeError):  # a refusal at the start leaves the folder as it was
                 log_failure(self.run_dir, err)
             raise
 
