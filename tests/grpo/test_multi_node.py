@@ -11,6 +11,8 @@ processes under torchrun equal to 1 machine x 4 processes under accelerate.
 
 from __future__ import annotations
 
+import json
+
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -94,8 +96,10 @@ def test_a_run_directory_one_machine_does_not_share_is_refused_at_the_start(tmp_
         assert lines, result.stderr[-3000:]
         assert f"{dirs[rank]} is not one directory for every process: process 1 (on " in lines[0]
         assert "did not see the file the main process" in lines[0]
-    # the check's own file is gone; the run stopped before config.yaml (only the lock file of the refused start is left)
-    assert sorted(p.name for p in dirs[0].iterdir()) == [".run.lock"]
+    # the check's own file is gone; the run stopped before config.yaml: only the lock file of the refused start and its
+    # (empty) list of created files are left
+    assert sorted(p.name for p in dirs[0].iterdir()) == [".run.lock", ".vlm-grpo-files.json"]
+    assert json.loads((dirs[0] / ".vlm-grpo-files.json").read_text())["files"] == []
     assert not dirs[1].exists()  # nothing was written on machine 1
 
 
