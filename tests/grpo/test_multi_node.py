@@ -12,7 +12,6 @@ processes under torchrun equal to 1 machine x 4 processes under accelerate.
 from __future__ import annotations
 
 import json
-
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
