@@ -3,12 +3,15 @@ adapter is recorded to serve."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from tests.adapters.samples import mixed_batch
 from tests.conftest import contract_types, tiny_adapter
 from vlm_grpo.adapters import ImageTokenMismatch
+from vlm_grpo.adapters.base import MixedRowsNotSupported
 from vlm_grpo.grpo.logprobs.completions import completion_logprobs, token_logprobs
 
 STEPS = 6
@@ -150,9 +153,17 @@ def test_save_and_reload_round_trip(adapter, tmp_path):
 
 
 def test_rows_with_and_without_images_mix(adapter):
-    """A text-only row beside image rows is supported: same log-probs as when encoded alone."""
+    """A text-only row beside image rows is supported: same log-probs as when encoded alone; or, where the family
+    declares it cannot mix them, refused naming the row and the reason."""
     conversations, images = mixed_batch(adapter)
     text_only = [{"role": "user", "content": [{"type": "text", "text": "Say something about squares."}]}]
+    if not adapter.mixes_text_rows:
+        assert adapter.mixed_rows_reason
+        with pytest.raises(MixedRowsNotSupported, match=r"sample 1\b.*" + re.escape(adapter.mixed_rows_reason)):
+            adapter.encode_prompts([conversations[0], text_only], [images[0], []])
+        alone = adapter.encode_prompts([text_only], [[]])  # text-only rows batched apart still run
+        assert adapter.feature_counts(alone) == [0]
+        return
     batch = adapter.encode_prompts([conversations[0], text_only], [images[0], []])
     assert batch.images_per_sample == [1, 0]
     assert adapter.feature_counts(batch)[1] == 0
