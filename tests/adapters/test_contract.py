@@ -11,7 +11,7 @@ import torch
 from tests.adapters.samples import mixed_batch
 from tests.conftest import contract_types, tiny_adapter
 from vlm_grpo.adapters import ImageTokenMismatch
-from vlm_grpo.adapters.base import MixedRowsNotSupported
+from vlm_grpo.adapters.base import TextRowsNotSupported
 from vlm_grpo.grpo.logprobs.completions import completion_logprobs, token_logprobs
 
 STEPS = 6
@@ -154,15 +154,18 @@ def test_save_and_reload_round_trip(adapter, tmp_path):
 
 def test_rows_with_and_without_images_mix(adapter):
     """A text-only row beside image rows is supported: same log-probs as when encoded alone; or, where the family
-    declares it cannot mix them, refused naming the row and the reason."""
+    declares text-only rows run only apart (or never), refused naming the row and the reason."""
     conversations, images = mixed_batch(adapter)
     text_only = [{"role": "user", "content": [{"type": "text", "text": "Say something about squares."}]}]
-    if not adapter.mixes_text_rows:
-        assert adapter.mixed_rows_reason
-        with pytest.raises(MixedRowsNotSupported, match=r"sample 1\b.*" + re.escape(adapter.mixed_rows_reason)):
+    if adapter.text_rows != "mixed":
+        assert adapter.text_rows in ("apart", "refused") and adapter.text_rows_reason
+        with pytest.raises(TextRowsNotSupported, match=r"sample 1\b.*" + re.escape(adapter.text_rows_reason)):
             adapter.encode_prompts([conversations[0], text_only], [images[0], []])
-        alone = adapter.encode_prompts([text_only], [[]])  # text-only rows batched apart still run
-        assert adapter.feature_counts(alone) == [0]
+        if adapter.text_rows == "apart":  # batched apart, text-only rows still run
+            assert adapter.feature_counts(adapter.encode_prompts([text_only], [[]])) == [0]
+        else:
+            with pytest.raises(TextRowsNotSupported, match=r"sample 0\b"):
+                adapter.encode_prompts([text_only], [[]])
         return
     batch = adapter.encode_prompts([conversations[0], text_only], [images[0], []])
     assert batch.images_per_sample == [1, 0]

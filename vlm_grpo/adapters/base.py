@@ -26,7 +26,7 @@ from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.batch import ImageSources, ImageTokenMismatch, PromptBatch, combine_rows, visual_parts
 from vlm_grpo.adapters.features import ImageFeatures
 from vlm_grpo.adapters.image_layout import ImageCell, LayoutFacts, token_runs
-from vlm_grpo.adapters.image_routes import ImageRoutes, MixedRowsNotSupported
+from vlm_grpo.adapters.image_routes import ImageRoutes, TextRowsNotSupported
 from vlm_grpo.adapters.module_groups import ModuleLayout, group_parameters
 from vlm_grpo.adapters.quirks import CacheQuirk
 from vlm_grpo.adapters.video_hooks import VideoHooks
@@ -34,7 +34,7 @@ from vlm_grpo.images import prepare_sample_image
 from vlm_grpo.videos import Video, prepare_sample_video
 
 Conversation = list[dict[str, Any]]
-__all__ = ["Conversation", "ImageTokenMismatch", "MixedRowsNotSupported", "VLMAdapter", "VideoNotSupported"]
+__all__ = ["Conversation", "ImageTokenMismatch", "TextRowsNotSupported", "VLMAdapter", "VideoNotSupported"]
 
 
 class VideoNotSupported(ValueError):
@@ -178,7 +178,7 @@ class VLMAdapter(VideoHooks, ImageRoutes, ABC):
             if sample_videos and not self.takes_video:
                 raise VideoNotSupported(f"sample {i}: {self.family} cannot take video (its model reads images only); "
                                         "use a family that reads video (vlm-grpo families)")
-        self.check_mixed_rows(images)
+        self.check_text_rows(images)
         texts = [
             self.processor.apply_chat_template(list(conv), add_generation_prompt=True, tokenize=False,
                                                **({"tools": list(t)} if t else {}))

@@ -6,7 +6,8 @@ cross-attention layers, steered by a cross-attention mask shaped like the tokens
 the sequence as an ordinary token. Such a family sets `cross_attention`, names the mask in `repeated_token_keys`
 (a generated token reads what the prompt's last token reads), and the cache layers that hold image states
 (`image_cache_layers`, for the simulated faults). Either route may keep text-only rows out of image batches
-(`mixes_text_rows`) where its model lets a text row see its batch's images.
+(`text_rows`: "apart") where its model lets a text row see its batch's images, or refuse them ("refused") where the
+processor needs an image in every prompt.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import ClassVar
 import torch
 
 
-class MixedRowsNotSupported(ValueError):
-    """Text-only rows batched with image rows, for a family whose model gives a text-only row another result there."""
+class TextRowsNotSupported(ValueError):
+    """A text-only row where the family cannot take it: beside image rows (`text_rows` "apart"), or at all."""
 
 
 class ImageRoutes:
@@ -28,22 +29,24 @@ class ImageRoutes:
     # token-shaped inputs ([B, L, ...]) whose completion positions repeat the prompt's last position instead of
     # taking zeros (a cross-attention mask: a generated token reads the images the prompt's end reads, as generate does)
     repeated_token_keys: ClassVar[tuple[str, ...]] = ()
-    # text-only rows may share a batch with image rows (and score as when alone); a family whose model lets a text
-    # row see the batch's images says why not in `mixed_rows_reason`, and encoding such a batch raises it
-    mixes_text_rows: ClassVar[bool] = True
-    mixed_rows_reason: ClassVar[str] = ""
+    # text-only rows: "mixed" (beside image rows, scoring as when alone), "apart" (only in batches without image rows:
+    # the model lets a text row see its batch's images) or "refused" (the processor needs an image in every prompt);
+    # `text_rows_reason` says why, and encoding a batch that breaks the rule raises TextRowsNotSupported with it
+    text_rows: ClassVar[str] = "mixed"
+    text_rows_reason: ClassVar[str] = ""
 
     def image_cache_layers(self) -> tuple[int, ...]:
         """KV-cache layers that hold image states in every position (cross-attention layers; default: none)."""
         return ()
 
-    def check_mixed_rows(self, images) -> None:
-        """MixedRowsNotSupported naming the first text-only row where this family cannot batch it with image rows."""
-        if self.mixes_text_rows or not any(images) or all(images):
+    def check_text_rows(self, images) -> None:
+        """TextRowsNotSupported naming the first text-only row this family cannot take in this batch."""
+        rows = [i for i, sample in enumerate(images) if not sample]
+        if not rows or self.text_rows == "mixed" or (self.text_rows == "apart" and len(rows) == len(images)):
             return
-        row = next(i for i, sample in enumerate(images) if not sample)
-        raise MixedRowsNotSupported(f"sample {row}: a text-only row in a batch with image rows; {self.family} cannot "
-                                    f"mix them ({self.mixed_rows_reason}). Batch text-only rows apart")
+        where = "in a batch with image rows" if self.text_rows == "apart" else "(no image)"
+        raise TextRowsNotSupported(f"sample {rows[0]}: a text-only row {where}; {self.family} cannot take it "
+                                   f"({self.text_rows_reason})")
 
     def completion_tail(self, key: str, prompt: torch.Tensor, length: int) -> torch.Tensor:
         """A token-shaped input's values over `length` completion tokens of plain text: zeros ([B, length]), or the

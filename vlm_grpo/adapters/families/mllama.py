@@ -80,8 +80,8 @@ class MllamaAdapter(VLMAdapter):
     presets = {"llama_3_2_11b_vision": LLAMA_3_2_11B_VISION}
     pixel_keys = PER_SAMPLE_KEYS
     cross_attention = True
-    mixes_text_rows = False
-    mixed_rows_reason = ("transformers' mllama lets a token that may read no image attend to every vision state of its "
+    text_rows = "apart"
+    text_rows_reason = ("transformers' mllama lets a token that may read no image attend to every vision state of its "
                          "row, so a text-only row beside image rows reads padding states it never reads alone: "
                          "log-probs moved by ~1e-2 on the tiny twin")
     repeated_token_keys = ("cross_attention_mask",)
