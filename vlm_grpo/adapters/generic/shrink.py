@@ -56,6 +56,8 @@ GROUP_KEYS = {"n_group", "topk_group", "num_expert_group"}
 POOLED_KEYS = {"mm_tokens_per_image", "vision_soft_tokens_per_image"}
 LORA_RANK_KEYS = {"q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8}
 # lists indexing layers (of this config, or the vision side's for feature layers)
+# counts of the last layers that do something differently (Gemma 3n: layers reusing an earlier layer's KV cache)
+LAYER_SUBSET_KEYS = {"num_kv_shared_layers"}
 INDEX_LIST_KEYS = {"fullatt_block_indexes", "deepstack_visual_indexes", "vision_feature_layer", "moe_layers",
                    "spatial_target_layers", "summary_idxs", "ple_layer_ids", "global_layer_indexes"}
 
@@ -150,8 +152,12 @@ def _shrunk_value(key: str, value: Any, old_heads: int | None):
 
 
 def _shrink_layer_lists(node, old: int, new: int) -> None:
-    """Per-layer lists cut to the new depth (every distinct kind kept); layer-index lists mapped onto it."""
+    """Per-layer lists cut to the new depth (every distinct kind kept); layer-index lists mapped onto it; counts of
+    trailing layers scaled to it (at least one layer of each kind left before them)."""
     for key, value in list(vars(node).items()):
+        if key in LAYER_SUBSET_KEYS and isinstance(value, int) and not isinstance(value, bool):
+            kinds = len(set(getattr(node, "layer_types", None) or [None]))
+            setattr(node, key, max(0, min(value * new // old, new - kinds)))
         if key.startswith("_") or not isinstance(value, (list, tuple)):
             continue
         if key in INDEX_LIST_KEYS:

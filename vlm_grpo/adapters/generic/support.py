@@ -14,6 +14,19 @@ FRAMEWORK_IDS = {"bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_
 LAYOUT_TOKEN_NAME = re.compile(r"image|img|vision|video|patch|tile|boi|eoi|frame|media|row|col")
 
 
+# optional packages some model types need -> the vlm-grpo extra that installs each (pyproject.toml)
+EXTRAS = {"timm": "timm", "scipy": "scipy"}
+
+
+def needed_extra(message: str) -> str:
+    """`needs <package>: pip install 'vlm-grpo[<extra>]'` for the optional package an ImportError's message names
+    (transformers' "requires the timm library", Python's "No module named 'scipy'"); else the message."""
+    for package, extra in EXTRAS.items():
+        if re.search(rf"\b{package}\b", message):
+            return f"needs {package}: pip install 'vlm-grpo[{extra}]'"
+    return message
+
+
 class GenericUnsupported(ValueError):
     """The generic adapter cannot serve this model type (the message names the type and the reason)."""
 
