@@ -122,7 +122,7 @@ def test_suppressed_ids_never_sampled(adapter):
         assert not torch.isin(completion, suppressed).any()
         # control: the same boosted model without suppression does emit them, so the check can fail
         raw = adapter.model.generate(
-            **batch.model_inputs(), max_new_tokens=2, do_sample=False, pad_token_id=adapter.pad_token_id
+            **adapter.model_inputs(batch), max_new_tokens=2, do_sample=False, pad_token_id=adapter.pad_token_id
         )
         assert torch.isin(raw[:, batch.input_ids.shape[1] :], suppressed).any()
     finally:
@@ -147,8 +147,8 @@ def test_save_and_reload_round_trip(adapter, tmp_path):
     for key in batch.mm:
         assert torch.allclose(again.mm[key].float(), batch.mm[key].float()), key
     with torch.no_grad():
-        a = adapter.model(**batch.model_inputs()).logits
-        b = reloaded.model(**again.model_inputs()).logits
+        a = adapter.model(**adapter.model_inputs(batch)).logits
+        b = reloaded.model(**reloaded.model_inputs(again)).logits
     assert (a - b).abs().max().item() <= 1e-5
 
 

@@ -100,7 +100,7 @@ def _encode(adapter, conversations, images, twin: bool) -> tuple[PromptBatch, st
             adapter.nested_images = nested
             try:
                 batch = adapter.encode_prompts(conversations, images).to(param.device, dtype=param.dtype)
-                adapter.model(**batch.model_inputs())  # the model takes it (image runs told apart, positions built)
+                adapter.model(**adapter.model_inputs(batch))  # the model takes it (image runs told apart, positions built)
                 return batch, placeholder
             except GenericUnsupported:
                 raise

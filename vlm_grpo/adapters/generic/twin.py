@@ -23,6 +23,7 @@ BASE_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EOS, PAD = "<|im_end|>", "<|endoftext|>"
 FRAMEWORK_IDS = {"bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "sep_token_id"}
 MISSING_ATTRIBUTE = re.compile(r"(?:no attribute|missing required attribute) '?(\w+)'?")
+UNSET_IMAGE_ID_KEYS = {"image_token_id", "image_token_index"}  # left None by a config class: bound like the others
 PIXEL_COUNT = 4096  # a `size` entry above this counts pixels (min/max pixels), not an edge
 
 
@@ -120,7 +121,9 @@ def config_token_names(config) -> dict[str, list[tuple[Any, str]]]:
     nodes = config_nodes(config)
     for node in nodes:
         for key, value in vars(node).items():
-            if key.startswith("_") or key in FRAMEWORK_IDS or not isinstance(value, int) or isinstance(value, bool):
+            unset_image_id = value is None and key in UNSET_IMAGE_ID_KEYS  # the checkpoints set it (MiniCPM-V 4.6)
+            if key.startswith("_") or key in FRAMEWORK_IDS or isinstance(value, bool) or not (
+                    isinstance(value, int) or unset_image_id):
                 continue
             match = re.fullmatch(r"(\w+_token)_(?:id|index)", key) or re.fullmatch(r"(\w+)_token_id", key)
             if match:
