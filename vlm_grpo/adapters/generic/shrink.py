@@ -188,17 +188,19 @@ def _mapped_indices(values: list, old: int, new: int) -> list:
 
 
 def _fix_feature_layers(config) -> None:
-    """Feature-layer indices on the top config point into the vision side: keep them inside its new depth."""
+    """Feature-layer indices on the top config, or a sibling of the vision config (Molmo 2's `adapter_config`),
+    point into the vision side: keep them inside its new depth."""
     vision = getattr(config, "vision_config", None)
     depth = _layer_count(vision) if vision is not None else None
     if not depth:
         return
-    for key in ("vision_feature_layer", "vision_feature_layers", "vit_layer"):
-        value = getattr(config, key, None)
+    for node, key in [(n, k) for n in config_nodes(config) if n is not vision
+                      for k in ("vision_feature_layer", "vision_feature_layers", "vit_layer")]:
+        value = getattr(node, key, None)
         if isinstance(value, int) and not isinstance(value, bool):
-            setattr(config, key, max(value, -depth) if value < 0 else min(value, depth - 1))
+            setattr(node, key, max(value, -depth) if value < 0 else min(value, depth - 1))
         elif isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
-            setattr(config, key, type(value)(max(v, -depth) if v < 0 else min(v, depth - 1) for v in value))
+            setattr(node, key, type(value)(max(v, -depth) if v < 0 else min(v, depth - 1) for v in value))
 
 
 def _rescaled_rope(rope: dict, old_head_dim: int) -> dict:

@@ -79,6 +79,19 @@ def set_vision_image_size(config, side: int) -> None:
         vision.image_size = side
     elif isinstance(value, (list, tuple)) and len(value) == 2:
         vision.image_size = type(value)([side, side])
+    _fit_position_count(vision, value, side)
+
+
+def _fit_position_count(vision, old_size, side: int) -> None:
+    """A learned position table sized for the real image's patch grid (Molmo 2's `num_position_embeddings`, one per
+    patch, maybe plus a class token) follows the twin's grid."""
+    count, patch = getattr(vision, "num_position_embeddings", None), getattr(vision, "patch_size", None)
+    old = old_size[0] if isinstance(old_size, (list, tuple)) else old_size
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (count, patch, old)):
+        return
+    extra = count - (old // patch) ** 2
+    if extra in (0, 1):
+        vision.num_position_embeddings = (side // patch) ** 2 + extra
 
 
 def _entries(value: Any) -> dict | None:
@@ -111,6 +124,9 @@ def sized_kwargs(part, side: int, patch: int) -> dict[str, Any]:
     for key, value in (("min_pixels", small), ("max_pixels", large)):
         if isinstance(getattr(part, key, None), int):
             out[key] = value
+    margins = getattr(part, "overlap_margins", None)  # patches each crop shares with its neighbours (Molmo 2)
+    if isinstance(margins, (list, tuple)) and sum(margins) >= side // patch // 2:
+        out["overlap_margins"] = [1] * len(margins)  # the real ones would leave a twin's crop no window to slide
     return out
 
 
