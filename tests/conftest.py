@@ -46,6 +46,15 @@ def adapter(family):
     return tiny_adapter(family)
 
 
+def families_with(flag: str) -> list[str]:
+    """The families whose adapter class sets `flag` (e.g. `shares_features`): the tests of that path run on them."""
+    return [name for name in _families() if getattr(families()[name], flag)]
+
+
+def families_without(flag: str) -> list[str]:
+    return [name for name in _families() if not getattr(families()[name], flag)]
+
+
 # Markers whose tests run only when asked for by name (`pytest -m NAME`): full matrices too slow for `make test`,
 # each with a fast representative subset in the default run.
 OPT_IN_MARKERS = ("tools_matrix", "multinode", "generic_matrix", "browser")

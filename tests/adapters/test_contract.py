@@ -3,12 +3,15 @@ adapter is recorded to serve."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from tests.adapters.samples import mixed_batch
 from tests.conftest import contract_types, tiny_adapter
 from vlm_grpo.adapters import ImageTokenMismatch
+from vlm_grpo.adapters.base import TextRowsNotSupported
 from vlm_grpo.grpo.logprobs.completions import completion_logprobs, token_logprobs
 
 STEPS = 6
@@ -119,7 +122,7 @@ def test_suppressed_ids_never_sampled(adapter):
         assert not torch.isin(completion, suppressed).any()
         # control: the same boosted model without suppression does emit them, so the check can fail
         raw = adapter.model.generate(
-            **batch.model_inputs(), max_new_tokens=2, do_sample=False, pad_token_id=adapter.pad_token_id
+            **adapter.model_inputs(batch), max_new_tokens=2, do_sample=False, pad_token_id=adapter.pad_token_id
         )
         assert torch.isin(raw[:, batch.input_ids.shape[1] :], suppressed).any()
     finally:
@@ -144,15 +147,26 @@ def test_save_and_reload_round_trip(adapter, tmp_path):
     for key in batch.mm:
         assert torch.allclose(again.mm[key].float(), batch.mm[key].float()), key
     with torch.no_grad():
-        a = adapter.model(**batch.model_inputs()).logits
-        b = reloaded.model(**again.model_inputs()).logits
+        a = adapter.model(**adapter.model_inputs(batch)).logits
+        b = reloaded.model(**reloaded.model_inputs(again)).logits
     assert (a - b).abs().max().item() <= 1e-5
 
 
 def test_rows_with_and_without_images_mix(adapter):
-    """A text-only row beside image rows is supported: same log-probs as when encoded alone."""
+    """A text-only row beside image rows is supported: same log-probs as when encoded alone; or, where the family
+    declares text-only rows run only apart (or never), refused naming the row and the reason."""
     conversations, images = mixed_batch(adapter)
     text_only = [{"role": "user", "content": [{"type": "text", "text": "Say something about squares."}]}]
+    if adapter.text_rows != "mixed":
+        assert adapter.text_rows in ("apart", "refused") and adapter.text_rows_reason
+        with pytest.raises(TextRowsNotSupported, match=r"sample 1\b.*" + re.escape(adapter.text_rows_reason)):
+            adapter.encode_prompts([conversations[0], text_only], [images[0], []])
+        if adapter.text_rows == "apart":  # batched apart, text-only rows still run
+            assert adapter.feature_counts(adapter.encode_prompts([text_only], [[]])) == [0]
+        else:
+            with pytest.raises(TextRowsNotSupported, match=r"sample 0\b"):
+                adapter.encode_prompts([text_only], [[]])
+        return
     batch = adapter.encode_prompts([conversations[0], text_only], [images[0], []])
     assert batch.images_per_sample == [1, 0]
     assert adapter.feature_counts(batch)[1] == 0

@@ -13,7 +13,7 @@ import torch
 from tests.conftest import tiny_adapter
 from vlm_grpo.adapters.generic.adapter import GenericAdapter, generic_adapter_class
 from vlm_grpo.adapters.generic.status import GENERIC, generic_types, recorded, recorded_mapping
-from vlm_grpo.adapters.generic.support import GenericUnsupported, image_text_types
+from vlm_grpo.adapters.generic.support import GenericUnsupported, image_text_types, needed_extra
 from vlm_grpo.adapters.registry import MODEL_TYPES, is_generic_type
 from vlm_grpo.cli import main
 from vlm_grpo.compat.cache_probe import probe_cache
@@ -146,3 +146,12 @@ def test_a_family_file_claims_its_types():
         assert not is_generic_type(model_type) and not issubclass(cls, GenericAdapter)
     with pytest.raises(GenericUnsupported, match="not an image-text-to-text model type"):
         generic_adapter_class("bert")
+
+
+@pytest.mark.parametrize("message, extra", [
+    ("TimmWrapperModel requires the timm library but it was not found in your environment.", "timm"),
+    ("No module named 'scipy'", "scipy"),
+])
+def test_a_missing_optional_package_names_its_extra(message, extra):
+    assert needed_extra(message) == f"needs {extra}: pip install 'vlm-grpo[{extra}]'"
+    assert needed_extra("No module named 'somethingelse'") == "No module named 'somethingelse'"

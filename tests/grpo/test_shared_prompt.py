@@ -3,9 +3,11 @@ entropy and gradients (vision tower included) equal one full forward per row, on
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.adapters.samples import mixed_batch, user_turn
+from tests.conftest import families_with
 from vlm_grpo.adapters.registry import family_class
 from vlm_grpo.grpo.logprobs.completions import group_scores
 from vlm_grpo.grpo.logprobs.prompt_cache import differentiable_prompt_cache
@@ -48,6 +50,7 @@ def test_only_recurrent_caches_are_not_differentiable():
     assert not differentiable_prompt_cache(family_class("qwen3_5").tiny(seed=0).model)
 
 
+@pytest.mark.parametrize("family", families_with("shares_prefix"))
 def test_shared_prompt_equals_one_forward_per_row(family):
     adapter, prompts, ids, mask = _case(family)
     plain, plain_grads, plain_tokens = _run(adapter, prompts, ids, mask, share_prompt=False)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.adapters.samples import mixed_batch, user_turn
+from tests.conftest import families_with, families_without
 from vlm_grpo.adapters.module_groups import vision_module
 from vlm_grpo.adapters.registry import family_class
 from vlm_grpo.adapters.sharing import generate_shared, image_features
@@ -55,6 +56,10 @@ def _forward(adapter, prompts, ids, mask, **kwargs):
     return logps, _loss(logps, mask)
 
 
+SHARING = families_with("shares_features")  # the families whose features the sharing paths place at image tokens
+
+
+@pytest.mark.parametrize("family", SHARING)
 def test_shared_features_match_the_plain_path_with_a_trainable_vision_tower(family):
     adapter = family_class(family).tiny(seed=0)
     prompts = _prompts(adapter)
@@ -76,6 +81,7 @@ def test_shared_features_match_the_plain_path_with_a_trainable_vision_tower(fami
     assert shared["images"] * G == plain["images"]  # ... but the plain path encodes every image G times
 
 
+@pytest.mark.parametrize("family", SHARING)
 def test_reused_features_skip_the_encoder_and_match(family):
     adapter = family_class(family).tiny(seed=0)
     prompts = _prompts(adapter)
@@ -94,6 +100,7 @@ def test_reused_features_skip_the_encoder_and_match(family):
     assert abs(plain_loss.item() - reused_loss.item()) <= TOL
 
 
+@pytest.mark.parametrize("family", families_with("shares_prefix"))
 def test_greedy_shared_prefix_rollout_equals_plain_greedy(family):
     adapter = family_class(family).tiny(seed=0)
     prompts = _prompts(adapter)
@@ -107,6 +114,24 @@ def test_greedy_shared_prefix_rollout_equals_plain_greedy(family):
     assert diff <= 1e-4
     assert shared.prefill_tokens < int(prompts.repeat(G).attention_mask.sum())
     assert shared.features.counts == adapter.feature_counts(prompts)
+
+
+@pytest.mark.parametrize("family", families_without("shares_features"))
+def test_families_without_sharing_take_the_plain_paths(family):
+    """Asked to share, a family that declares no shared features or prefix gets the plain forward and rollout."""
+    adapter = family_class(family).tiny(seed=0)
+    conversations, images = mixed_batch(adapter)
+    prompts = adapter.encode_prompts(conversations, images)
+    ids, mask = _completions(adapter, len(prompts) * G)
+    with torch.no_grad(), VisionCounter(adapter, [adapter.model]) as counter:
+        plain, _ = _forward(adapter, prompts, ids, mask, share_features=False)
+        asked, _ = _forward(adapter, prompts, ids, mask, share_features=True, share_prompt=True)
+    assert torch.equal(plain, asked)
+    assert counter.calls == 2  # each forward encoded its rows' images itself
+    settings = dict(max_new_tokens=3, min_new_tokens=3, do_sample=False)
+    shared = generate_shared(adapter, prompts, G, **settings)
+    assert not shared.shared and shared.features is None
+    assert torch.equal(shared.output.sequences, adapter.generate(prompts.repeat(G), **settings).sequences)
 
 
 def test_no_cache_policy_falls_back_to_the_plain_path():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.adapters.samples import picture, user_turn
-from tests.conftest import tiny_adapter
+from tests.conftest import families_with, families_without, tiny_adapter
 from vlm_grpo.inspect.attention import (
     _attn_tree,
     answer_attention,
@@ -21,6 +21,19 @@ from vlm_grpo.inspect.attention import (
 )
 
 SHAPES = {"wide": (112, 56), "tall": (56, 112)}  # PIL (width, height)
+
+
+@pytest.fixture(params=families_without("cross_attention"))
+def family(request) -> str:
+    """Families whose images are tokens of the sequence: their attention to the image is attention to those tokens."""
+    return request.param
+
+
+@pytest.mark.parametrize("name", families_with("cross_attention"))
+def test_cross_attention_families_refuse_token_attention_maps(name):
+    adapter = tiny_adapter(name)
+    with pytest.raises(ValueError, match="cross-attention"):
+        answer_attention(adapter, picture(56, 56, 1), "Where is the square?", max_new_tokens=2)
 
 
 def expected_layout(adapter, batch, orientation: str):

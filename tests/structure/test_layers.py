@@ -32,7 +32,7 @@ INNER_FLOORS = {
          "vlm_grpo.adapters.model_dirs", "vlm_grpo.adapters.teacher_forcing",
          "vlm_grpo.adapters.visual_spans", "vlm_grpo.adapters.completion_images",
          "vlm_grpo.adapters.quirks", "vlm_grpo.adapters.sampler", "vlm_grpo.adapters.cache_names"),  # parts of the contract
-        ("vlm_grpo.adapters.video_hooks",),  # the contract's video side
+        ("vlm_grpo.adapters.video_hooks", "vlm_grpo.adapters.image_routes"),  # the contract's video side, image routes
         ("vlm_grpo.adapters.base", "vlm_grpo.adapters.sharing", "vlm_grpo.adapters.image_attention",
          "vlm_grpo.adapters.assembly"),  # the contract, the sharing engine, attention to the image, what every
         # hybrid pairing shares

@@ -1,10 +1,9 @@
 """The adapter contract: everything the GRPO loop asks of a model family.
 
-A family is one subclass in `adapters/families/`. It MUST declare the class attributes and implement the
-abstract methods of the first two sections. Everything after them is provided, and the hooks of the last
-section have defaults that a family overrides only where its model differs (M-RoPE positions, extra
-token-shaped inputs, extra feature layers, delimiter tokens). The loop talks to this interface only, so a
-family-specific detail lives in exactly one place: its adapter.
+A family is one subclass in `adapters/families/`. It MUST declare the class attributes and implement the abstract
+methods of the first two sections. Everything after them is provided, and the hooks of the last section have defaults
+that a family overrides only where its model differs (M-RoPE positions, extra token-shaped inputs, extra feature
+layers, delimiter tokens; cross-attention: image_routes.py). The loop talks only to this interface and its mixins.
 
 Visual items: a prompt's `{"type": "image"}` and `{"type": "video"}` parts take the sample's images and videos
 (vlm_grpo.videos.Video) in order. A family whose model reads video sets `takes_video` and accepts `videos=` in
@@ -27,6 +26,7 @@ from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.batch import ImageSources, ImageTokenMismatch, PromptBatch, combine_rows, visual_parts
 from vlm_grpo.adapters.features import ImageFeatures
 from vlm_grpo.adapters.image_layout import ImageCell, LayoutFacts, token_runs
+from vlm_grpo.adapters.image_routes import ImageRoutes, TextRowsNotSupported
 from vlm_grpo.adapters.module_groups import ModuleLayout, group_parameters
 from vlm_grpo.adapters.quirks import CacheQuirk
 from vlm_grpo.adapters.video_hooks import VideoHooks
@@ -34,14 +34,14 @@ from vlm_grpo.images import prepare_sample_image
 from vlm_grpo.videos import Video, prepare_sample_video
 
 Conversation = list[dict[str, Any]]
-__all__ = ["Conversation", "ImageTokenMismatch", "VLMAdapter", "VideoNotSupported"]
+__all__ = ["Conversation", "ImageTokenMismatch", "TextRowsNotSupported", "VLMAdapter", "VideoNotSupported"]
 
 
 class VideoNotSupported(ValueError):
     """A video for a family whose model cannot take one."""
 
 
-class VLMAdapter(VideoHooks, ABC):
+class VLMAdapter(VideoHooks, ImageRoutes, ABC):
     # ================================================================ MUST declare
     family: ClassVar[str]  # the name used in `--model family:PATH` and `tiny:family`
     model_types: ClassVar[tuple[str, ...]]  # config.model_type values this adapter serves
@@ -178,11 +178,11 @@ class VLMAdapter(VideoHooks, ABC):
             if sample_videos and not self.takes_video:
                 raise VideoNotSupported(f"sample {i}: {self.family} cannot take video (its model reads images only); "
                                         "use a family that reads video (vlm-grpo families)")
-        tools = tools or [None] * len(conversations)
+        self.check_text_rows(images)
         texts = [
             self.processor.apply_chat_template(list(conv), add_generation_prompt=True, tokenize=False,
                                                **getattr(self, "chat_template_kwargs", {}), **({"tools": list(t)} if t else {}))
-            for conv, t in zip(conversations, tools)
+            for conv, t in zip(conversations, tools or [None] * len(conversations))
         ]
         images = [[prepare_sample_image(img, i) for img in sample] for i, sample in enumerate(images)]
         if not any(videos):  # the image-only path every family has
@@ -261,7 +261,7 @@ class VLMAdapter(VideoHooks, ABC):
         types = completion_types or {}
         for key in dict.fromkeys([*batch.token_keys, *types]):
             prompt = batch.mm[key] if key in batch.mm else batch.input_ids.new_zeros(batch.input_ids.shape)
-            tail = types[key].to(prompt) if key in types else prompt.new_zeros(prompt.shape[0], completion_ids.shape[1])
+            tail = types[key].to(prompt) if key in types else self.completion_tail(key, prompt, completion_ids.shape[1])
             inputs[key] = torch.cat([prompt, tail], dim=1)
         return inputs
 

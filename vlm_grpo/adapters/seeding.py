@@ -29,5 +29,7 @@ def default_dtype(dtype: torch.dtype):
 def seeded_model(model_cls: type, config, seed: int, dtype: torch.dtype) -> torch.nn.Module:
     """`model_cls(config)` in `dtype` and eval mode, its random weights drawn from `seed` alone."""
     with seeded(seed):
-        model = model_cls(config).to(dtype)
-    return model.eval()
+        model = model_cls(config)
+    # real tensors only: `Module.to(dtype)` would also cast complex buffers (Llama 4's vision rotary `freqs_ci`) to
+    # real, dropping their imaginary part, so the twin would differ from itself saved and reloaded
+    return model._apply(lambda t: t.to(dtype) if t.is_floating_point() else t).eval()

@@ -16,4 +16,4 @@ def completion_logits(adapter, batch, completion_ids: torch.Tensor, completion_m
     steps = completion_ids.shape[1]
     # logits_to_keep=T+1 keeps the last prompt position (predicts token 0) through the second-to-last token.
     out = model(**inputs, logits_to_keep=steps + 1, use_cache=False)
-    return out.logits[:, :-1, :]
+    return out.logits[:, -(steps + 1):-1, :]  # a model that ignores logits_to_keep (MiniCPM-V 4.6) returns them all

@@ -52,10 +52,12 @@ def find_cache(args: tuple, kwargs: dict):
     return None
 
 
-def _cache_layers(cache):
-    for layer in getattr(cache, "layers", []):
+def _cache_layers(cache, image_layers: set[int]):
+    """(layer, holds image states only) for each filled layer of `cache`: a cross-attention model's `image_layers`
+    cache image states in every position."""
+    for index, layer in enumerate(getattr(cache, "layers", [])):
         if getattr(layer, "keys", None) is not None and layer.keys.numel():
-            yield layer
+            yield layer, index in image_layers
 
 
 @contextlib.contextmanager
@@ -70,11 +72,12 @@ def simulated_fault(adapter, kind: str = "drop_image"):
         return
     original = model.forward
     state: dict = {"step": 0, "fired": 0}
+    image_layers = set(adapter.image_cache_layers())
 
     @functools.wraps(original)  # generate() validates kwargs against forward's signature
     def forward(*args, **kwargs):
         cache = find_cache(args, kwargs)
-        layers = list(_cache_layers(cache)) if cache is not None else []
+        layers = list(_cache_layers(cache, image_layers)) if cache is not None else []
         input_ids = kwargs.get("input_ids")
         if not layers:
             if input_ids is not None:
@@ -122,10 +125,12 @@ def check_fault_changes(adapter, kind: str, state: dict | None) -> float:
                      f"(transformers {transformers.__version__}): {why}; a probe under it would prove nothing")
 
 
-def _image_positions(state: dict, layer) -> torch.Tensor:
-    """[B, cached length] True at the prompt's image positions."""
+def _image_positions(state: dict, layer, image_states: bool = False) -> torch.Tensor:
+    """[B, cached length] True at the prompt's image positions (all of a layer of `image_states`)."""
     mask = state["mask"]
     out = torch.zeros(mask.shape[0], layer.keys.shape[2], dtype=torch.bool, device=layer.keys.device)
+    if image_states:
+        return ~out
     width = min(mask.shape[1], out.shape[1])
     out[:, :width] = mask[:, :width].to(out.device)
     return out
@@ -134,14 +139,14 @@ def _image_positions(state: dict, layer) -> torch.Tensor:
 def _corrupt(kind: str, state: dict, layers: list, kwargs: dict) -> dict:
     """kwargs for this cached decode step, the cache corrupted in place; counts each injection in state["fired"]."""
     if kind in ("drop_image", "drop_video") or (kind == "late_drop" and state["step"] >= LATE_STEP):
-        for layer in layers:
-            keep = ~_image_positions(state, layer)
+        for layer, image_states in layers:
+            keep = ~_image_positions(state, layer, image_states)
             layer.keys.mul_(keep[:, None, :, None].to(layer.keys.dtype))
             layer.values.mul_(keep[:, None, :, None].to(layer.values.dtype))
         state["fired"] += 1
     elif kind == "reorder_image_cache" and state["step"] == 1:  # once: the cache keeps it from then on
-        for layer in layers:
-            image = _image_positions(state, layer)
+        for layer, image_states in layers:
+            image = _image_positions(state, layer, image_states)
             for row in range(image.shape[0]):
                 where = image[row].nonzero().flatten()
                 if len(where) > 1:
@@ -151,7 +156,7 @@ def _corrupt(kind: str, state: dict, layers: list, kwargs: dict) -> dict:
         kwargs = {**kwargs, "position_ids": kwargs["position_ids"] + 1}
         state["fired"] += 1
     elif kind == "mask_image_attention":
-        image = _image_positions(state, layers[0])
+        image = _image_positions(state, next(layer for layer, image_states in layers if not image_states))
         mask = torch.cat([~image, image.new_ones(image.shape[0], kwargs["input_ids"].shape[1])], dim=1)
         given = kwargs.get("attention_mask")
         if given is not None and given.dim() == 2:

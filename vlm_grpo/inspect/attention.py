@@ -98,6 +98,9 @@ def answer_attention(
     adapter: VLMAdapter, image: Image.Image, prompt: str, *, max_new_tokens: int = 24, layer: int | None = None,
 ) -> AttentionMaps:
     """Greedy answer to (image, prompt), then its attention to the image, one heatmap per answer token."""
+    if adapter.cross_attention:
+        raise ValueError(f"{adapter.family} reads images through cross-attention layers, not image tokens: there is no "
+                         "attention to image tokens to map")
     model = adapter.model
     device = next(model.parameters()).device
     dtype = model.dtype if model.dtype.is_floating_point else None

@@ -25,7 +25,7 @@ from vlm_grpo.adapters.features import hf_core, with_mask_positions
 from vlm_grpo.adapters.generic import support
 from vlm_grpo.adapters.generic.groups import check_layout, discover_layout
 from vlm_grpo.adapters.generic.layout import GenericLayout
-from vlm_grpo.adapters.generic.rows import alone_rows, sample_rows
+from vlm_grpo.adapters.generic.rows import alone_rows, sample_rows, tensor_rows
 from vlm_grpo.adapters.generic.support import GenericUnsupported
 
 TEXT_KEYS = ("input_ids", "attention_mask", "labels")  # labels: a training target some processors add, never an input
@@ -46,6 +46,7 @@ class GenericAdapter(GenericLayout, VLMAdapter):
         # found from the structure; checked by `check_module_groups` once any `model.module_groups` override is in
         self.module_layout = discover_layout(model)
         self._features_per_shape: dict[tuple, list[int]] = {}
+        self.packed_keys: set[str] = set()  # tensors kept last-dimension-first, one row per column (rows.py)
         self.calibration = None
         if calibrate:
             from vlm_grpo.adapters.generic.calibrate import calibrate as run
@@ -99,7 +100,7 @@ class GenericAdapter(GenericLayout, VLMAdapter):
                 and tuple(v.shape) != shape]
         # the rows each sample owns, from the processor run on each sample alone (read by _to_batch)
         self._alone = alone_rows(self, texts, images, keys) if keys and len(texts) > 1 else [
-            {k: int(features[k].shape[0]) for k in keys}]
+            tensor_rows(features, keys)]
         return features
 
     def _to_batch(self, features, images) -> PromptBatch:
@@ -110,12 +111,19 @@ class GenericAdapter(GenericLayout, VLMAdapter):
         token_keys = tuple(k for k, v in tensors.items() if tuple(v.shape) == shape)
         mm_rows = {k: [1] * shape[0] for k in token_keys}
         image_side, image_rows = sample_rows(self.family, {k: v for k, v in tensors.items() if k not in token_keys},
-                                             self._alone)
+                                             self._alone, self.packed_keys)
         tensors = {**{k: tensors[k] for k in token_keys}, **image_side}
         mm_rows.update(image_rows)
         batch = PromptBatch(input_ids=features["input_ids"], attention_mask=features["attention_mask"], mm=tensors,
                             mm_rows=mm_rows, image_spans=[[(0, 0)] * len(s) for s in images], token_keys=token_keys)
         return self.with_image_spans(batch)
+
+    def model_inputs(self, batch: PromptBatch) -> dict[str, torch.Tensor]:
+        return self._unpacked(batch.model_inputs())
+
+    def _unpacked(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Packed tensors (kept one row per column) with their last dimension moved back where the model wants it."""
+        return {k: v.movedim(0, -1) if k in self.packed_keys else v for k, v in tensors.items()}
 
     def vision_keys(self) -> tuple[str, ...]:
         """The processor tensors the model's image-feature function takes (named in its signature)."""
@@ -128,7 +136,7 @@ class GenericAdapter(GenericLayout, VLMAdapter):
         counts = []
         for i in range(len(batch)):
             one = batch.select([i])
-            vision = {k: one.mm[k] for k in keys if k in one.mm}
+            vision = self._unpacked({k: one.mm[k] for k in keys if k in one.mm})
             counts.append(sum(self.image_feature_counts(vision)) if vision and batch.images_per_sample[i] else 0)
         return counts
 

@@ -9,7 +9,8 @@ On a probe batch (two prompts of different lengths, so one is left-padded, with 
 3. shared image features (encode each image once for its G sequences): used only if the forward with the
    features placed at the image tokens gives the same logits as the plain one;
 4. shared prompt prefix (prefill once, expand the KV cache G times): used only if generation from it gives the
-   plain generation's tokens and logits.
+   plain generation's tokens and logits;
+5. text-only rows: refused with the processor's reason where it will not encode a prompt without an image.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def _encode(adapter, conversations, images, twin: bool) -> tuple[PromptBatch, st
             adapter.nested_images = nested
             try:
                 batch = adapter.encode_prompts(conversations, images).to(param.device, dtype=param.dtype)
-                adapter.model(**batch.model_inputs())  # the model takes it (image runs told apart, positions built)
+                adapter.model(**adapter.model_inputs(batch))  # the model takes it (image runs told apart, positions built)
                 return batch, placeholder
             except GenericUnsupported:
                 raise
@@ -136,6 +137,8 @@ def _calibrate(adapter) -> Calibration:
     twin = adapter.source.startswith("tiny:")
     param = next(adapter.model.parameters())
     conversations, images = probe_inputs()
+    notes: list[str] = []
+    _text_rows(adapter, notes)
     with torch.no_grad():
         batch, placeholder = _encode(adapter, conversations, images, twin)
         completion, logits = _greedy(adapter, batch, use_cache=False)
@@ -151,12 +154,22 @@ def _calibrate(adapter) -> Calibration:
             diff = (forced.float() - logits.float()).abs().max().item()
             raise GenericUnsupported(f"{adapter.family}: a teacher-forced forward does not give the logits generate() "
                                      f"gave (max |diff| {diff:.3g}) with either position rule")
-        notes: list[str] = []
         shares_features = _shares_features(adapter, batch, completion, forced, param.dtype, notes)
         adapter.shares_features = shares_features
         adapter.shares_prefix = shares_features and _shares_prefix(adapter, batch, param.dtype, notes)
     return Calibration(placeholder, adapter.nested_images, adapter.mask_positions, adapter.shares_features,
                        adapter.shares_prefix, notes)
+
+
+def _text_rows(adapter, notes) -> None:
+    """Text-only rows are refused, in the processor's words, where it will not encode a prompt without an image."""
+    try:
+        adapter._process(["Say something about squares."], [[]])
+    except Exception as err:
+        adapter.text_rows = "refused"
+        adapter.text_rows_reason = (f"its processor needs an image in every prompt: {type(err).__name__}: "
+                                    f"{(str(err).splitlines() or [''])[0][:120]}")
+        notes.append(f"text-only rows refused: {adapter.text_rows_reason}")
 
 
 def _shares_features(adapter, batch, completion, plain, dtype, notes) -> bool:

@@ -41,7 +41,7 @@ class GenericLayout:
         if not keys or not batch.images_per_sample[sample]:
             return []
         one = batch.select([sample])
-        return self.image_feature_counts({k: one.mm[k] for k in keys if k in one.mm})
+        return self.image_feature_counts(self._unpacked({k: one.mm[k] for k in keys if k in one.mm}))
 
     def with_image_spans(self, batch: PromptBatch) -> PromptBatch:
         """`batch` with each image's span measured by its feature count (not by runs of placeholder tokens)."""

@@ -56,6 +56,8 @@ GROUP_KEYS = {"n_group", "topk_group", "num_expert_group"}
 POOLED_KEYS = {"mm_tokens_per_image", "vision_soft_tokens_per_image"}
 LORA_RANK_KEYS = {"q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8}
 # lists indexing layers (of this config, or the vision side's for feature layers)
+# counts of the last layers that do something differently (Gemma 3n: layers reusing an earlier layer's KV cache)
+LAYER_SUBSET_KEYS = {"num_kv_shared_layers"}
 INDEX_LIST_KEYS = {"fullatt_block_indexes", "deepstack_visual_indexes", "vision_feature_layer", "moe_layers",
                    "spatial_target_layers", "summary_idxs", "ple_layer_ids", "global_layer_indexes"}
 
@@ -150,8 +152,12 @@ def _shrunk_value(key: str, value: Any, old_heads: int | None):
 
 
 def _shrink_layer_lists(node, old: int, new: int) -> None:
-    """Per-layer lists cut to the new depth (every distinct kind kept); layer-index lists mapped onto it."""
+    """Per-layer lists cut to the new depth (every distinct kind kept); layer-index lists mapped onto it; counts of
+    trailing layers scaled to it (at least one layer of each kind left before them)."""
     for key, value in list(vars(node).items()):
+        if key in LAYER_SUBSET_KEYS and isinstance(value, int) and not isinstance(value, bool):
+            kinds = len(set(getattr(node, "layer_types", None) or [None]))
+            setattr(node, key, max(0, min(value * new // old, new - kinds)))
         if key.startswith("_") or not isinstance(value, (list, tuple)):
             continue
         if key in INDEX_LIST_KEYS:
@@ -182,17 +188,19 @@ def _mapped_indices(values: list, old: int, new: int) -> list:
 
 
 def _fix_feature_layers(config) -> None:
-    """Feature-layer indices on the top config point into the vision side: keep them inside its new depth."""
+    """Feature-layer indices on the top config, or a sibling of the vision config (Molmo 2's `adapter_config`),
+    point into the vision side: keep them inside its new depth."""
     vision = getattr(config, "vision_config", None)
     depth = _layer_count(vision) if vision is not None else None
     if not depth:
         return
-    for key in ("vision_feature_layer", "vision_feature_layers", "vit_layer"):
-        value = getattr(config, key, None)
+    for node, key in [(n, k) for n in config_nodes(config) if n is not vision
+                      for k in ("vision_feature_layer", "vision_feature_layers", "vit_layer")]:
+        value = getattr(node, key, None)
         if isinstance(value, int) and not isinstance(value, bool):
-            setattr(config, key, max(value, -depth) if value < 0 else min(value, depth - 1))
+            setattr(node, key, max(value, -depth) if value < 0 else min(value, depth - 1))
         elif isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
-            setattr(config, key, type(value)(max(v, -depth) if v < 0 else min(v, depth - 1) for v in value))
+            setattr(node, key, type(value)(max(v, -depth) if v < 0 else min(v, depth - 1) for v in value))
 
 
 def _rescaled_rope(rope: dict, old_head_dim: int) -> dict:

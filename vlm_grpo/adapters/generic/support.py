@@ -14,6 +14,19 @@ FRAMEWORK_IDS = {"bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_
 LAYOUT_TOKEN_NAME = re.compile(r"image|img|vision|video|patch|tile|boi|eoi|frame|media|row|col")
 
 
+# optional packages some model types need -> the vlm-grpo extra that installs each (pyproject.toml)
+EXTRAS = {"timm": "timm", "scipy": "scipy"}
+
+
+def needed_extra(message: str) -> str:
+    """`needs <package>: pip install 'vlm-grpo[<extra>]'` for the optional package an ImportError's message names
+    (transformers' "requires the timm library", Python's "No module named 'scipy'"); else the message."""
+    for package, extra in EXTRAS.items():
+        if re.search(rf"\b{package}\b", message):
+            return f"needs {package}: pip install 'vlm-grpo[{extra}]'"
+    return message
+
+
 class GenericUnsupported(ValueError):
     """The generic adapter cannot serve this model type (the message names the type and the reason)."""
 
@@ -43,8 +56,11 @@ def check_generation(model_type: str, model) -> None:
     """Refuse what the GRPO loop cannot drive: an encoder-decoder, or a model that cannot generate."""
     config = model.config
     if getattr(config, "is_encoder_decoder", False):
-        raise GenericUnsupported(f"{model_type}: encoder-decoder model ({type(model).__name__}); the loop scores "
-                                 "decoder-only sequences")
+        # measured on florence2's twin: generate() returns decoder tokens only (not prompt + completion), and a
+        # decoder forward over start + completion reproduces its log-probs (1e-6): the contract lacks that hook
+        raise GenericUnsupported(f"{model_type}: encoder-decoder model ({type(model).__name__}); its completions are "
+                                 "decoder tokens apart from the prompt, and the loop scores a completion as the "
+                                 "prompt's continuation")
     can = getattr(model, "can_generate", None)
     if not callable(can) or not can():
         raise GenericUnsupported(f"{model_type}: {type(model).__name__} has no generation (no GenerationMixin); "

@@ -23,6 +23,7 @@ BASE_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EOS, PAD = "<|im_end|>", "<|endoftext|>"
 FRAMEWORK_IDS = {"bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "sep_token_id"}
 MISSING_ATTRIBUTE = re.compile(r"(?:no attribute|missing required attribute) '?(\w+)'?")
+UNSET_IMAGE_ID_KEYS = {"image_token_id", "image_token_index"}  # left None by a config class: bound like the others
 PIXEL_COUNT = 4096  # a `size` entry above this counts pixels (min/max pixels), not an edge
 
 
@@ -78,6 +79,19 @@ def set_vision_image_size(config, side: int) -> None:
         vision.image_size = side
     elif isinstance(value, (list, tuple)) and len(value) == 2:
         vision.image_size = type(value)([side, side])
+    _fit_position_count(vision, value, side)
+
+
+def _fit_position_count(vision, old_size, side: int) -> None:
+    """A learned position table sized for the real image's patch grid (Molmo 2's `num_position_embeddings`, one per
+    patch, maybe plus a class token) follows the twin's grid."""
+    count, patch = getattr(vision, "num_position_embeddings", None), getattr(vision, "patch_size", None)
+    old = old_size[0] if isinstance(old_size, (list, tuple)) else old_size
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (count, patch, old)):
+        return
+    extra = count - (old // patch) ** 2
+    if extra in (0, 1):
+        vision.num_position_embeddings = (side // patch) ** 2 + extra
 
 
 def _entries(value: Any) -> dict | None:
@@ -110,6 +124,9 @@ def sized_kwargs(part, side: int, patch: int) -> dict[str, Any]:
     for key, value in (("min_pixels", small), ("max_pixels", large)):
         if isinstance(getattr(part, key, None), int):
             out[key] = value
+    margins = getattr(part, "overlap_margins", None)  # patches each crop shares with its neighbours (Molmo 2)
+    if isinstance(margins, (list, tuple)) and sum(margins) >= side // patch // 2:
+        out["overlap_margins"] = [1] * len(margins)  # the real ones would leave a twin's crop no window to slide
     return out
 
 
@@ -120,7 +137,9 @@ def config_token_names(config) -> dict[str, list[tuple[Any, str]]]:
     nodes = config_nodes(config)
     for node in nodes:
         for key, value in vars(node).items():
-            if key.startswith("_") or key in FRAMEWORK_IDS or not isinstance(value, int) or isinstance(value, bool):
+            unset_image_id = value is None and key in UNSET_IMAGE_ID_KEYS  # the checkpoints set it (MiniCPM-V 4.6)
+            if key.startswith("_") or key in FRAMEWORK_IDS or isinstance(value, bool) or not (
+                    isinstance(value, int) or unset_image_id):
                 continue
             match = re.fullmatch(r"(\w+_token)_(?:id|index)", key) or re.fullmatch(r"(\w+)_token_id", key)
             if match:

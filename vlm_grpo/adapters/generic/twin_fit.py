@@ -19,6 +19,8 @@ from vlm_grpo.adapters.generic.support import features_per_image
 COUNT_NAMES = ("image_seq_len", "image_seq_length", "num_image_tokens", "image_tokens", "num_query_tokens",
                "tokens_per_image", "mm_tokens_per_image")
 EXTRA_NAMES = ("num_additional_image_tokens",)
+# a processor's tokens per side of a square tile (Cohere2-Vision writes patch_size**2 tokens per tile)
+SIDE_NAMES = ("patch_size",)
 
 
 def _image(side: int) -> Image.Image:
@@ -102,13 +104,21 @@ def fit_token_counts(model, processor, image_token_id: int, side: int) -> list[s
     if tokens == features:
         return changed
     for owner in _owners(processor):
-        for name in COUNT_NAMES:
-            if name in vars(owner) and (vars(owner)[name] is None or vars(owner)[name] == tokens):
-                setattr(owner, name, features)
-                changed.append(f"{type(owner).__name__}.{name} = {features}")
+        for name in COUNT_NAMES:  # on the instance, or a class-level default (GotOcr2Processor.num_image_tokens)
+            if name in vars(owner) or isinstance(vars(type(owner)).get(name), int):
+                value = getattr(owner, name)
+                if value is None or value == tokens:
+                    setattr(owner, name, features)
+                    changed.append(f"{type(owner).__name__}.{name} = {features}")
         for name in EXTRA_NAMES:
             value = vars(owner).get(name)
             if isinstance(value, int) and tokens is not None and 0 <= value + features - tokens <= 2:
                 setattr(owner, name, value + features - tokens)
                 changed.append(f"{type(owner).__name__}.{name} = {value + features - tokens}")
+    side_of = round(features ** 0.5)
+    for name in SIDE_NAMES:
+        value = vars(processor).get(name)
+        if isinstance(value, int) and tokens and value ** 2 == tokens and side_of ** 2 == features:
+            setattr(processor, name, side_of)
+            changed.append(f"{type(processor).__name__}.{name} = {side_of}")
     return changed

@@ -19,7 +19,7 @@ from vlm_grpo.adapters.generic.twin import (
     image_side,
     set_vision_image_size,
 )
-from vlm_grpo.adapters.generic.support import check_generation, image_token_id
+from vlm_grpo.adapters.generic.support import check_generation, image_token_id, needed_extra
 from vlm_grpo.adapters.generic.twin_fit import fit_token_counts, rebind_image_token
 from vlm_grpo.adapters.seeding import seeded_model
 
@@ -107,7 +107,7 @@ def build_twin(model_type: str, model_class: type, seed: int = 0, dtype: torch.d
             model = seeded_model(model_class, config, seed, dtype)
     except ImportError as err:
         raise TwinError(f"{model_type}: the model needs a package that is not installed "
-                        f"({str(err).strip().splitlines()[0][:120]})") from None
+                        f"({needed_extra(str(err).strip().splitlines()[0][:120])})") from None
     except Exception as err:
         raise TwinError(f"{model_type}: the shrunk config does not build a model ({type(err).__name__}: "
                         f"{str(err).splitlines()[0][:160]})") from None

@@ -140,4 +140,5 @@ def score_completions(adapter, batch, completion_ids: torch.Tensor, completion_m
     extra = {"output_router_logits": True} if router_aux else {}
     with scoring_head(model, completion_ids, **options) as scorer:
         out = model(**inputs, **extra, logits_to_keep=completion_ids.shape[1] + 1, use_cache=False)
-    return TokenScores(*scorer.scores, aux_loss=out.aux_loss if router_aux else None)
+    # a config may declare routers whose model returns no load-balancing loss (Llama 4): then there is none to add
+    return TokenScores(*scorer.scores, aux_loss=getattr(out, "aux_loss", None) if router_aux else None)
