@@ -7,6 +7,8 @@ saved twin by path and by `TYPE:PATH`, the `families --all` table, and the one-l
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -155,3 +157,27 @@ def test_a_family_file_claims_its_types():
 def test_a_missing_optional_package_names_its_extra(message, extra):
     assert needed_extra(message) == f"needs {extra}: pip install 'vlm-grpo[{extra}]'"
     assert needed_extra("No module named 'somethingelse'") == "No module named 'somethingelse'"
+
+
+def test_each_upstream_break_still_breaks_on_the_versions_it_names():
+    """An entry of upstream_breaks.py for the installed transformers: the type is refused with its reason, and its
+    model, built without the refusal, still fails a forward as the entry says (a fixed break fails this test)."""
+    import transformers
+
+    from vlm_grpo.adapters.generic import support
+    from vlm_grpo.adapters.generic.upstream_breaks import BREAKS, upstream_break
+
+    for entry in BREAKS:
+        if upstream_break(entry.model_type, transformers.__version__) is None:
+            assert entry.model_type in recorded_mapping()  # an entry names a type the table knows
+            continue
+        assert entry.model_type not in generic_types()
+        with pytest.raises(GenericUnsupported, match=re.escape(entry.reason)):
+            support.model_class_of(entry.model_type)
+        original = support.upstream_break
+        try:
+            support.upstream_break = lambda *_: None
+            with pytest.raises(Exception, match=entry.symptom):
+                tiny_adapter(entry.model_type)
+        finally:
+            support.upstream_break = original

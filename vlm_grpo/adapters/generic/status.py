@@ -46,8 +46,14 @@ def recorded_mapping() -> dict[str, str]:
 
 
 def generic_types() -> list[str]:
-    """Model types recorded as served and passing by the generic adapter."""
-    return sorted(t for t, r in recorded()[1].items() if r.status == GENERIC)
+    """Model types recorded as served and passing by the generic adapter, less those the installed transformers
+    itself breaks (upstream_breaks.py)."""
+    import transformers
+
+    from vlm_grpo.adapters.generic.upstream_breaks import upstream_break
+
+    return sorted(t for t, r in recorded()[1].items()
+                  if r.status == GENERIC and upstream_break(t, transformers.__version__) is None)
 
 
 def write(version: str, records: dict[str, TypeRecord], mapping: dict[str, str]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from vlm_grpo.adapters.generic.shrink import config_nodes
+from vlm_grpo.adapters.generic.upstream_breaks import upstream_break
 
 FRAMEWORK_IDS = {"bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "sep_token_id"}
 LAYOUT_TOKEN_NAME = re.compile(r"image|img|vision|video|patch|tile|boi|eoi|frame|media|row|col")
@@ -45,6 +46,9 @@ def model_class_of(model_type: str) -> type:
     if model_type not in names:
         raise GenericUnsupported(f"{model_type}: not an image-text-to-text model type of transformers "
                                  f"{transformers.__version__}")
+    broken = upstream_break(model_type, transformers.__version__)
+    if broken is not None:
+        raise GenericUnsupported(f"{model_type}: not on transformers {transformers.__version__}: {broken.reason}")
     cls = getattr(transformers, names[model_type], None)
     if cls is None:
         raise GenericUnsupported(f"{model_type}: transformers {transformers.__version__} does not export "
