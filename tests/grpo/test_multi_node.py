@@ -116,7 +116,7 @@ def test_prompts_follow_the_global_rank(step):
     def drawn(rank: int, local: int) -> list[int]:
         acc = SimpleNamespace(process_index=rank, local_process_index=local, num_processes=4)
         stub = SimpleNamespace(accelerator=acc, dataset=_Rows(range(100)), cfg=SimpleNamespace(
-            data=SimpleNamespace(batch_size=3), seed=5))
+            data=SimpleNamespace(batch_size=3, data_seed=None, shuffle=True), seed=5))
         samples, indices = BaseTrainer._samples(stub, step)
         assert samples == indices
         return indices

@@ -40,8 +40,28 @@ def raise_if_received() -> None:
         raise StopSignal(signum, f"stopped by {signal.Signals(signum).name}", at_once=True)
 
 
-def _stop_now(signum, _frame):
+IMPORT_FRAMES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
+_cut_imports: list[int] = []  # signals that landed inside an import
+
+
+def _inside_import(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename in IMPORT_FRAMES:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def cut_an_import() -> bool:
+    """Whether a StopSignal was raised inside a module's import: a C extension may be left half made (torch then
+    aborts at interpreter exit), so the process should end without running exit handlers."""
+    return bool(_cut_imports)
+
+
+def _stop_now(signum, frame):
     _received.append(signum)
+    if _inside_import(frame):
+        _cut_imports.append(signum)
     raise StopSignal(signum, f"stopped by {signal.Signals(signum).name}", at_once=True)
 
 
@@ -49,6 +69,7 @@ def install() -> None:
     """SIGINT and SIGTERM raise StopSignal from now on (the main thread only may set handlers); a new command starts
     with no signal received."""
     _received.clear()
+    _cut_imports.clear()
     if threading.current_thread() is threading.main_thread():
         for sig in SIGNALS:
             signal.signal(sig, _stop_now)
