@@ -117,15 +117,8 @@ def _main(argv: list[str]) -> int:
 
 
 def entry() -> None:
-    """The `vlm-grpo` program: main(), then exit with its code. A signal that cut an import short may leave a C
-    extension half made, whose teardown aborts the process (exit 134 instead of 130/143): such a process ends
-    without exit handlers, its output flushed."""
-    code = main()
-    if stop_signals.cut_an_import():
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+    """The `vlm-grpo` program: main(), then exit with its code."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":

@@ -41,35 +41,43 @@ def raise_if_received() -> None:
 
 
 IMPORT_FRAMES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
-_cut_imports: list[int] = []  # signals that landed inside an import
 
 
-def _inside_import(frame) -> bool:
+def _importer(frame):
+    """The frame whose `import` statement is running when `frame` is inside import machinery (None otherwise)."""
+    outer = None
     while frame is not None:
         if frame.f_code.co_filename in IMPORT_FRAMES:
-            return True
+            outer = frame
         frame = frame.f_back
-    return False
-
-
-def cut_an_import() -> bool:
-    """Whether a StopSignal was raised inside a module's import: a C extension may be left half made (torch then
-    aborts at interpreter exit), so the process should end without running exit handlers."""
-    return bool(_cut_imports)
+    return outer.f_back if outer is not None else None
 
 
 def _stop_now(signum, frame):
+    """Raise StopSignal where the program is, except inside an import: an exception raised in a module's top level
+    can leave a C extension half made (torch then aborts the process), so there it is raised on the next line of
+    the code whose import was running, once that import is complete."""
     _received.append(signum)
-    if _inside_import(frame):
-        _cut_imports.append(signum)
-    raise StopSignal(signum, f"stopped by {signal.Signals(signum).name}", at_once=True)
+    stop = StopSignal(signum, f"stopped by {signal.Signals(signum).name}", at_once=True)
+    importer = _importer(frame)
+    if importer is None:
+        raise stop
+
+    def on_line(frame, event, _arg):
+        if event == "line":
+            sys.settrace(None)
+            frame.f_trace = None
+            raise stop
+        return on_line
+
+    importer.f_trace = on_line
+    sys.settrace(lambda *_: None)  # frame tracing on (no new frame is traced: only the importer's next line)
 
 
 def install() -> None:
     """SIGINT and SIGTERM raise StopSignal from now on (the main thread only may set handlers); a new command starts
     with no signal received."""
     _received.clear()
-    _cut_imports.clear()
     if threading.current_thread() is threading.main_thread():
         for sig in SIGNALS:
             signal.signal(sig, _stop_now)
