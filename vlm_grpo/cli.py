@@ -117,8 +117,17 @@ def _main(argv: list[str]) -> int:
 
 
 def entry() -> None:
-    """The `vlm-grpo` program: main(), then exit with its code."""
-    sys.exit(main())
+    """The `vlm-grpo` program: main(), then exit with its code. A launched process (accelerate, torchrun) takes its
+    process group down first: left to interpreter exit, gloo's threads can abort the process ("terminate called
+    without an active exception") after the run's work is saved."""
+    code = main()
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        try:
+            distributed.destroy_process_group()
+        except (RuntimeError, ValueError):  # already torn down by a failing peer: nothing left to release
+            pass
+    sys.exit(code)
 
 
 if __name__ == "__main__":
