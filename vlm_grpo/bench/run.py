@@ -55,7 +55,8 @@ def format_report(report: dict[str, Any]) -> str:
             f"image {s['image_size']} px, "
             f"{'QLoRA (4-bit base), ' if s.get('load_in_4bit') else ''}"
             f"{'LoRA r=' + str(s['lora_r']) + ', ' if s.get('lora_r') else ''}"
-            f"{s['steps']} measured step(s) after {s['warmup']} warm-up"
+            f"{s['steps']} measured step(s) after {s['warmup']} warm-up, "
+            f"rollouts by {'vLLM (colocate)' if s.get('engine') == 'vllm' else 'generate()'}"
         ),
         f"device: {report['device']}",
         "",
@@ -67,6 +68,10 @@ def format_report(report: dict[str, Any]) -> str:
             f"| {name} | {r['step_time_s']:.2f} | {r['rollout_time_s']:.2f} | {r['rollout_tokens_per_s']:.0f} | "
             f"{r['vision_calls_per_step']} | {r['vision_images_per_step']} | {r['peak_memory_mib']:.0f} |"
         )
+    for name, r in report["results"].items():
+        if "parts" in r:
+            parts = ", ".join(f"{k[:-2].replace('_', ' ')} {v:.3f} s" for k, v in r["parts"].items() if k != "per_step")
+            lines.append(f"\n{name}, where the time went (medians per step; engine start once): {parts}")
     for key, value in report.get("ratios", {}).items():
         lines.append(f"\n{key}: {value:.2f}x")
     return "\n".join(lines)

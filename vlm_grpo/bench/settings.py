@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FRAMEWORKS = ("vlm-grpo", "trl")
+ENGINES = ("transformers", "vllm")  # what samples the rollouts: generate() or vLLM (colocate), in both frameworks
 # torch threads per CPU model, as measured in benchmarks/RESULTS.md (others: 1)
 DEFAULT_THREADS = {"preset:qwen2_5_vl_small": 2, "preset:hybrid_vit_heavy": 1}
 
@@ -32,3 +33,4 @@ class BenchSettings:
     lora_r: int = 0  # > 0: LoRA of this rank on the language model's projections, in both frameworks
     load_in_4bit: bool = False  # QLoRA: the base loaded in 4 bit (bitsandbytes NF4) in both frameworks; needs lora_r
     device: str | None = None  # default: cuda if available, else cpu
+    engine: str = "transformers"  # vllm: vlm-grpo's rollout.engine vllm, TRL's use_vllm (vllm_mode colocate)

