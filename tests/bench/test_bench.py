@@ -15,6 +15,7 @@ def test_bench_runs_both_frameworks_and_counts_images(tmp_path):
     report = json.loads(out.read_text())
     ours, trl = report["results"]["vlm-grpo"], report["results"]["trl"]
     assert ours["step_time_s"] > 0 and trl["step_time_s"] > 0
+    assert ours["step_cpu_time_s"] > 0 and trl["step_cpu_time_s"] > 0  # the process's CPU seconds per step
     assert report["settings"]["model"] == "tiny:qwen2_5_vl" and "trl" in report["versions"]
     # vlm-grpo: each prompt's image once in the reference and once (with gradient, before the rollout) for the
     # policy; TRL: once per completion (G = 2) in the rollout, the reference and the policy

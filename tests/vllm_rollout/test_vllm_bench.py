@@ -23,7 +23,7 @@ def test_bench_engine_vllm_reports_its_row_and_parts(tmp_path):
     assert len(row["step_times_s"]) == 1 and len(row["rollout_times_s"]) == 1
     assert row["step_time_s"] > row["rollout_time_s"] > 0
     assert row["rollout_tokens_per_s"] == 2 * 2 * 4 / row["rollout_time_s"]
-    assert row["peak_memory_mib"] > 0 and row["vision_images_per_step"] > 0
+    assert row["peak_memory_mib"] > 0 and row["vision_images_per_step"] > 0 and row["step_cpu_time_s"] > 0
     parts = row["parts"]
     assert parts["engine_start_s"] > 0 and len(parts["per_step"]) == 1
     # nested calls: vLLM's generate inside the engine's rollout inside the trainer's rollout

@@ -16,6 +16,7 @@ class FrameworkResult:
     framework: str
     step_times: list[float] = field(default_factory=list)
     rollout_times: list[float] = field(default_factory=list)
+    step_cpu_times: list[float] = field(default_factory=list)  # the process's CPU seconds: steadier on a shared machine
     vision_calls: list[int] = field(default_factory=list)
     vision_images: list[int] = field(default_factory=list)
     peak_memory_bytes: int = 0
@@ -40,6 +41,7 @@ class FrameworkResult:
             "framework": self.framework,
             "step_time_s": self.step_time,
             "rollout_time_s": self.rollout_time,
+            "step_cpu_time_s": statistics.median(self.step_cpu_times) if self.step_cpu_times else None,
             "rollout_tokens_per_s": self.rollout_tokens_per_s,
             "vision_calls_per_step": statistics.median(self.vision_calls) if self.vision_calls else None,
             "vision_images_per_step": statistics.median(self.vision_images) if self.vision_images else None,

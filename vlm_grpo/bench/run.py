@@ -60,13 +60,15 @@ def format_report(report: dict[str, Any]) -> str:
         ),
         f"device: {report['device']}",
         "",
-        "| framework | step time (s) | rollout (s) | rollout tokens/s | vision calls/step | images encoded/step | peak memory (MiB) |",
-        "|---|---|---|---|---|---|---|",
+        "| framework | step time (s) | rollout (s) | rollout tokens/s | vision calls/step | images encoded/step | peak memory (MiB) "
+        "| step CPU time (s) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, r in report["results"].items():
         lines.append(
             f"| {name} | {r['step_time_s']:.2f} | {r['rollout_time_s']:.2f} | {r['rollout_tokens_per_s']:.0f} | "
-            f"{r['vision_calls_per_step']} | {r['vision_images_per_step']} | {r['peak_memory_mib']:.0f} |"
+            f"{r['vision_calls_per_step']} | {r['vision_images_per_step']} | {r['peak_memory_mib']:.0f} | "
+            f"{r['step_cpu_time_s']:.2f} |"
         )
     for name, r in report["results"].items():
         if "parts" in r:

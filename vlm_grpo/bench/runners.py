@@ -110,10 +110,11 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
             sync(device)
             if parts:
                 parts.begin_step()
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             metrics = trainer.train_step(step)
             sync(device)
             result.step_times.append(time.perf_counter() - started)
+            result.step_cpu_times.append(time.process_time() - cpu)
             result.rollout_times.append(trainer.timings["rollout"])
             result.vision_calls.append(int(metrics["perf/vision_calls"]))
             result.vision_images.append(int(metrics["perf/vision_images"]))
@@ -221,13 +222,14 @@ def run_trl(settings: BenchSettings, source: str, device: torch.device, work: Pa
                 memory.__enter__()
             counter.reset()
             sync(device)
-            state["start"] = time.perf_counter()
+            state["start"], state["cpu"] = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, st, control, **kw):
             sync(device)
             elapsed = time.perf_counter() - state["start"]
             if st.global_step > settings.warmup:  # global_step is already incremented here
                 result.step_times.append(elapsed)
+                result.step_cpu_times.append(time.process_time() - state["cpu"])
                 result.rollout_times.append(state["rollout"])
                 result.vision_calls.append(counter.calls)
                 result.vision_images.append(counter.images)
