@@ -95,7 +95,7 @@ def main() -> None:
         started = time.perf_counter()
         length = max_model_len(adapter, SimpleNamespace(rollout=SimpleNamespace(vllm_max_model_length=None)))
         llm = build_llm(tmp, max_model_len=length, seed=0, gpu_memory_utilization=0.3, kvcache_gb=1, on_cpu=True)
-        print(f"vLLM engine build: {time.perf_counter() - started:.1f} s")
+        print(f"vLLM engine build: {time.perf_counter() - started:.1f} s; torch threads after it: {torch.get_num_threads()}")
         options = sampling_options(adapter, gen, g, seed=0)
 
         def after_push():  # the caches as a weight push leaves them (rollout/vllm_engine.py, llm_load_weights)
@@ -110,11 +110,11 @@ def main() -> None:
                                                    after_push))
         for name, change in variants.items():
             after_push()
-            profile = cProfile.Profile()
+            profile = cProfile.Profile(time.process_time)  # CPU seconds, as above
             profile.enable()
             llm_generate(llm, requests(adapter, batches[0]), {**options, **change})
             profile.disable()
-            print(f"under cProfile, {name} (one generate; the profiler inflates Python-heavy stages), cumulative s:")
+            print(f"under cProfile, {name} (one generate; the profiler inflates Python-heavy stages), cumulative CPU s:")
             for label, seconds in stage_seconds(pstats.Stats(profile)).items():
                 print(f"  {label}: {seconds:.3f}")
             pstats.Stats(profile).sort_stats("tottime").print_stats(8)

@@ -1,7 +1,8 @@
 """Where a vlm-grpo step with vLLM rollouts spends its time (bench --engine vllm): timers wrapped around the
 engine's and the trainer's calls on this one trainer object (instrumentation only: nothing they compute changes).
 
-- engine_start_s: exporting the policy and building vLLM's engine (once, before the warm-up step);
+- engine_start_s: exporting the policy and building vLLM's engine (once, before the warm-up step); with
+  torch_threads_after_start, torch's thread count after it (vLLM's CPU worker replaces torch.set_num_threads);
 - rollout_s: the trainer's whole rollout (prompt encoding, the policy's image features, the engine's rollout);
 - engine_rollout_s: the engine's rollout (vLLM requests built from the samples, generate, results -> Rollout);
 - vllm_generate_s: vLLM's own generate (its processor on the prompts and images, scheduling, prefill, decode);
@@ -27,6 +28,7 @@ class EngineParts:
         started = time.perf_counter()
         engine = trainer._engine()  # what the first rollout would open, opened here so the warm-up skips it
         self.engine_start_s = time.perf_counter() - started
+        self.torch_threads = torch.get_num_threads()  # vLLM's CPU worker binds threads and then holds the count
         self.current: dict[str, float] | None = None
         self.steps: list[dict[str, float]] = []
         engine.rollout = self._timed(engine.rollout, "engine_rollout_s")
@@ -63,4 +65,5 @@ class EngineParts:
     def summary(self) -> dict[str, Any]:
         """Medians over the measured steps, the engine start, and each step's parts."""
         medians = {p: statistics.median(s[p] for s in self.steps) for p in STEP_PARTS} if self.steps else {}
-        return {"engine_start_s": self.engine_start_s, **medians, "per_step": self.steps}
+        return {"engine_start_s": self.engine_start_s, **medians, "torch_threads_after_start": self.torch_threads,
+                "per_step": self.steps}

@@ -72,7 +72,8 @@ def format_report(report: dict[str, Any]) -> str:
         )
     for name, r in report["results"].items():
         if "parts" in r:
-            parts = ", ".join(f"{k[:-2].replace('_', ' ')} {v:.3f} s" for k, v in r["parts"].items() if k != "per_step")
+            parts = ", ".join(f"{k[:-2].replace('_', ' ')} {v:.3f} s" for k, v in r["parts"].items()
+                              if k.endswith("_s"))
             lines.append(f"\n{name}, where the time went (medians per step; engine start once): {parts}")
     for key, value in report.get("ratios", {}).items():
         lines.append(f"\n{key}: {value:.2f}x")
