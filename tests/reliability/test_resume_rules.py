@@ -13,7 +13,7 @@ from tests.reliability.conftest import RUN, same_weights
 from vlm_grpo.cli import main
 from vlm_grpo.grpo.run.logs import read_jsonl
 from vlm_grpo.grpo.settings.sources import load_config
-from vlm_grpo.grpo.trainer import GRPOTrainer
+from vlm_grpo.api.trainers import GRPOTrainer
 from vlm_grpo.grpo.training import policy
 
 VOLATILE = ("step_time",)  # wall-clock values differ between any two runs
@@ -94,13 +94,13 @@ def test_safe_changes_are_honoured_and_the_run_equals_an_uninterrupted_one(two_s
 
 def _reference_with_rate_change(tmp_path, words, at_step: int, lr: float):
     """An in-memory run that trains `at_step` steps, then switches every group's learning rate to `lr`."""
-    trainer = GRPOTrainer(load_config(overrides=[*words, "--output-dir", str(tmp_path / "reference")]))
+    trainer = GRPOTrainer.from_settings(load_config(overrides=[*words, "--output-dir", str(tmp_path / "reference")]))
     for step in range(trainer.cfg.max_steps):
         if step == at_step:
             for group in trainer.optimizer.param_groups:
                 group["lr"] = lr
         trainer.train_step(step)
-    trainer.save_final()
+    trainer.checkpoints.save_final()
     return tmp_path / "reference"
 
 

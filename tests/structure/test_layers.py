@@ -52,7 +52,8 @@ INNER_FLOORS = {
          "vlm_grpo.grpo.tools"),  # the algorithm, its inputs (tools: what a multi-turn rollout calls)
         ("vlm_grpo.grpo.settings",),  # the run's sections, and how files and flags become them
         ("vlm_grpo.grpo.run", "vlm_grpo.grpo.evaluate", "vlm_grpo.grpo.training"),  # the run dir; a stage's parts
-        ("vlm_grpo.grpo.trainer", "vlm_grpo.grpo.sft", "vlm_grpo.grpo"),  # the stages
+        ("vlm_grpo.grpo.sft",),  # SFT's batches and loss
+        ("vlm_grpo.grpo.parts", "vlm_grpo.grpo"),  # the parts a trainer is built of (api/stage.py composes them)
     ],
 }
 # Imports by a computed name: where they go. Anything else computed is an error (the drawing must see it).

@@ -45,14 +45,16 @@ def _reason(model_type: str, stage: str, err: BaseException) -> str:
 
 def _grpo_steps(model_type: str, recipe: str, out: str) -> int:
     from vlm_grpo.grpo.settings.sources import load_config
-    from vlm_grpo.grpo.trainer import GRPOTrainer
+    from vlm_grpo.api.trainers import GRPOTrainer
 
     cfg = load_config(overrides=[
         "--model", f"tiny:{model_type}", "--recipe", recipe, "--max-steps", "2", "--output-dir", out,
         "--max-new-tokens", "4", "--batch-size", "1", "--num-generations", "2", "--data.train-size", "2",
         "--logging.progress", "false", "--data.recipe_options", "{image_size: 56}",
     ])
-    return len(GRPOTrainer(cfg).train())
+    trainer = GRPOTrainer.from_settings(cfg)
+    trainer.train()
+    return len(trainer.history)
 
 
 def _contract(model_type: str) -> str | None:

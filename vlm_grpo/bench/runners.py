@@ -69,7 +69,7 @@ def _load(source: str, device: torch.device, decide_cache: bool = True, load_in_
 
 def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, work: Path) -> FrameworkResult:
     from vlm_grpo.grpo.settings.sources import load_config
-    from vlm_grpo.grpo.trainer import GRPOTrainer
+    from vlm_grpo.api.trainers import GRPOTrainer
 
     adapter = _load(source, device, load_in_4bit=settings.load_in_4bit)
     total = settings.warmup + settings.steps
@@ -92,7 +92,7 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
         overrides += ["--optim.freeze", ",".join(settings.freeze)]
     cfg = load_config(overrides=overrides)
     with contextlib.redirect_stdout(None):  # the trainable-parameter table
-        trainer = GRPOTrainer(cfg, adapter=adapter)
+        trainer = GRPOTrainer.from_settings(cfg, adapter=adapter)
     result = FrameworkResult("vlm-grpo", completion_tokens_per_step=settings.batch_size * settings.num_generations * settings.max_new_tokens)
     for step in range(settings.warmup):
         trainer.train_step(step)
