@@ -13,7 +13,7 @@ from vlm_grpo.adapters.registry import family_class
 from vlm_grpo.adapters.sharing import generate_shared, image_features
 from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
-from vlm_grpo.grpo.logprobs.completions import group_scores, token_logprobs_and_entropy
+from vlm_grpo.grpo.logprobs.completions import ScoreOptions, group_scores, token_logprobs_and_entropy
 from vlm_grpo.grpo.algorithm.losses import LossConfig, policy_loss as grpo_loss
 from vlm_grpo.api.trainers import GRPOTrainer
 from tests.trained import trained
@@ -53,7 +53,7 @@ def _loss(logps, mask):
 
 def _forward(adapter, prompts, ids, mask, **kwargs):
     index = [r // G for r in range(len(prompts) * G)]
-    logps = group_scores(adapter, prompts, index, ids, mask, **kwargs).logps
+    logps = group_scores(adapter, prompts, index, ids, mask, options=ScoreOptions(**kwargs)).logps
     return logps, _loss(logps, mask)
 
 
