@@ -199,6 +199,7 @@ def assert_same(ours, theirs, grad_ours, grad_theirs, metrics, trl_metrics, cont
     assert abs(ours.item() - theirs.item()) <= TOL, (ours.item(), theirs.item())
     assert (grad_ours - grad_theirs).abs().max().item() <= TOL
     assert grad_theirs.abs().max().item() > 1e-3  # a real gradient, not two zeros agreeing
+    assert "entropy" in trl_metrics  # TRL logs it on every call: the metrics were captured, the loop below is not empty
     for key, value in trl_metrics.items():  # every metric TRL logs, ours under the same name
         mine = control.coef if key == "entropy_coef" else metrics[key]  # stepped by the trainer after the update
         tol = 1e-7 if "clip_ratio" in key else TOL  # TRL averages these 0/1 flags in float32 (`.float()`)
