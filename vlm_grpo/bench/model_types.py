@@ -3,7 +3,7 @@
 Per type, in order, the first failure is its recorded reason: the tiny twin builds and calibrates (adapters/
 generic), every parameter is in one module group, the cache probe gives a verdict the policy can act on, two GRPO
 steps run on the `shapes` recipe, and (when the repository's tests are at hand) the adapter contract suite passes.
-The records go to adapters/generic/model_types.json, which `vlm-grpo families --all` and the README table read.
+The records go to adapters/generic/model_types.json, which `vlm-grpo families --all` and the table of docs/families.md read.
 """
 
 from __future__ import annotations

@@ -282,8 +282,8 @@ class TrainConfig:
     max_steps: int = setting(3, help="optimizer steps of the run (GRPO: rollout batches)", at_least=1)
     epochs: float = setting(0.0, help="run length in passes over the training split (TRL's num_train_epochs), "
                             "instead of max_steps when > 0: ceil(epochs x rows // prompts per step) steps", at_least=0.0)
-    advantage: str = setting("group", help="the advantage estimator (see README, 'Advantage estimators')",
-                             choices=tuple(sorted(ADVANTAGES)))
+    advantage: str = setting("group", help=f"the advantage estimator: one of {' | '.join(sorted(ADVANTAGES))}, or "
+                             "package.module:Class, an AdvantageEstimator subclass (docs/algorithms.md)")
     scale_rewards: str = setting("group", help="group advantages: what a group's centred reward is divided by: the "
                                  "group's reward std, the batch's, or nothing", choices=SCALE_REWARDS,
                                  values={True: "group", False: "none", "true": "group", "false": "none"})
@@ -320,6 +320,7 @@ class TrainConfig:
                 raise SettingError(name, f"is a section: give a {cls.__name__} or a mapping of its fields, "
                                    f"not {type(value).__name__}")
         check_fields(self)
+        ADVANTAGES[self.advantage]  # an unknown name, or a path that does not import, is refused here
         if self.data.batch_size % self.gradient_accumulation_steps:
             raise SettingError("gradient_accumulation_steps", f"{self.gradient_accumulation_steps} does not divide "
                                f"data.batch_size ({self.data.batch_size}): each micro-batch holds whole prompts")

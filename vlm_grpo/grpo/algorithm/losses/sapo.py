@@ -11,6 +11,7 @@ from vlm_grpo.grpo.settings.fields import setting
 @register
 class SAPO(PolicyLoss):
     name = "sapo"
+    trl_loss_type = "sapo"
     summary = "-sigmoid(tau (ratio - 1)) 4 / tau x advantage (tau by the advantage's sign); sequence means"
     paper = "SAPO, arXiv:2511.20347"
     normalisation = "sequence"
