@@ -14,7 +14,7 @@ import torch
 from vlm_grpo.grpo.algorithm.advantages import ADVANTAGES, reward_scores
 from vlm_grpo.grpo.algorithm.losses import LOSSES, LossConfig, policy_loss
 from vlm_grpo.grpo.algorithm.losses.config import IMPORTANCE_SAMPLING_LEVELS
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 
 TOL = 1e-10
 G = 4

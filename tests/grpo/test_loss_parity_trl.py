@@ -33,7 +33,7 @@ from vlm_grpo.grpo.algorithm.advantages.group import GroupRelative, group_advant
 from vlm_grpo.grpo.algorithm.losses import LOSSES, EntropyControl, LossConfig, policy_loss  # noqa: E402
 from vlm_grpo.grpo.algorithm.losses.clipped import ClippedSurrogate  # noqa: E402
 from vlm_grpo.grpo.algorithm.losses.config import IMPORTANCE_SAMPLING_LEVELS  # noqa: E402
-from vlm_grpo.grpo.settings.fields import SettingError  # noqa: E402
+from vlm_grpo.grpo.setting_fields import SettingError  # noqa: E402
 
 TOL = 1e-10
 # Every registered loss that declares TRL's counterpart: a new loss file joins these loops with nothing else edited.

@@ -15,7 +15,7 @@ from vlm_grpo.grpo.rollout.sampling import rollout
 from vlm_grpo.grpo.settings.sections import LoraSettings, OptimConfig
 from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.api.trainers import GRPOTrainer
-from vlm_grpo.grpo.training.freeze import apply_freeze
+from vlm_grpo.adapters.freeze import apply_freeze
 from vlm_grpo.grpo.training.lora import apply_lora, lora_target_parameters
 from vlm_grpo.grpo.training.optimizer import build_optimizer, trainable_table
 from tests.trained import trained

@@ -11,7 +11,7 @@ import torch
 
 from vlm_grpo.grpo.algorithm.advantages import ADVANTAGES, reward_scores
 from vlm_grpo.grpo.algorithm.losses import LOSSES, LossConfig, policy_loss
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.settings.sources import load_config
 
 USER_CODE = '''

@@ -17,7 +17,7 @@ from vlm_grpo.grpo.run import checkpoints as ckpt
 from vlm_grpo.grpo.run.directory import remove_leftovers
 from vlm_grpo.grpo.run.logs import read_jsonl
 from vlm_grpo.grpo.run.safe_files import CREATED_LIST, CreatedFiles
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.api.trainers import GRPOTrainer
 from tests.trained import trained

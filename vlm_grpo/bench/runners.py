@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.bench.measure import FrameworkResult, PeakMemory, sync
 from vlm_grpo.bench.settings import BenchSettings
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
 from vlm_grpo.grpo.settings.sections import OptimConfig
 from vlm_grpo.grpo.settings.model import LoraSettings
-from vlm_grpo.grpo.training.freeze import apply_freeze
+from vlm_grpo.adapters.freeze import apply_freeze
 from vlm_grpo.grpo.training.lora import lora_targets
 from vlm_grpo.loader import load_model
 

@@ -61,7 +61,7 @@ def run(args) -> int:
     from vlm_grpo.bench.settings import BenchSettings
     from vlm_grpo.grpo.algorithm.losses import LOSSES
     from vlm_grpo.grpo.algorithm.losses.config import IMPORTANCE_SAMPLING_LEVELS
-    from vlm_grpo.grpo.settings.fields import SettingError
+    from vlm_grpo.grpo.setting_fields import SettingError
 
     if args.loss_type not in LOSSES:
         raise SettingError("loss_type", f"{args.loss_type!r} is not a registered loss: {', '.join(sorted(LOSSES))}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.user_code import load_object
 
 

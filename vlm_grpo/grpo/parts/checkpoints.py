@@ -33,7 +33,7 @@ from vlm_grpo.grpo.run import process_checks, safe_files
 from vlm_grpo.grpo.run.safe_files import CreatedFiles
 from vlm_grpo.grpo.run.manifest import verify, write_manifest
 from vlm_grpo.grpo.run.resume_rules import PROCESSES, check_resume, describe_history, history_entry
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.settings.sources import canonical_key, without_trust
 from vlm_grpo.grpo.training.lora import apply_lora, is_lora_wrapped, save_merged
 from vlm_grpo.grpo.training.policy import load_policy

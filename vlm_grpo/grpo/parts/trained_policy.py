@@ -12,7 +12,7 @@ import torch
 from vlm_grpo.compat.cache_probe import probe_steps
 from vlm_grpo.grpo.distributed import fsdp
 from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
-from vlm_grpo.grpo.training.freeze import apply_freeze
+from vlm_grpo.adapters.freeze import apply_freeze
 from vlm_grpo.grpo.training.lora import apply_lora
 from vlm_grpo.grpo.training.optimizer import build_optimizer, build_scheduler, trainable_table
 from vlm_grpo.grpo.training.policy import apply_prompt_settings, check_generation_fields

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 
 SAFE = ("max_steps", "epochs", "logging.", "guard.", "eval.", "perf.", "sft.eval_every", "model.cache_policy", "model.device",
         "model.attn_implementation", "model.trust_remote_code", "model.allow_pickle_weights", "data.on_bad_sample",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from vlm_grpo.grpo.settings.fields import SettingError, check_fields, setting
+from vlm_grpo.grpo.setting_fields import SettingError, check_fields, setting
 
 
 @dataclass

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vlm_grpo.adapters.module_groups import GROUP_NAMES, SUB_GROUPS
-from vlm_grpo.grpo.settings.fields import SettingError, check_fields, setting
-from vlm_grpo.grpo.training.freeze import FREEZE_PRESETS
+from vlm_grpo.grpo.setting_fields import SettingError, check_fields, setting
+from vlm_grpo.adapters.freeze import FREEZE_PRESETS
 
 # transformers Trainer's optimizer names that run here (grpo/training/optimizer.py builds them with its own helper)
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adafactor", "sgd", "adamw_bnb_8bit", "paged_adamw_8bit")

@@ -14,7 +14,7 @@ from vlm_grpo.grpo.algorithm.advantages import ADVANTAGES, MULTI_OBJECTIVE
 from vlm_grpo.grpo.algorithm.advantages.group import SCALE_REWARDS
 from vlm_grpo.grpo.algorithm.losses import LossConfig
 from vlm_grpo.grpo.distributed.fsdp import MODES as FSDP_MODES
-from vlm_grpo.grpo.settings.fields import SettingError, check_fields, setting
+from vlm_grpo.grpo.setting_fields import SettingError, check_fields, setting
 from vlm_grpo.grpo.settings.model import LoraSettings, ModelConfig
 from vlm_grpo.grpo.settings.optim import OPTIMIZERS, OptimConfig  # noqa: F401 - names offered here too
 from vlm_grpo.grpo.settings.rollout import RolloutConfig

@@ -17,7 +17,7 @@ import torch
 from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch
 from vlm_grpo.adapters.teacher_forcing import completion_logits
 from vlm_grpo.grpo.logprobs.completions import token_logprobs
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import torch
 
 from vlm_grpo.grpo.algorithm.registry import Registry
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 
 # How a loss's masked sum is normalised (m: the loss mask of one micro-batch of R rows).
 NORMALISATIONS = {

@@ -11,7 +11,7 @@ import dataclasses
 import warnings
 
 from vlm_grpo.grpo.algorithm.losses.base import LOSSES
-from vlm_grpo.grpo.settings.fields import SettingError, check_fields, setting
+from vlm_grpo.grpo.setting_fields import SettingError, check_fields, setting
 
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 SEQUENCE_LEVEL_SUMS = ("bnpo", "dr_grpo", "dapo", "cispo")  # TRL warns: these sum tokens of a sequence-level ratio

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from vlm_grpo.grpo.algorithm.losses.base import LossTerms, PolicyLoss, register
-from vlm_grpo.grpo.settings.fields import setting
+from vlm_grpo.grpo.setting_fields import setting
 
 
 @register

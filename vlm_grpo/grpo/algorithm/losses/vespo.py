@@ -12,7 +12,7 @@ import math
 import torch
 
 from vlm_grpo.grpo.algorithm.losses.base import LossTerms, PolicyLoss, register, require_level
-from vlm_grpo.grpo.settings.fields import setting
+from vlm_grpo.grpo.setting_fields import setting
 
 LOG_W_MIN = math.log(1e-8)
 

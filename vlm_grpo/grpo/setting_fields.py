@@ -14,7 +14,7 @@ import types
 import typing
 from typing import Any, Sequence
 
-from vlm_grpo.grpo.settings.yaml_text import YAMLProblem, load_yaml
+from vlm_grpo.grpo.yaml_text import YAMLProblem, load_yaml
 
 
 class SettingError(ValueError):
