@@ -33,7 +33,7 @@ from vlm_grpo.grpo.run import process_checks, safe_files
 from vlm_grpo.grpo.run.safe_files import CreatedFiles
 from vlm_grpo.grpo.run.manifest import verify, write_manifest
 from vlm_grpo.grpo.run.resume_rules import PROCESSES, check_resume, describe_history, history_entry
-from vlm_grpo.grpo.setting_fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError, resume_policies
 from vlm_grpo.grpo.settings.sources import canonical_key, without_trust
 from vlm_grpo.grpo.training.lora import apply_lora, is_lora_wrapped, save_merged
 from vlm_grpo.grpo.training.policy import load_policy
@@ -170,6 +170,7 @@ class Checkpoints:
                                "setting and process count")
         state = ckpt.read_states(self.resume_point)
         changes = check_resume(state, _plain(cfg.to_dict()), checkpoint=str(self.resume_point), stage=self.stage,
+                               policies=resume_policies(cfg),
                                num_processes=self.ctx.accelerator.num_processes, accept=accept)
         self.history = [*state.get("history", []), history_entry(str(self.resume_point), int(state["step"]), changes)]
         if self.ctx.is_main and changes:

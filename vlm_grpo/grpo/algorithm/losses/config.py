@@ -59,7 +59,7 @@ def _shared_fields() -> list[tuple[str, type, dataclasses.Field]]:
                                                        "routers' load-balancing loss added to the loss, as TRL (None: "
                                                        "the model config's; 0: off; an error on a model without "
                                                        "routers)", at_least=0.0)),
-        ("max_completion_length", int, setting(64, help="dr_grpo's normaliser; a run sets it from "
+        ("max_completion_length", int, setting(64, resume="ignored", help="dr_grpo's normaliser; a run sets it from "
                                                "generation.max_new_tokens", at_least=1)),
     ]
 
