@@ -1,4 +1,4 @@
-"""`vlm-grpo train`: GRPO training (grpo/trainer.py); with no arguments, the offline default run."""
+"""`vlm-grpo train`: GRPO training (api/trainers.py: GRPOTrainer.from_settings); with no arguments, the offline default run."""
 
 from __future__ import annotations
 
