@@ -16,7 +16,7 @@ resolved settings (the CLI, benchmarks), the constructor from TRL's arguments (a
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -56,7 +56,6 @@ class RunInputs:
     tools: Sequence[Any] = ()  # TRL 1.16's tools, added to the settings' (GRPO)
     environment_factory: Any = None  # TRL 1.16's, replacing the settings' environment (GRPO)
     rollout_func: Callable | None = None  # TRL's rollout_func(prompts, trainer) (GRPO)
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Stage:
