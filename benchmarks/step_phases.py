@@ -22,7 +22,9 @@ from pathlib import Path
 import torch
 
 import vlm_grpo.grpo.logprobs.completions as logprobs_module
-import vlm_grpo.grpo.trainer as trainer_module
+import vlm_grpo.grpo.parts.sampler as sampler_module
+import vlm_grpo.grpo.parts.update as update_module
+from vlm_grpo.api.trainers import GRPOTrainer
 from vlm_grpo.bench.runners import _load, build_source
 from vlm_grpo.bench.settings import BenchSettings
 from vlm_grpo.grpo.settings.sources import load_config
@@ -66,11 +68,11 @@ def main() -> None:
         return wrapper
 
     with contextlib.redirect_stdout(None):
-        trainer = trainer_module.GRPOTrainer(cfg, adapter=_load(source, torch.device("cpu")))
-    trainer_module.image_features = timed("features before rollout", trainer_module.image_features)
-    trainer_module.rollout = timed("rollout", trainer_module.rollout)
-    trainer_module.update_step = timed("optimizer", trainer_module.update_step)
-    trainer._reference_logprobs = timed("reference forward", trainer._reference_logprobs)
+        trainer = GRPOTrainer.from_settings(cfg, adapter=_load(source, torch.device("cpu")))
+    sampler_module.image_features = timed("features before rollout", sampler_module.image_features)
+    sampler_module.rollout = timed("rollout", sampler_module.rollout)
+    update_module.update_step = timed("optimizer", update_module.update_step)
+    trainer.scorer.reference_logps = timed("reference forward", trainer.scorer.reference_logps)
     logprobs_module.image_features = timed("features in forwards", logprobs_module.image_features)
     logprobs_module.shared_prompt_scores = timed("LM forwards", logprobs_module.shared_prompt_scores)
     trainer.accelerator.backward = timed("backward", trainer.accelerator.backward)

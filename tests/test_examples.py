@@ -8,7 +8,8 @@ import pytest
 
 from tests.recipes.helpers import save_image, write_jsonl
 from vlm_grpo.grpo.settings.sources import load_config
-from vlm_grpo.grpo.trainer import GRPOTrainer
+from vlm_grpo.api.trainers import GRPOTrainer
+from tests.trained import trained
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
 SMALL = ["--batch-size", "1", "--num-generations", "2", "--max-new-tokens", "4", "--max-steps", "1",
@@ -45,7 +46,7 @@ def test_example_runs_one_step_on_the_tiny_twin(path, data, tmp_path):
     dataset = ["--dataset", str(data / "trl" / Path(cfg.data.dataset).name)] if cfg.data.dataset else []
     cfg = load_config(path, ["--model", f"tiny:{family}", "--output-dir", str(tmp_path / "run"),
                              "--data.recipe_options", repr(options), *dataset, *SMALL])
-    history = GRPOTrainer(cfg).train()
+    history = trained(GRPOTrainer.from_settings(cfg))
     final = tmp_path / "run" / "final"
     assert [m["step"] for m in history] == [1]
     assert (final / "config.json").is_file() or (final / "merged" / "config.json").is_file()  # LoRA: adapter + merged

@@ -39,7 +39,7 @@ from vlm_grpo.commands import (
 )
 from vlm_grpo.grpo.interrupts import StopSignal
 from vlm_grpo.grpo.run import stop_signals
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 
 FAILED, REFUSED = 1, 2
 COMMANDS = (

@@ -73,7 +73,7 @@ def test_an_eval_dataset_run_evaluates_on_it(tmp_path):
     assert trainer.last_evaluation["size"] == 3
     other = trainer.evaluate(eval_dataset=rows("Another {i}?")[:2])
     assert [s["prompt"] for s in trainer.last_evaluation["samples"]] == ["Another 0?", "Another 1?"] and other
-    assert trainer.run.cfg.data.eval_dataset.endswith("rows=3)")  # that evaluation's data was for it alone
+    assert trainer.cfg.data.eval_dataset.endswith("rows=3)")  # that evaluation's data was for it alone
     settings = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert settings["data"]["eval_dataset"].startswith("memory:Dataset(") and "rows=3" in settings["data"]["eval_dataset"]
     metric_names = [m.metric_name for m in card_of(tmp_path / "run" / "final").data.eval_results]
@@ -93,7 +93,7 @@ def test_a_peft_config_run_saves_a_lora_adapter_and_pushes_it(tmp_path, monkeypa
     assert adapter["r"] == 4 and adapter["lora_alpha"] == 8 and adapter["target_modules"]
     assert all(name.endswith(("q_proj", "v_proj")) for name in adapter["target_modules"])
     assert card_of(final).data.library_name == "peft" and "lora" in card_of(final).data.tags
-    assert trainer.run.cfg.lora.r == 4
+    assert trainer.cfg.lora.r == 4
     hub = FakeHub(tmp_path / "hub")
     monkeypatch.setattr(constants, "ENDPOINT", hub.url)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
@@ -132,7 +132,7 @@ def test_a_model_object_trains_and_its_card_names_its_base(tmp_path):
     built = family_class("smolvlm").tiny(seed=0)  # built in Python, no path: given with its processor
     other = GRPOTrainer(model=built.model, processing_class=built.processor, reward_funcs=[says_colour],
                         train_dataset=rows(), args=GRPOConfig(output_dir=str(tmp_path / "other"), **FAST))
-    assert other.run.cfg.model.name == "memory:SmolVLMForConditionalGeneration"
+    assert other.cfg.model.name == "memory:SmolVLMForConditionalGeneration"
     with pytest.raises(ValueError, match="built in Python with no path to load its processor from: give processing_class"):
         GRPOTrainer(model=built.model, reward_funcs=[says_colour], train_dataset=rows())
 

@@ -38,7 +38,7 @@ def test_callbacks_are_added_popped_and_removed_as_in_trl_and_hear_each_save(tmp
     assert isinstance(popped, PrinterCallback) and trainer.pop_callback(PrinterCallback) is None
     trainer.remove_callback(Other)
     assert [type(cb).__name__ for cb in trainer.callback_handler.callbacks] == ["DefaultFlowCallback", "Events"]
-    assert trainer.accelerator is trainer.run.accelerator and trainer.accelerator.num_processes == 1
+    assert trainer.accelerator is trainer.accelerator and trainer.accelerator.num_processes == 1
     trainer.train()
     trainer.log({"custom": 1.0})
     assert trainer.state.log_history[-1] == {"custom": 1.0, "epoch": trainer.state.epoch, "step": 2}
@@ -103,9 +103,9 @@ def test_trl_run_settings_reach_the_run(tmp_path, monkeypatch):
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_warning()
-    run = trainer.run
+    run = trainer
     assert type(run.optimizer.optimizer if hasattr(run.optimizer, "optimizer") else run.optimizer) is torch.optim.SGD
-    assert run.scheduler.lr_lambdas[0].keywords["num_cycles"] == 2
+    assert run.lr_scheduler.lr_lambdas[0].keywords["num_cycles"] == 2
     from vlm_grpo.grpo.training.policy import sampling_with
 
     config = run.adapter.model.generation_config
@@ -114,8 +114,7 @@ def test_trl_run_settings_reach_the_run(tmp_path, monkeypatch):
         assert (config.min_p, config.repetition_penalty, config.no_repeat_ngram_size) == (0.1, 1.3, 2)
     assert (config.min_p, config.repetition_penalty, config.no_repeat_ngram_size) == own  # ... the model keeps its own
     assert run.adapter.chat_template_kwargs == {"add_vision_id": True}
-    samples, indices = run._samples(0)
-    assert indices == [0, 1]  # shuffle_dataset=False: rows in order
+    assert run.data.batch(0).rows == [0, 1]  # shuffle_dataset=False: rows in order
     with pytest.raises(ValueError, match="'no_such_field' is not a transformers GenerationConfig field"):
         GRPOTrainer(model="tiny:smolvlm", reward_funcs=[says_colour], train_dataset=rows(),
                     args=GRPOConfig(output_dir=str(tmp_path / "bad"), **FAST, generation_kwargs={"no_such_field": 1}))

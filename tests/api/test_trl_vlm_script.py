@@ -26,7 +26,7 @@ def test_the_trl_shaped_vlm_script_runs(tmp_path, monkeypatch):
     out = tmp_path / "grpo-vlm"
     done = runpy.run_path(str(SCRIPT), init_globals={"MODEL": "tiny:smolvlm", "OUTPUT_DIR": str(out)})
     trainer, args = done["trainer"], done["training_args"]
-    cfg = trainer.run.cfg
+    cfg = trainer.cfg
     # TRL's meaning: 4 completions per device = 2 prompts x 2 generations; LoRA r=8 on q/v; fp32 eager model
     assert (cfg.data.batch_size, cfg.data.num_generations, cfg.lora.r, cfg.lora.target_modules) == (2, 2, 8, ["q_proj", "v_proj"])
     assert (cfg.model.dtype, cfg.model.attn_implementation, cfg.logging.report_to) == ("float32", "eager", [])

@@ -18,7 +18,9 @@ from dataclasses import replace
 import torch
 
 from vlm_grpo.grpo.distributed import sharded_checkpoints as shards
-from vlm_grpo.grpo import trainer as trainer_module
+from vlm_grpo.api.trainers import GRPOTrainer
+from vlm_grpo.grpo.parts import sampler as sampler_module
+from vlm_grpo.grpo.parts import update as update_module
 from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.grpo.data.order import batch_indices
 from vlm_grpo.grpo.distributed.fsdp import full_tensor, is_sharded
@@ -50,10 +52,11 @@ def main(out: str, *settings: str) -> None:
         "--data.recipe_options", "{image_size: 56}", "--max-new-tokens", "8", "--logging.progress", "false",
         "--batch-size", str(per), "--beta", "0.04", "--learning-rate", "1e-3", "--max-grad-norm", "0", *settings,
     ])
-    real_rollout = trainer_module.rollout
-    trainer = trainer_module.GRPOTrainer(cfg)
+    real_rollout = sampler_module.rollout
+    trainer = GRPOTrainer.from_settings(cfg)
     rank = trainer.accelerator.process_index
-    everyone = [trainer.dataset[i] for i in batch_indices(len(trainer.dataset), GLOBAL_BATCH, 0, cfg.seed)]
+    dataset = trainer.train_dataset
+    everyone = [dataset[i] for i in batch_indices(len(dataset), GLOBAL_BATCH, 0, cfg.seed)]
 
     def same_rollout_everywhere(adapter, samples, gen, num_generations, device, **kwargs):
         kwargs.pop("prompts", None), kwargs.pop("features", None)  # this process's: the whole step's are made here
@@ -63,7 +66,7 @@ def main(out: str, *settings: str) -> None:
         return rows_of_prompts(whole, rank * per, per)
 
     grads: dict[str, torch.Tensor] = {}
-    real_update = trainer_module.update_step
+    real_update = update_module.update_step
 
     def recording_update(accelerator, optimizer, optim_cfg):
         for name, param in trainer.adapter.model.named_parameters():
@@ -71,8 +74,8 @@ def main(out: str, *settings: str) -> None:
                 grads[name] = full_tensor(param.grad).detach().clone()
         return real_update(accelerator, optimizer, optim_cfg)
 
-    trainer_module.rollout = same_rollout_everywhere
-    trainer_module.update_step = recording_update
+    sampler_module.rollout = same_rollout_everywhere
+    update_module.update_step = recording_update
     metrics = trainer.train_step(0)
     if is_sharded(trainer.model):
         weights = shards.full_state_dict(trainer.adapter.model)

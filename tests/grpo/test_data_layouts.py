@@ -13,8 +13,9 @@ import pytest
 from tests.recipes.helpers import png_bytes, save_image, write_jsonl, write_parquet
 from vlm_grpo.grpo.run.logs import read_jsonl
 from vlm_grpo.grpo.settings.sources import load_recipe_config
-from vlm_grpo.grpo.trainer import GRPOTrainer
+from vlm_grpo.api.trainers import GRPOTrainer
 from vlm_grpo.recipes.trl_format import build
+from tests.trained import trained
 
 FAST = ["--max-new-tokens", "4", "--logging.progress", "false", "--max-steps", "2", "--batch-size", "2",
         "--num-generations", "2", "--log-completions", "false", "--save-every", "0",
@@ -135,11 +136,11 @@ def test_each_layout_trains_two_steps(tmp_path, layout):
     source = write(tmp_path)
     out = tmp_path / "run"
     cfg, recipe = load_recipe_config(None, ["--dataset", source, *extra, "--output-dir", str(out), *FAST])
-    trainer = GRPOTrainer(cfg, recipe=recipe, adapter=tiny_policy())
-    assert len(trainer.dataset) == n_rows
-    first = trainer.dataset[0]
+    trainer = GRPOTrainer.from_settings(cfg, recipe=recipe, adapter=tiny_policy())
+    assert len(trainer.train_dataset) == n_rows
+    first = trainer.train_dataset[0]
     assert len(first.images) == 1 and first.images[0].getpixel((28, 28)) == (255, 0, 0)  # row 0: the red one
-    history = trainer.train()
+    history = trained(trainer)
     assert [m["step"] for m in history] == [1, 2]
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2] and (out / "final").is_dir()
 

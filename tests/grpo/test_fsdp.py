@@ -154,7 +154,7 @@ def test_fsdp_setting_spellings(value):
 
 def test_fsdp_needs_processes_and_refuses_4bit(tmp_path):
     from vlm_grpo.grpo.settings.sources import load_config
-    from vlm_grpo.grpo.settings.fields import SettingError
+    from vlm_grpo.grpo.setting_fields import SettingError
 
     with pytest.raises(SettingError, match="fsdp"):
         load_config(overrides=["--fsdp", "full_shard", "--lora.r", "4", "--lora.load_in_4bit", "true"])

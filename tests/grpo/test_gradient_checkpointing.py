@@ -8,7 +8,7 @@ import torch
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from vlm_grpo.grpo.settings.sources import load_config
-from vlm_grpo.grpo.trainer import GRPOTrainer
+from vlm_grpo.api.trainers import GRPOTrainer
 
 RUN = ["--data.recipe_options", "{image_size: 56}", "--max-new-tokens", "5", "--logging.progress", "false",
        "--log-completions", "false", "--max-steps", "1", "--learning-rate", "1e-2", "--batch-size", "2",
@@ -18,7 +18,7 @@ RUN = ["--data.recipe_options", "{image_size: 56}", "--max-new-tokens", "5", "--
 def _step(family, tmp_path, checkpointed: bool):
     words = [*RUN, "--model", f"tiny:{family}", "--output-dir", str(tmp_path / str(checkpointed)),
              "--gradient-checkpointing", str(checkpointed).lower()]
-    trainer = GRPOTrainer(load_config(overrides=words))
+    trainer = GRPOTrainer.from_settings(load_config(overrides=words))
     calls = [0]
     for block in trainer.adapter.model.modules():
         if isinstance(block, GradientCheckpointingLayer) and getattr(block, "_gradient_checkpointing_func", None):

@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from vlm_grpo.grpo.settings.sources import load_recipe_config
-from vlm_grpo.grpo.trainer import GRPOTrainer
+from vlm_grpo.api.trainers import GRPOTrainer
 from vlm_grpo.grpo.training.guards import TrainingHalted
 from vlm_grpo.inspect.completions import format_rows, load_completions, select
 from vlm_grpo.inspect.plots import RunData, charts
 from vlm_grpo.loader import load_model
+from tests.trained import trained
 
 SHAPES = ["--data.recipe_options", "{image_size: 64}", "--batch-size", "4", "--num-generations", "8", "--beta", "0",
           "--eval.before_after", "false", "--logging.plot", "false", "--logging.progress", "false", "--save-every", "0"]
@@ -43,8 +44,8 @@ def format_only_run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         warnings = []
         mp.setattr("vlm_grpo.grpo.training.hacking_watch.log.warning", lambda msg, *a: warnings.append(msg % a))
-        trainer = GRPOTrainer(cfg)
-        trainer.train()
+        trainer = GRPOTrainer.from_settings(cfg)
+        trained(trainer)
     return run, warnings
 
 
@@ -100,13 +101,13 @@ def test_plots_and_card_show_image_reliance_and_the_guards_counts(format_only_ru
 def test_identical_groups_trip_their_monitor_and_can_stop_the_run_after_a_checkpoint(tmp_path, caplog):
     greedy = [*SHAPES, "--top-k", "1", "--max-steps", "4", "--reliance-every", "0", "--audit-at-start", "false"]
     with caplog.at_level(logging.WARNING):
-        history = GRPOTrainer(load_config(overrides=[*greedy, "--output-dir", str(tmp_path / "warn")])).train()
+        history = trained(GRPOTrainer.from_settings(load_config(overrides=[*greedy, "--output-dir", str(tmp_path / "warn")])))
     assert [m["guards/identical_groups"] for m in history] == [1.0] * 4
     assert [m["guards/trips/identical_groups"] for m in history] == [0, 1, 2, 3]  # 2 steps in a row, then each step
     assert "guard identical_groups: step 2: in 100% of the groups all completions were identical" in caplog.text
     stop = tmp_path / "stop"
     with pytest.raises(TrainingHalted, match=r"step 2: .*identical.*checkpoint-2 saved, stopped"):
-        GRPOTrainer(load_config(overrides=[*greedy, "--output-dir", str(stop), "--on-hacking", "stop"])).train()
+        trained(GRPOTrainer.from_settings(load_config(overrides=[*greedy, "--output-dir", str(stop), "--on-hacking", "stop"])))
     assert [p.name for p in stop.glob("checkpoint-*")] == ["checkpoint-2"] and not (stop / "final").exists()
 
 
@@ -119,7 +120,7 @@ def test_image_reliance_is_zero_when_the_vision_output_is_cut_off(tmp_path):
     cfg = load_config(overrides=[*SHAPES, "--model", "tiny:hybrid_llava", "--max-steps", "1", "--max-new-tokens", "8",
                                  "--freeze", "vision,projector", "--reliance-every", "1", "--audit-at-start", "false",
                                  "--output-dir", str(tmp_path)])
-    metrics = GRPOTrainer(cfg, adapter=adapter).train()[0]
+    metrics = trained(GRPOTrainer.from_settings(cfg, adapter=adapter))[0]
     assert metrics["grounding/image_reliance"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["grounding/image_reliance_swap"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["guards/trips/image_reliance"] == 1  # "the model does not use the image" from the first measurement
@@ -127,11 +128,11 @@ def test_image_reliance_is_zero_when_the_vision_output_is_cut_off(tmp_path):
 
 def test_the_guards_do_not_change_what_a_run_trains_and_the_default_model_relies_on_the_image(tmp_path):
     base = [*SHAPES, "--max-steps", "2", "--max-new-tokens", "12"]
-    on = GRPOTrainer(load_config(overrides=[*base, "--reliance-every", "1", "--output-dir", str(tmp_path / "on")]))
-    on_history = on.train()
-    off = GRPOTrainer(load_config(overrides=[*base, "--reliance-every", "0", "--audit-at-start", "false",
+    on = GRPOTrainer.from_settings(load_config(overrides=[*base, "--reliance-every", "1", "--output-dir", str(tmp_path / "on")]))
+    on_history = trained(on)
+    off = GRPOTrainer.from_settings(load_config(overrides=[*base, "--reliance-every", "0", "--audit-at-start", "false",
                                              "--output-dir", str(tmp_path / "off")]))
-    off_history = off.train()
+    off_history = trained(off)
     for a, b in zip(on_history, off_history):
         assert {k: v for k, v in a.items() if k in b and k != "step_time"} == {k: v for k, v in b.items() if k != "step_time"}
     assert all(torch.equal(p, q) for p, q in zip(on.adapter.model.parameters(), off.adapter.model.parameters()))

@@ -100,17 +100,17 @@ def test_softcapped_heads_are_scored_with_the_cap():
 def test_entropy_carries_the_full_logits_gradient_when_asked(share_prompt):
     """An entropy bonus trains on the entropy (TRL's entropy has a gradient): with entropy_grad, the chunked entropy's
     gradient equals the full logits' entropy gradient, on both scoring paths; without it, the entropy has none."""
-    from vlm_grpo.grpo.logprobs.completions import group_scores
+    from vlm_grpo.grpo.logprobs.completions import ScoreOptions, group_scores
 
     adapter, batch, ids, mask = _setup("qwen2_5_vl")
     index = list(range(len(batch)))
     weights = torch.linspace(-1.0, 1.0, ids.numel()).view_as(ids)
     head = adapter.model.get_output_embeddings().weight
-    plain = group_scores(adapter, batch, index, ids, mask, share_prompt=share_prompt, with_entropy=True,
-                         temperature=0.7, chunk_bytes=4 * 700 * 3)
+    plain = group_scores(adapter, batch, index, ids, mask, options=ScoreOptions(
+        share_prompt=share_prompt, with_entropy=True, temperature=0.7, chunk_bytes=4 * 700 * 3))
     assert not plain.entropy.requires_grad
-    got = group_scores(adapter, batch, index, ids, mask, share_prompt=share_prompt, with_entropy=True,
-                       entropy_grad=True, temperature=0.7, chunk_bytes=4 * 700 * 3)
+    got = group_scores(adapter, batch, index, ids, mask, options=ScoreOptions(
+        share_prompt=share_prompt, with_entropy=True, entropy_grad=True, temperature=0.7, chunk_bytes=4 * 700 * 3))
     torch.testing.assert_close(got.entropy, plain.entropy, rtol=0, atol=1e-6)
     adapter.model.zero_grad(set_to_none=True)
     (got.entropy * weights * mask).sum().backward()

@@ -20,7 +20,7 @@ from vlm_grpo.grpo.training.lora import (
     reference_disabled,
 )
 from vlm_grpo.grpo.settings.sections import LoraSettings, OptimConfig
-from vlm_grpo.grpo.training.freeze import is_lora_param
+from vlm_grpo.adapters.freeze import is_lora_param
 from vlm_grpo.grpo.training.optimizer import build_optimizer, param_groups
 
 ALL_FAMILIES = sorted(families())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import warnings
 from collections import defaultdict
 from types import SimpleNamespace
@@ -30,10 +31,13 @@ from trl.trainer.utils import nanstd  # noqa: E402
 from vlm_grpo.grpo.algorithm.advantages import reward_scores  # noqa: E402
 from vlm_grpo.grpo.algorithm.advantages.group import GroupRelative, group_advantages  # noqa: E402
 from vlm_grpo.grpo.algorithm.losses import LOSSES, EntropyControl, LossConfig, policy_loss  # noqa: E402
-from vlm_grpo.grpo.settings.fields import SettingError  # noqa: E402
+from vlm_grpo.grpo.algorithm.losses.clipped import ClippedSurrogate  # noqa: E402
+from vlm_grpo.grpo.algorithm.losses.config import IMPORTANCE_SAMPLING_LEVELS  # noqa: E402
+from vlm_grpo.grpo.setting_fields import SettingError  # noqa: E402
 
 TOL = 1e-10
-TRL_LOSSES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+# Every registered loss that declares TRL's counterpart: a new loss file joins these loops with nothing else edited.
+TRL_LOSSES = tuple(name for name, cls in sorted(LOSSES.items()) if cls.trl_loss_type)
 B, T, V, G = 6, 7, 11, 3
 MAX_COMPLETION_LENGTH = 9  # > T, so dr_grpo's constant differs from the padded width
 LENGTHS = [7, 3, 5, 1, 0, 6]  # ragged: a row cut at the limit (no EOS), an empty one
@@ -78,7 +82,7 @@ def _trl_trainer(cfg: LossConfig, accumulation: int = 1) -> GRPOTrainer:
     fake.off_policy_mask_threshold = cfg.off_policy_mask_threshold
     fake.importance_sampling_level = cfg.importance_sampling_level
     fake.beta = cfg.beta
-    fake.loss_type = cfg.loss_type
+    fake.loss_type = LOSSES[cfg.loss_type].trl_loss_type
     fake.epsilon_low, fake.epsilon_high = cfg.epsilon, cfg.epsilon_high
     fake.max_completion_length = cfg.max_completion_length
     fake.use_vllm = False
@@ -168,11 +172,26 @@ def our_loss(cfg, case: Case, control: EntropyControl, normalizer=None, share: f
                        entropy=case.entropy(), normalizer=normalizer, share=share, entropy_control=control)
 
 
-def config(**kw) -> LossConfig:
-    kw.setdefault("importance_sampling_level", "sequence" if kw.get("loss_type") == "luspo" else "token")
+def _refused(**kw) -> bool:
+    try:
+        _build(**kw)
+    except SettingError:
+        return True
+    return False
+
+
+def _build(**kw) -> LossConfig:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TRL's advice (sequence level with token sums, cispo's cap) is tested below
         return LossConfig(max_completion_length=MAX_COMPLETION_LENGTH, **kw)
+
+
+def config(**kw) -> LossConfig:
+    """The loss section; a loss defined at one importance-sampling level only (luspo: sequence) gets that level."""
+    if "importance_sampling_level" not in kw:
+        kw["importance_sampling_level"] = next(level for level in IMPORTANCE_SAMPLING_LEVELS
+                                               if not _refused(**kw, importance_sampling_level=level))
+    return _build(**kw)
 
 
 def assert_same(ours, theirs, grad_ours, grad_theirs, metrics, trl_metrics, control):
@@ -180,6 +199,7 @@ def assert_same(ours, theirs, grad_ours, grad_theirs, metrics, trl_metrics, cont
     assert abs(ours.item() - theirs.item()) <= TOL, (ours.item(), theirs.item())
     assert (grad_ours - grad_theirs).abs().max().item() <= TOL
     assert grad_theirs.abs().max().item() > 1e-3  # a real gradient, not two zeros agreeing
+    assert "entropy" in trl_metrics  # TRL logs it on every call: the metrics were captured, the loop below is not empty
     for key, value in trl_metrics.items():  # every metric TRL logs, ours under the same name
         mine = control.coef if key == "entropy_coef" else metrics[key]  # stepped by the trainer after the update
         tol = 1e-7 if "clip_ratio" in key else TOL  # TRL averages these 0/1 flags in float32 (`.float()`)
@@ -202,8 +222,11 @@ def _epsilon_high(loss_type: str) -> float:
     return 1.2 if loss_type == "cispo" else 0.28  # cispo's cap is on the ratio itself (ScaleRL: 5.0)
 
 
-def test_the_registry_holds_trl_s_losses_and_gmpo():
-    assert set(LOSSES) == set(TRL_LOSSES) | {"gmpo"}
+def test_every_loss_trl_has_is_compared_with_trl():
+    """TRL 1.16's loss types (GRPOConfig's help lists them) each have a registered loss declaring it."""
+    help_text = next(f for f in dataclasses.fields(GRPOConfig) if f.name == "loss_type").metadata["help"]
+    supported = help_text.split("Supported values are ", 1)[1].split(".", 1)[0]
+    assert set(re.findall(r"'(\w+)'", supported)) == {LOSSES[name].trl_loss_type for name in TRL_LOSSES}
     for name, cls in LOSSES.items():
         assert cls.name == name and cls.summary and cls.paper
 
@@ -212,9 +235,12 @@ def test_the_registry_holds_trl_s_losses_and_gmpo():
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 @pytest.mark.parametrize("loss_type", TRL_LOSSES)
 def test_loss_and_grad_match_trl(loss_type, beta, off_policy):
-    cfg = config(loss_type=loss_type, beta=beta, epsilon_high=_epsilon_high(loss_type))
+    clip_range = dict(epsilon_high=_epsilon_high(loss_type))
+    if config(loss_type=loss_type).importance_sampling_level == "sequence":  # a sequence's mean log ratio moves less
+        clip_range = dict(epsilon=0.05, epsilon_high=0.05)  # than a token's: a narrower range, so that it clips
+    cfg = config(loss_type=loss_type, beta=beta, **clip_range)
     metrics = compare(cfg, make_case(0, off_policy))
-    if LOSSES[loss_type].clips:  # the case must exercise clipping, or the clip branch is untested
+    if issubclass(LOSSES[loss_type], ClippedSurrogate):  # the case must exercise clipping, or that branch is untested
         assert (metrics["clip_ratio/region_mean"] > 0) == off_policy
     assert ("kl" in metrics) == bool(beta)
 
@@ -232,9 +258,9 @@ OPTIONS = {
 }
 
 
-# vespo forms its own sequence weight: token level only (the sequence level is refused, tested below)
+# A combination the loss refuses (vespo forms its own sequence weight: token level only) is tested below
 LOSS_OPTIONS = [(loss, option) for loss in TRL_LOSSES for option in sorted(OPTIONS)
-                if not (loss == "vespo" and option == "sequence_level")]
+                if not _refused(loss_type=loss, epsilon_high=_epsilon_high(loss), **OPTIONS[option])]
 
 
 @pytest.mark.parametrize("loss_type, option", LOSS_OPTIONS)

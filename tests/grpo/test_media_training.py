@@ -8,7 +8,8 @@ import pytest
 from vlm_grpo.adapters.registry import families
 from vlm_grpo.grpo.run.logs import read_jsonl
 from vlm_grpo.grpo.settings.sources import load_config
-from vlm_grpo.grpo.trainer import GRPOTrainer
+from vlm_grpo.api.trainers import GRPOTrainer
+from tests.trained import trained
 
 VIDEO_FAMILIES = sorted(name for name, cls in families().items() if cls.takes_video)
 ALL_FAMILIES = sorted(families())
@@ -20,7 +21,7 @@ def train(family: str, recipe: str, out, *extra: str) -> list[dict]:
         "--model", f"tiny:{family}", "--recipe", recipe, "--max-steps", "2", "--output-dir", str(out),
         "--max-new-tokens", "4", "--num-generations", "2", "--logging.progress", "false", *extra,
     ])
-    return GRPOTrainer(cfg).train()
+    return trained(GRPOTrainer.from_settings(cfg))
 
 
 @pytest.mark.parametrize("family", VIDEO_FAMILIES)

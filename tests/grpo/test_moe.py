@@ -9,14 +9,16 @@ import torch
 
 from tests.adapters.samples import picture, user_turn
 from vlm_grpo.adapters.registry import family_class
-from vlm_grpo.grpo import trainer as trainer_module
+from vlm_grpo.grpo.parts import sampler as sampler_module
+from vlm_grpo.grpo.parts import update as update_module
 from vlm_grpo.grpo.rollout.sampling import rollout
 from vlm_grpo.grpo.settings.sections import LoraSettings, OptimConfig
 from vlm_grpo.grpo.settings.sources import load_config
-from vlm_grpo.grpo.trainer import GRPOTrainer
-from vlm_grpo.grpo.training.freeze import apply_freeze
+from vlm_grpo.api.trainers import GRPOTrainer
+from vlm_grpo.adapters.freeze import apply_freeze
 from vlm_grpo.grpo.training.lora import apply_lora, lora_target_parameters
 from vlm_grpo.grpo.training.optimizer import build_optimizer, trainable_table
+from tests.trained import trained
 
 MOE = "qwen3_vl_moe"
 
@@ -38,15 +40,15 @@ def one_step_gradients(tmp_path, coef: str, monkeypatch):
         seen["rollout"] = rollout(*args, **kwargs)
         return seen["rollout"]
 
-    monkeypatch.setattr(trainer_module, "update_step", record_update)
-    monkeypatch.setattr(trainer_module, "rollout", record_rollout)
+    monkeypatch.setattr(update_module, "update_step", record_update)
+    monkeypatch.setattr(sampler_module, "rollout", record_rollout)
     cfg = load_config(overrides=[
         "--model", f"tiny:{MOE}", "--output-dir", str(tmp_path / coef), "--max-steps", "1", "--max-new-tokens", "4",
         "--batch-size", "1", "--num-generations", "2", "--logging.progress", "false", "--data.recipe_options",
         "{image_size: 56}", "--router-aux-loss-coef", coef,
     ])
-    trainer = GRPOTrainer(cfg)
-    metrics = trainer.train()[0]
+    trainer = GRPOTrainer.from_settings(cfg)
+    metrics = trained(trainer)[0]
     names = {id(p): n for n, p in trainer.adapter.model.named_parameters()}
     return {names[k]: v for k, v in seen["grads"].items()}, seen["rollout"], trainer, metrics
 
@@ -84,7 +86,7 @@ def test_router_aux_loss_coef_needs_routers(tmp_path):
     cfg = load_config(overrides=["--model", "tiny:qwen2_5_vl", "--output-dir", str(tmp_path), "--max-steps", "1",
                                  "--router-aux-loss-coef", "0.01", "--logging.progress", "false"])
     with pytest.raises(ValueError, match="qwen2_5_vl is not a mixture-of-experts model"):
-        GRPOTrainer(cfg)
+        GRPOTrainer.from_settings(cfg)
     assert fresh().router_aux_loss_coef() == 0.001  # unset: the config's own coefficient, as TRL
     assert fresh().router_aux_loss_coef(0.0) == 0.0
 

@@ -24,7 +24,7 @@ from tests.grpo.launches import (DDP, FAST, FSDP, accelerate_node, cli, free_por
                                  succeeded, torchrun_node)
 from vlm_grpo.cli import main
 from vlm_grpo.grpo.run.logs import read_jsonl
-from vlm_grpo.grpo.training.base import BaseTrainer
+from vlm_grpo.grpo.parts.training_data import TrainingData
 
 # a dense reward: every group has a spread, so step 1 already moves the policy away from the reference
 COMMON = ["train", "--model", "tiny:qwen2_5_vl", "--max-steps", "2", "--beta", "0.04", "--learning-rate", "1e-3",
@@ -115,11 +115,12 @@ def test_prompts_follow_the_global_rank(step):
     of its global rank, not of its rank on its machine."""
     def drawn(rank: int, local: int) -> list[int]:
         acc = SimpleNamespace(process_index=rank, local_process_index=local, num_processes=4)
-        stub = SimpleNamespace(accelerator=acc, dataset=_Rows(range(100)), cfg=SimpleNamespace(
-            data=SimpleNamespace(batch_size=3, data_seed=None, shuffle=True), seed=5))
-        samples, indices = BaseTrainer._samples(stub, step)
-        assert samples == indices
-        return indices
+        data = TrainingData.__new__(TrainingData)  # the batch order alone: no recipe, no model
+        data.ctx, data.dataset = SimpleNamespace(accelerator=acc), _Rows(range(100))
+        data.cfg = SimpleNamespace(data=SimpleNamespace(batch_size=3, data_seed=None, shuffle=True), seed=5)
+        batch = data.batch(step)
+        assert batch.samples == batch.rows
+        return batch.rows
 
     one_by_four = [drawn(rank, local=rank) for rank in range(4)]
     two_by_two = [drawn(2 * machine + local, local) for machine in range(2) for local in range(2)]

@@ -17,7 +17,7 @@ from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.families.qwen2_5_vl import TINY_PIXELS, TINY_TEXT, TINY_VISION, Qwen2_5_VLAdapter
 from vlm_grpo.adapters.registry import families, family_class
 from vlm_grpo.grpo.settings.sections import OptimConfig
-from vlm_grpo.grpo.training.freeze import FREEZE_PRESETS, apply_freeze
+from vlm_grpo.adapters.freeze import FREEZE_PRESETS, apply_freeze
 from vlm_grpo.grpo.training.optimizer import (
     build_optimizer,
     build_scheduler,

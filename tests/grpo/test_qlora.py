@@ -16,9 +16,10 @@ from vlm_grpo.compat.cache_probe import probe_cache
 from vlm_grpo.grpo.run.checkpoints import load_weights
 from vlm_grpo.grpo.settings.sections import LoraSettings
 from vlm_grpo.grpo.settings.sources import load_config
-from vlm_grpo.grpo.trainer import GRPOTrainer
+from vlm_grpo.api.trainers import GRPOTrainer
 from vlm_grpo.grpo.training.lora import apply_lora
 from vlm_grpo.loader import load_model
+from tests.trained import trained
 
 FAST = ["--data.recipe_options", "{image_size: 56}", "--max-new-tokens", "4", "--batch-size", "1",
         "--num-generations", "2", "--logging.progress", "false", "--beta", "0.04", "--learning-rate", "1e-2",
@@ -40,12 +41,12 @@ def test_qlora_trains_probes_and_saves_every_family(family, tmp_path):
     cfg = load_config(overrides=["--model", f"tiny:{family}", "--output-dir", str(tmp_path), "--max-steps", "2",
                                  "--load-in-4bit", "true", "--lora.r", "4", "--logging.save_merged", str(merged).lower(),
                                  *FAST])
-    trainer = GRPOTrainer(cfg)
+    trainer = GRPOTrainer.from_settings(cfg)
     model = trainer.adapter.model
     assert quantization.is_loaded_in_4bit(model) and _four_bit_layers(model)
     lora = {n: p for n, p in model.named_parameters() if "lora_B" in n}
     assert lora and all(p.requires_grad for p in lora.values())
-    history = trainer.train()
+    history = trained(trainer)
     assert [m["step"] for m in history] == [1, 2] and all(m["grad_norm"] > 0 for m in history)
     assert any(p.abs().max() > 0 for p in lora.values())  # lora_B starts at 0: the updates moved it
     # bitsandbytes' CPU inference layout (no input gradient) never replaced the trainable one

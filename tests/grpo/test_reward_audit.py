@@ -1,5 +1,5 @@
 """The reward audit: adversarial completions scored with a run's rewards flag exploitable ones, and every shipped
-recipe's audit result is what README states."""
+recipe's audit result is what docs/guards.md states."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def row_files(tmp_path_factory):
     return files
 
 
-# README ("Reward hacking and grounding guards"): the audit of every shipped recipe
+# docs/guards.md: the audit of every shipped recipe
 @pytest.mark.parametrize("name, accepted", [
     ("shapes", {("description", "format_only"), ("description", "echo"), ("reasoning", "format_only")}),
     ("cryptogram", set()), ("vsr", set()), ("clevr_count", set()), ("mm_math", set()),

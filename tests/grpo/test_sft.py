@@ -16,8 +16,9 @@ from vlm_grpo.cli import main
 from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.grpo.run.logs import read_jsonl
 from vlm_grpo.grpo.sft import IGNORE_INDEX, build_sft_batch, reference_token_ids, sft_loss
-from vlm_grpo.grpo.trainer import GRPOTrainer
+from vlm_grpo.api.trainers import GRPOTrainer
 from vlm_grpo.recipes import get_recipe
+from tests.trained import trained
 
 FAST = ["--data.recipe_options", "{image_size: 56}", "--logging.progress", "false"]
 
@@ -77,10 +78,10 @@ def test_sft_learns_then_grpo_starts_from_it(tmp_path):
 
     cfg = load_config(overrides=["--init-from", str(final), "--max-steps", "2", "--max-new-tokens", "8",
                                  "--output-dir", str(tmp_path / "grpo"), *FAST])
-    trainer = GRPOTrainer(cfg)
+    trainer = GRPOTrainer.from_settings(cfg)
     start = trainer.adapter.model.state_dict()
     assert len(saved) and all(torch.equal(start[k], reloaded.model.state_dict()[k]) for k in start)  # SFT weights
-    history = trainer.train()
+    history = trained(trainer)
     assert [m["step"] for m in history] == [1, 2]
     assert (tmp_path / "grpo" / "final" / "model.safetensors").is_file()
 

@@ -9,7 +9,7 @@ import torch
 from tests.adapters.samples import mixed_batch, user_turn
 from tests.conftest import families_with
 from vlm_grpo.adapters.registry import family_class
-from vlm_grpo.grpo.logprobs.completions import group_scores
+from vlm_grpo.grpo.logprobs.completions import ScoreOptions, group_scores
 from vlm_grpo.grpo.logprobs.prompt_cache import differentiable_prompt_cache
 
 G, T = 2, 5
@@ -36,8 +36,8 @@ def _run(adapter, prompts, ids, mask, share_prompt):
     seen = []
     hook = layers[0].register_forward_pre_hook(
         lambda m, a, k: seen.append((a[0] if a else k["hidden_states"]).shape[:2]), with_kwargs=True)
-    scores = group_scores(adapter, prompts, index, ids, mask, share_prompt=share_prompt, with_entropy=True, with_hits=True,
-                          temperature=0.8)
+    scores = group_scores(adapter, prompts, index, ids, mask, options=ScoreOptions(
+        share_prompt=share_prompt, with_entropy=True, with_hits=True, temperature=0.8))
     hook.remove()
     weights = torch.linspace(-1.0, 1.0, ids.numel()).view_as(ids)
     (scores.logps * weights * mask).sum().backward()

@@ -13,9 +13,10 @@ from vlm_grpo.adapters.registry import family_class
 from vlm_grpo.adapters.sharing import generate_shared, image_features
 from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
-from vlm_grpo.grpo.logprobs.completions import group_scores, token_logprobs_and_entropy
+from vlm_grpo.grpo.logprobs.completions import ScoreOptions, group_scores, token_logprobs_and_entropy
 from vlm_grpo.grpo.algorithm.losses import LossConfig, policy_loss as grpo_loss
-from vlm_grpo.grpo.trainer import GRPOTrainer
+from vlm_grpo.api.trainers import GRPOTrainer
+from tests.trained import trained
 
 G, T = 2, 5
 TOL = 1e-5
@@ -52,7 +53,7 @@ def _loss(logps, mask):
 
 def _forward(adapter, prompts, ids, mask, **kwargs):
     index = [r // G for r in range(len(prompts) * G)]
-    logps = group_scores(adapter, prompts, index, ids, mask, **kwargs).logps
+    logps = group_scores(adapter, prompts, index, ids, mask, options=ScoreOptions(**kwargs)).logps
     return logps, _loss(logps, mask)
 
 
@@ -199,7 +200,7 @@ FAST = ["--data.recipe_options", "{image_size: 56}", "--max-new-tokens", "4", "-
 
 def _run(tmp_path, name, *overrides):
     cfg = load_config(overrides=["--output-dir", str(tmp_path / name), *FAST, *overrides])
-    return GRPOTrainer(cfg).train()
+    return trained(GRPOTrainer.from_settings(cfg))
 
 
 @pytest.mark.parametrize(
@@ -231,8 +232,8 @@ def test_encoding_once_before_the_rollout_gives_the_same_run(tmp_path):
     for flag in ("true", "false"):
         cfg = load_config(overrides=["--output-dir", str(tmp_path / flag), *FAST, "--beta", "0.04", "--max-steps", "3",
                                      "--learning-rate", "1e-3", "--encode-once", flag, "--log-completions", "true"])
-        trainer = GRPOTrainer(cfg)
-        history = trainer.train()
+        trainer = GRPOTrainer.from_settings(cfg)
+        history = trained(trainer)
         runs[flag] = (history, {n: p.detach() for n, p in trainer.adapter.model.named_parameters()})
     (once, weights_once), (twice, weights_twice) = runs["true"], runs["false"]
     assert [m["perf/vision_calls"] for m in once] == [2, 2, 2] and [m["perf/vision_calls"] for m in twice] == [3, 3, 3]

@@ -15,7 +15,7 @@ import torch
 from tests.conftest import tiny_adapter
 from tests.grpo.tool_scripts import call_text, every_family, scripted_rollout
 from vlm_grpo.grpo.algorithm.losses import LossConfig, policy_loss
-from vlm_grpo.grpo.logprobs.completions import group_scores
+from vlm_grpo.grpo.logprobs.completions import ScoreOptions, group_scores
 
 TOL = 1e-5  # as the shared-feature and shared-prompt tests
 G = 2
@@ -79,8 +79,8 @@ def test_trajectory_logprobs_equal_one_full_forward(family):
              "reused": dict(share_prompt=True, features=ro.features, turn_features=images.features)}
     for name, options in paths.items():
         with torch.no_grad():
-            got = group_scores(adapter, prompts, index, ro.completion_ids, ro.completion_mask, turns=images,
-                               **options).logps
+            got = group_scores(adapter, prompts, index, ro.completion_ids, ro.completion_mask,
+                               options=ScoreOptions(turns=images, **options)).logps
         for r, want in enumerate(references):
             assert (got[r, : len(want)] - want).abs().max().item() <= TOL, (name, r)
 
@@ -89,7 +89,7 @@ def test_tool_result_tokens_get_no_gradient():
     adapter, session, fmt, prompts, ro = _case("qwen2_5_vl")
     index = [r // G for r in range(len(ro.completions))]
     scores = group_scores(adapter, prompts, index, ro.completion_ids, ro.completion_mask,
-                          turns=ro.completion_images, share_prompt=True)
+                          options=ScoreOptions(turns=ro.completion_images, share_prompt=True))
     logps = scores.logps
     logps.retain_grad()
     loss_mask = ro.completion_mask * ro.tool_mask

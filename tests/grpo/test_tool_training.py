@@ -17,9 +17,10 @@ from vlm_grpo.adapters.registry import families
 from vlm_grpo.adapters.sharing import image_features
 from vlm_grpo.grpo.run.logs import read_jsonl
 from vlm_grpo.grpo.settings.sources import load_config
-from vlm_grpo.grpo.trainer import GRPOTrainer
+from vlm_grpo.api.trainers import GRPOTrainer
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
 from vlm_grpo.recipes.base import user_turn
+from tests.trained import trained
 
 B, G = 2, 2
 SMALL = ["--batch-size", str(B), "--num-generations", str(G), "--logging.progress", "false",
@@ -49,9 +50,9 @@ def test_two_grpo_steps_with_tools(tmp_path, family, recipe):
     cfg = load_config(overrides=["--output-dir", str(tmp_path), "--model", f"tiny:{family}", "--recipe", recipe,
                                  "--data.recipe_options", OPTIONS[recipe], "--max-steps", "2", "--max-new-tokens", "200",
                                  *SMALL])
-    trainer = GRPOTrainer(cfg)
+    trainer = GRPOTrainer.from_settings(cfg)
     script_first_turns(trainer.adapter, _first_turns(recipe), lambda r: "The answer is 14.")
-    history = trainer.train()
+    history = trained(trainer)
     prompt_units, tool_units = _units(trainer.adapter, 56), _units(trainer.adapter, 56)
     for m in history:
         assert m["tools/call_frequency"] == (0.75 if recipe == "zoom" else 1.0) and m["tools/failed_calls"] == 0
@@ -85,7 +86,7 @@ async def lookup(word: str) -> str:
 
 
 class TallyEnv:
-    """Written for TRL 1.16's GRPOTrainer(environment_factory=...): reset per rollout, tools, get_reward."""
+    """Written for TRL 1.16's GRPOTrainer.from_settings(environment_factory=...): reset per rollout, tools, get_reward."""
 
     def reset(self, **kwargs) -> str:
         self.total = 0
@@ -115,20 +116,21 @@ def test_trl_tools_and_environment_run_unchanged(tmp_path):
                                  "--data.recipe_options", "{image_size: 56}", "--max-steps", "1",
                                  "--reward", "tests/grpo/test_tool_training.py:mentions_total", "--max-new-tokens", "320",
                                  *SMALL])
-    trainer = GRPOTrainer(cfg, tools=[lookup], environment_factory=TallyEnv)
+    trainer = GRPOTrainer.from_settings(cfg, tools=[lookup], environment_factory=TallyEnv)
     calls = [call_text("add", amount=3) + call_text("add", amount=4), call_text("lookup", word="box"),
              call_text("add", amount=5), "no tools"]
     script_first_turns(trainer.adapter, lambda r: calls[r], lambda r: "The total is 7.")
     seen = {}
-    original = trainer.score
+    original = trainer.scoring.score
 
-    def score(samples, indices, ro, step):
-        seen["conversations"], seen["prompts"] = ro.conversations, trainer.session.prompts
-        return original(samples, indices, ro, step)
+    def score(samples, rows, sampled, step):
+        seen["conversations"], seen["session"] = sampled.rollout.conversations, sampled.session
+        seen["prompts"] = sampled.session.prompts
+        return original(samples, rows, sampled, step)
 
-    trainer.score = score
-    (metrics,) = trainer.train()
-    assert [e.total for e in trainer.session.environments] == [7, 0, 5, 0]  # one instance per rollout
+    trainer.scoring.score = score
+    (metrics,) = trained(trainer)
+    assert [e.total for e in seen["session"].environments] == [7, 0, 5, 0]  # one instance per rollout
     assert metrics["rewards/TallyEnv"] == pytest.approx(3.0)  # get_reward, named after the class (TRL)
     assert metrics["rewards/mentions_total"] == 0.25  # only row 0's answer states its total (7)
     first = seen["conversations"][0]
@@ -152,12 +154,12 @@ def test_cli_tool_environment_and_timeout_settings(tmp_path):
                                  f"{tools}:shout", "--environment", f"{tools}:Env", "--tool-timeout", "5",
                                  "--max-new-tokens", "200", *SMALL])
     assert cfg.tools.tools == [f"{tools}:shout"] and cfg.tools.tool_timeout == 5.0
-    trainer = GRPOTrainer(cfg)
+    trainer = GRPOTrainer.from_settings(cfg)
     assert sorted(t.__name__ for t in trainer.toolset.tools) == ["calculator", "shout"]  # the recipe's, and --tool
     script_first_turns(trainer.adapter, lambda r: call_text(["shout", "ping", "calculator", "shout"][r],
                                                             **[{"text": "hi"}, {}, {"expression": "2*3"}, {"x": 1}][r]),
                        lambda r: "done")
-    trainer.train()
+    trained(trainer)
     rows = load_completions(out)
     results = [r["turns"][1]["content"] for r in rows]
     assert results == ["HI", "pong", "6", json.dumps({"error": "shout() got an unexpected keyword argument 'x'"})]

@@ -17,7 +17,8 @@ from vlm_grpo.adapters.registry import family_class
 from vlm_grpo.cli import main
 from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.grpo.run.logs import read_jsonl
-from vlm_grpo.grpo.trainer import GRPOTrainer
+from vlm_grpo.api.trainers import GRPOTrainer
+from tests.trained import trained
 
 FAST = ["--data.recipe_options", "{image_size: 56}", "--max-new-tokens", "8", "--logging.progress", "false"]
 REPO = Path(__file__).resolve().parents[2]
@@ -52,10 +53,10 @@ def test_train_three_steps_every_family(family, tmp_path):
 def test_frozen_groups_stay_identical_and_lrs_apply(tmp_path):
     cfg = run_config(tmp_path, "--model", "tiny:qwen2_5_vl", "--max-steps", "2", "--freeze", "vision",
                      "--projector-lr", "3e-3", "--language-lr", "2e-3", "--head-lr", "1e-3")
-    trainer = GRPOTrainer(cfg)
+    trainer = GRPOTrainer.from_settings(cfg)
     groups = trainer.adapter.module_groups()
     before = {n: p.detach().clone() for n, p in trainer.adapter.model.named_parameters()}
-    trainer.train()
+    trained(trainer)
     after = dict(trainer.adapter.model.named_parameters())
     assert all(torch.equal(before[n], after[n]) for n in groups["vision"])
     for group in ("projector", "language", "head"):
@@ -71,18 +72,18 @@ def _comparable(rows):
 def test_resume_gives_the_same_run(tmp_path):
     common = ["--model", "tiny:qwen2_5_vl", "--learning-rate", "1e-3", "--beta", "0.04", "--num-iterations", "2"]
     straight = tmp_path / "straight"
-    GRPOTrainer(run_config(straight, *common, "--max-steps", "4")).train()
+    trained(GRPOTrainer.from_settings(run_config(straight, *common, "--max-steps", "4")))
 
     split = tmp_path / "split"
-    GRPOTrainer(run_config(split, *common, "--max-steps", "4", "--save-every", "2")).train()  # leaves checkpoint-2 ...
+    trained(GRPOTrainer.from_settings(run_config(split, *common, "--max-steps", "4", "--save-every", "2")))  # leaves checkpoint-2 ...
     for extra in ("checkpoint-4", "final"):  # ... then pretend the run died after it
         import shutil
 
         shutil.rmtree(split / extra)
     lines = (split / "metrics.jsonl").read_text().splitlines()
     (split / "metrics.jsonl").write_text("\n".join(lines[:3]) + "\n")  # a half-logged step 3 before the kill
-    resumed = GRPOTrainer(run_config(split, *common, "--max-steps", "4", "--resume"))
-    resumed.train()
+    resumed = GRPOTrainer.from_settings(run_config(split, *common, "--max-steps", "4", "--resume"))
+    trained(resumed)
 
     a, b = weights(straight / "final"), weights(split / "final")
     assert a.keys() == b.keys()
@@ -94,7 +95,7 @@ def test_loop_learns_a_learnable_reward(tmp_path):
     cfg = run_config(tmp_path, "--model", "tiny:qwen2_5_vl", "--max-steps", "30", "--learning-rate", "1e-2",
                      "--num-generations", "8", "--data.rewards", "tests.grpo.toy_rewards:lowercase_share",
                      "--log-completions", "false")
-    history = GRPOTrainer(cfg).train()
+    history = trained(GRPOTrainer.from_settings(cfg))
     rewards = [m["reward"] for m in history]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last >= first + 0.2, rewards
@@ -103,9 +104,9 @@ def test_loop_learns_a_learnable_reward(tmp_path):
 def test_lora_run_with_reference_from_disabled_adapter(tmp_path):
     cfg = run_config(tmp_path, "--model", "tiny:internvl", "--max-steps", "2", "--lora.r", "4", "--beta", "0.04",
                      "--learning-rate", "1e-2")
-    trainer = GRPOTrainer(cfg)
+    trainer = GRPOTrainer.from_settings(cfg)
     assert trainer.reference is None  # the reference is the policy with its adapter switched off
-    history = trainer.train()
+    history = trained(trainer)
     assert history[-1]["kl"] > 0
     assert (tmp_path / "final" / "adapter_model.safetensors").is_file()
     merged = family_class("internvl").model_class.from_pretrained(tmp_path / "final" / "merged")
@@ -117,10 +118,10 @@ def test_lora_with_a_projector_trained_whole_keeps_the_reference_and_saves_it(tm
     copy, the reference (adapter off) keeps the original, and final/ (adapter and merged) holds the trained one."""
     cfg = run_config(tmp_path, "--model", "tiny:qwen2_5_vl", "--max-steps", "2", "--lora.r", "4", "--beta", "0.04",
                      "--learning-rate", "1e-2", "--optim.trainable_patterns", "[merger]")
-    trainer = GRPOTrainer(cfg)
+    trainer = GRPOTrainer.from_settings(cfg)
     params = dict(trainer.adapter.model.named_parameters())
     before = {n: p.detach().clone() for n, p in params.items()}
-    trainer.train()
+    trained(trainer)
     copies = [n for n in params if "merger" in n and ".modules_to_save." in n]
     originals = [n for n in params if "merger" in n and ".original_module." in n]
     assert copies and len(copies) == len(originals)
@@ -163,7 +164,7 @@ def test_two_processes_keep_groups_whole(tmp_path):
 
 def test_unknown_recipe_and_bad_settings_are_clear(tmp_path):
     with pytest.raises(ValueError, match="available recipes: .*shapes"):
-        GRPOTrainer(run_config(tmp_path, "--recipe", "nope"))
+        GRPOTrainer.from_settings(run_config(tmp_path, "--recipe", "nope"))
     with pytest.raises(ValueError, match="unknown setting"):
         run_config(tmp_path, "--no-such-setting", "1")
     assert json.dumps(run_config(tmp_path).to_dict())
@@ -175,10 +176,10 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path, loss_type):
     common = ["--model", "tiny:qwen2_5_vl", "--max-steps", "1", "--learning-rate", "1e-3", "--loss-type", loss_type,
               "--optim.max_grad_norm", "0", "--log-completions", "false",
               "--data.rewards", "lower=tests.grpo.toy_rewards:lowercase_share"]
-    one = GRPOTrainer(run_config(tmp_path / "one", *common))
-    one.train()
-    two = GRPOTrainer(run_config(tmp_path / "two", *common, "--gradient-accumulation-steps", "2"))
-    two.train()
+    one = GRPOTrainer.from_settings(run_config(tmp_path / "one", *common))
+    trained(one)
+    two = GRPOTrainer.from_settings(run_config(tmp_path / "two", *common, "--gradient-accumulation-steps", "2"))
+    trained(two)
     # Adam's first moment after one step is 0.1 * gradient: compare the gradients themselves
     # (Adam's first update is nearly scale-free, so weights alone would hide a wrong loss scale).
     def first_moments(trainer):
@@ -208,13 +209,14 @@ def test_logprobs_are_taken_at_the_sampling_temperature(tmp_path):
     from vlm_grpo.recipes.shapes import build
 
     cfg = run_config(tmp_path, "--model", "tiny:qwen2_5_vl", "--temperature", "0.5")
-    trainer = GRPOTrainer(cfg)
+    trainer = GRPOTrainer.from_settings(cfg)
     adapter = trainer.adapter
     samples = [build(size=2, image_size=56)[i] for i in range(2)]
     with torch.no_grad():
         ro = rollout(adapter, samples, cfg.generation, 2, "cpu")
         rows = list(range(4))
-        got, entropy = trainer._logprobs(ro, rows, adapter.model, with_entropy=True)
+        scores = trainer.scorer.scores(ro, rows, adapter.model, with_entropy=True)
+        got, entropy = scores.logps, scores.entropy
         logits = completion_logits(adapter, ro.prompts.select(ro.prompt_index(rows)), ro.completion_ids, ro.completion_mask)
     for temperature, expect_match in ((0.5, True), (1.0, False)):
         full = torch.log_softmax(logits.float() / temperature, -1)

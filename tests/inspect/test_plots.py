@@ -10,19 +10,20 @@ from PIL import Image
 
 from vlm_grpo.cli import main
 from vlm_grpo.inspect.plots import RunData, accuracy_by_length, accuracy_per_step, smooth, write_plots
+from tests.trained import trained
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     from vlm_grpo.grpo.settings.sources import load_config
-    from vlm_grpo.grpo.trainer import GRPOTrainer
+    from vlm_grpo.api.trainers import GRPOTrainer
 
     out = tmp_path_factory.mktemp("run")
     cfg = load_config(overrides=[
         "--model", "tiny:qwen2_5_vl", "--max-steps", "3", "--output-dir", str(out), "--max-new-tokens", "8",
         "--logging.progress", "false", "--data.recipe_options", "{image_size: 56}",
     ])
-    GRPOTrainer(cfg).train()
+    trained(GRPOTrainer.from_settings(cfg))
     return out
 
 

@@ -9,7 +9,8 @@ from tests.grpo.tool_scripts import call_text, script_first_turns
 from tests.real.marks import REAL
 from vlm_grpo.grpo.run.logs import read_jsonl
 from vlm_grpo.grpo.settings.sources import load_config
-from vlm_grpo.grpo.trainer import GRPOTrainer
+from vlm_grpo.api.trainers import GRPOTrainer
+from tests.trained import trained
 
 pytestmark = REAL
 
@@ -23,10 +24,10 @@ def test_one_grpo_step_with_a_text_tool(hybrid_dir, tmp_path):
         "--max-tool-calling-iterations", "1", "--lora.r", "8", "--logging.progress", "false",
         "--logging.save_merged", "false", "--output-dir", str(tmp_path),
     ])
-    trainer = GRPOTrainer(cfg)
-    assert not trainer.chat_format.native  # SmolLM2's template renders no tool calls: the default format
+    trainer = GRPOTrainer.from_settings(cfg)
+    assert not trainer.sampler.chat_format.native  # SmolLM2's template renders no tool calls: the default format
     script_first_turns(trainer.adapter, lambda r: call_text("calculator", expression=f"{r + 3} * 4"))
-    (metrics,) = trainer.train()
+    (metrics,) = trained(trainer)
     assert metrics["tools/call_frequency"] == 1.0 and metrics["tools/failed_calls"] == 0
     assert metrics["completion_length"] > 0 and metrics["loss"] == metrics["loss"]
     rows = read_jsonl(tmp_path / "completions.jsonl")

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from PIL import Image
+from tests.trained import trained
 
 COLORS = ("red", "green", "blue", "orange", "purple", "gray")
 
@@ -47,14 +48,14 @@ def write_parquet(path: Path, rows: list[dict]) -> Path:
 def smoke_train(recipe: str, out: Path, options: str) -> list[dict]:
     """Two GRPO steps of `recipe` on the tiny Qwen2.5-VL twin."""
     from vlm_grpo.grpo.settings.sources import load_config
-    from vlm_grpo.grpo.trainer import GRPOTrainer
+    from vlm_grpo.api.trainers import GRPOTrainer
 
     cfg = load_config(overrides=[
         "--model", "tiny:qwen2_5_vl", "--recipe", recipe, "--max-steps", "2", "--output-dir", str(out),
         "--max-new-tokens", "8", "--logging.progress", "false", "--data.train-size", "4",
         "--data.recipe_options", options,
     ])
-    return GRPOTrainer(cfg).train()
+    return trained(GRPOTrainer.from_settings(cfg))
 
 
 IMAGE_RECIPES = ["shapes", "cryptogram", "vsr", "clevr_count", "mm_math"]  # every image recipe, rows from `data` fixtures
@@ -64,7 +65,7 @@ def check_two_grpo_steps(model: str, recipe: str, options: str, out: Path) -> No
     """Two GRPO steps of `recipe` on `model` (B=1, G=2, 4 tokens): both logged, each recipe reward logged, a final
     model saved."""
     from vlm_grpo.grpo.settings.sources import load_config
-    from vlm_grpo.grpo.trainer import GRPOTrainer
+    from vlm_grpo.api.trainers import GRPOTrainer
     from vlm_grpo.recipes import get_recipe
 
     cfg = load_config(overrides=[
@@ -72,7 +73,7 @@ def check_two_grpo_steps(model: str, recipe: str, options: str, out: Path) -> No
         "--max-new-tokens", "4", "--batch-size", "1", "--num-generations", "2", "--data.train-size", "2",
         "--logging.progress", "false", "--data.recipe_options", options,
     ])
-    history = GRPOTrainer(cfg).train()
+    history = trained(GRPOTrainer.from_settings(cfg))
     assert [m["step"] for m in history] == [1, 2]
     assert {f"rewards/{r.name}" for r in get_recipe(recipe).rewards} <= set(history[0])
     assert (out / "final" / "config.json").is_file()

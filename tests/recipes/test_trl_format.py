@@ -10,6 +10,7 @@ import pytest
 from tests.recipes.helpers import png_bytes, save_image, write_jsonl, write_parquet
 from vlm_grpo.recipes.rows import ImageRef
 from vlm_grpo.recipes.trl_format import build
+from tests.trained import trained
 
 SYSTEM = {"role": "system", "content": "Think inside <think></think>, then answer."}
 
@@ -139,7 +140,7 @@ def test_a_run_scores_with_trl_reward_functions(tmp_path):
     """Two GRPO steps on TRL-format rows; TRL's rewards read message completions, None is NaN and left out."""
     from vlm_grpo.grpo.run.logs import read_jsonl
     from vlm_grpo.grpo.settings.sources import load_recipe_config
-    from vlm_grpo.grpo.trainer import GRPOTrainer
+    from vlm_grpo.api.trainers import GRPOTrainer
 
     save_image(tmp_path / "0.png", 0)
     data = write_jsonl(tmp_path / "my.jsonl", [
@@ -158,7 +159,7 @@ def test_a_run_scores_with_trl_reward_functions(tmp_path):
     from tests.grpo import toy_rewards
 
     toy_rewards.STEPS.clear()
-    history = GRPOTrainer(cfg, recipe=recipe).train()
+    history = trained(GRPOTrainer.from_settings(cfg, recipe=recipe))
     assert toy_rewards.STEPS == [0, 1]  # trainer_state.global_step: steps done before this one
     rows = read_jsonl(tmp_path / "run" / "completions.jsonl")
     by_prompt = {r["sample_index"]: r for r in rows}

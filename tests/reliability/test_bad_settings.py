@@ -7,11 +7,12 @@ import pytest
 
 from vlm_grpo import loader
 from vlm_grpo.cli import main
+from vlm_grpo.grpo.algorithm.losses import LOSSES
 from vlm_grpo.grpo.training import policy
 from vlm_grpo.grpo.settings.sources import load_config
 
 BAD = {
-    "--loss_type grpoo": "'loss.loss_type': 'grpoo' is not one of bnpo, cispo, dapo, dr_grpo, gmpo, grpo, luspo, sapo, vespo",
+    "--loss_type grpoo": f"'loss.loss_type': 'grpoo' is not one of {', '.join(sorted(LOSSES))}",
     "--epsilon 5": "'loss.epsilon': 5.0 is out of range: it must be < 1.0",
     "--freeze visoin": "'optim.freeze': unknown module group(s) ['visoin']",
     "--lora.r -3": "'lora.r': -3 is out of range: it must be >= 0",

@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 
 from vlm_grpo.cli import main
 from vlm_grpo.grpo.settings.sources import load_config
-from vlm_grpo.grpo.trainer import GRPOTrainer
+from vlm_grpo.api.trainers import GRPOTrainer
+from tests.trained import trained
 
 RUN = ["--model", "tiny:qwen2_5_vl", "--learning-rate", "1e-3", "--data.recipe_options", "{image_size: 56}",
        "--max-new-tokens", "6", "--logging.progress", "false", "--log-completions", "false", "--max-steps", "3",
@@ -42,7 +43,7 @@ DAMAGE = {
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     run = tmp_path_factory.mktemp("straight")
-    GRPOTrainer(load_config(overrides=[*RUN, "--output-dir", str(run)])).train()
+    trained(GRPOTrainer.from_settings(load_config(overrides=[*RUN, "--output-dir", str(run)])))
     return run
 
 
@@ -58,7 +59,7 @@ def test_resume_passes_over_a_damaged_checkpoint(straight, tmp_path, kind, capsy
     out = capsys.readouterr().out
     assert "checkpoint-2: OK" in out and f"checkpoint-3: DAMAGED: {name}" in out
 
-    GRPOTrainer(load_config(overrides=[*RUN, "--output-dir", str(run), "--resume"])).train()
+    trained(GRPOTrainer.from_settings(load_config(overrides=[*RUN, "--output-dir", str(run), "--resume"])))
     out = capsys.readouterr().out
     assert f"checkpoint-3 is damaged, not resuming from it: {name}" in out and "resumed from" in out
     assert "checkpoint-2 (step 2)" in out

@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 from vlm_grpo.grpo.run import checkpoints as ckpt
 from vlm_grpo.grpo.training import guards
 from vlm_grpo.grpo.settings.sources import load_config
-from vlm_grpo.grpo.trainer import GRPOTrainer
+from vlm_grpo.api.trainers import GRPOTrainer
+from tests.trained import trained
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = ["--model", "tiny:qwen2_5_vl", "--learning-rate", "1e-3", "--data.recipe_options", "{image_size: 56}",
@@ -54,7 +55,7 @@ def _wait_for(predicate, proc, timeout=300):
 
 def test_sigkill_mid_checkpoint_then_resume_equals_straight_run(tmp_path):
     straight = tmp_path / "straight"
-    GRPOTrainer(load_config(overrides=[*RUN, "--max-steps", "4", "--output-dir", str(straight)])).train()
+    trained(GRPOTrainer.from_settings(load_config(overrides=[*RUN, "--max-steps", "4", "--output-dir", str(straight)])))
 
     run = tmp_path / "killed"
     proc = subprocess.Popen(
@@ -70,7 +71,7 @@ def test_sigkill_mid_checkpoint_then_resume_equals_straight_run(tmp_path):
     assert [step for step, _ in ckpt.complete_checkpoints(run)] == [1, 2]
     assert ckpt.latest_checkpoint(run).name == "checkpoint-2"
 
-    GRPOTrainer(load_config(overrides=[*RUN, "--max-steps", "4", "--output-dir", str(run), "--resume"])).train()
+    trained(GRPOTrainer.from_settings(load_config(overrides=[*RUN, "--max-steps", "4", "--output-dir", str(run), "--resume"])))
     a, b = load_file(straight / "final" / "model.safetensors"), load_file(run / "final" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -89,7 +90,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
     assert f"vlm-grpo train: stopped at step {step} by SIGTERM; checkpoint-{step} saved in {tmp_path}; --resume continues" in out
     assert "done:" not in out and "Traceback" not in out
     assert 2 <= step < 500 and (path / "optimizer.pt").is_file()
-    history = GRPOTrainer(load_config(overrides=[*RUN, "--max-steps", str(step + 1), "--output-dir", str(tmp_path), "--resume"])).train()
+    history = trained(GRPOTrainer.from_settings(load_config(overrides=[*RUN, "--max-steps", str(step + 1), "--output-dir", str(tmp_path), "--resume"])))
     assert [m["step"] for m in history] == [step + 1]
 
 
@@ -97,17 +98,17 @@ def test_unusable_output_directory_fails_before_training(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     with pytest.raises(OSError):
-        GRPOTrainer(load_config(overrides=[*RUN, "--output-dir", str(blocker / "run")]))
+        GRPOTrainer.from_settings(load_config(overrides=[*RUN, "--output-dir", str(blocker / "run")]))
 
 
 def test_full_disk_fails_before_training(tmp_path, monkeypatch):
     monkeypatch.setattr(guards.shutil, "disk_usage", lambda _p: type("Usage", (), {"free": 1024})())
     with pytest.raises(OSError, match="a checkpoint needs about .* GB but only 0.00 GB are free"):
-        GRPOTrainer(load_config(overrides=[*RUN, "--output-dir", str(tmp_path)]))
+        GRPOTrainer.from_settings(load_config(overrides=[*RUN, "--output-dir", str(tmp_path)]))
 
 
 def test_a_crash_inside_save_leaves_no_checkpoint_to_resume_from(tmp_path, monkeypatch):
-    trainer = GRPOTrainer(load_config(overrides=[*RUN, "--max-steps", "2", "--output-dir", str(tmp_path)]))
+    trainer = GRPOTrainer.from_settings(load_config(overrides=[*RUN, "--max-steps", "2", "--output-dir", str(tmp_path)]))
     trainer.train_step(0)
 
     def broken(*_a, **_k):
@@ -115,6 +116,6 @@ def test_a_crash_inside_save_leaves_no_checkpoint_to_resume_from(tmp_path, monke
 
     monkeypatch.setattr(ckpt.torch, "save", broken)
     with pytest.raises(OSError, match="disk went away"):
-        trainer.save(1)
+        trainer.checkpoints.save(1)
     assert ckpt.latest_checkpoint(tmp_path) is None
     assert list(tmp_path.glob(".tmp-checkpoint-1-*"))

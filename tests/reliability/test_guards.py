@@ -9,7 +9,8 @@ import torch
 
 from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.grpo.training.guards import TrainingHalted
-from vlm_grpo.grpo.trainer import GRPOTrainer
+from vlm_grpo.api.trainers import GRPOTrainer
+from tests.trained import trained
 
 FAST = ["--data.recipe_options", "{image_size: 56}", "--max-new-tokens", "8", "--logging.progress", "false",
         "--log-completions", "false", "--model", "tiny:qwen2_5_vl"]
@@ -37,7 +38,7 @@ def test_nan_updates_are_skipped_then_the_run_stops(tmp_path):
     cfg = load_config(overrides=["--output-dir", str(tmp_path), "--max-steps", "6", "--max-nonfinite-steps", "2",
                                  "--learning-rate", "1e-3", *FAST])
     Injecting.before_step = {2: nan_logits}
-    trainer = Injecting(cfg)
+    trainer = Injecting.from_settings(cfg)
     weights = {}
 
     def remember(t):
@@ -46,7 +47,7 @@ def test_nan_updates_are_skipped_then_the_run_stops(tmp_path):
 
     Injecting.before_step = {2: remember}
     with pytest.raises(TrainingHalted, match="2 consecutive steps had a non-finite loss or gradient"):
-        trainer.train()
+        trained(trainer)
     after = dict(trainer.adapter.model.named_parameters())
     assert all(torch.equal(weights[n], after[n]) for n in weights)  # the skipped updates touched nothing
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
@@ -69,7 +70,7 @@ def test_one_nan_step_is_skipped_and_training_goes_on(tmp_path):
         )
 
     Injecting.before_step = {1: once}
-    history = Injecting(cfg).train()
+    history = trained(Injecting.from_settings(cfg))
     assert [m["skipped_updates"] for m in history] == [0, 1, 0, 0]
     assert (tmp_path / "final").is_dir()
 
@@ -85,13 +86,13 @@ def test_kl_spike_watchdog(tmp_path, caplog, action):
     cfg = load_config(overrides=["--output-dir", str(tmp_path), "--max-steps", "6", "--beta", "0.04", "--save-every", "1",
                                  "--learning-rate", "1e-4", "--kl-spike-action", action, *FAST])
     Injecting.before_step = {4: blow_up}
-    trainer = Injecting(cfg)
+    trainer = Injecting.from_settings(cfg)
     with caplog.at_level(logging.WARNING):
         if action == "stop":
             with pytest.raises(TrainingHalted, match="KL spike: step 5"):
-                trainer.train()
+                trained(trainer)
         else:
-            trainer.train()
+            trained(trainer)
     assert "KL spike: step 5" in caplog.text
     checkpoints = sorted(p.name for p in tmp_path.glob("checkpoint-*"))
     if action == "stop":
@@ -106,7 +107,7 @@ def test_a_raising_reward_stops_the_run_naming_it_or_scores_zero(tmp_path):
     from vlm_grpo.grpo.rewards.scoring import RewardError
 
     with pytest.raises(RewardError, match=r"reward 'digits' \(fails_on_digits at .*toy_rewards.py:\d+\) raised ValueError: cannot parse.* on completion \d+ .*, dataset row \d+, step \d+"):
-        GRPOTrainer(load_config(overrides=[*base, "--output-dir", str(tmp_path / "raise")])).train()
-    history = GRPOTrainer(load_config(overrides=[*base, "--output-dir", str(tmp_path / "zero"), "--on-reward-error", "zero"])).train()
+        trained(GRPOTrainer.from_settings(load_config(overrides=[*base, "--output-dir", str(tmp_path / "raise")])))
+    history = trained(GRPOTrainer.from_settings(load_config(overrides=[*base, "--output-dir", str(tmp_path / "zero"), "--on-reward-error", "zero"])))
     errors = sum(m["reward_errors/digits"] for m in history)
     assert errors > 0 and (tmp_path / "zero" / "final").is_dir()

@@ -13,7 +13,7 @@ from tests.reliability.conftest import RUN, same_weights
 from vlm_grpo.cli import main
 from vlm_grpo.grpo.run.logs import read_jsonl
 from vlm_grpo.grpo.settings.sources import load_config
-from vlm_grpo.grpo.trainer import GRPOTrainer
+from vlm_grpo.api.trainers import GRPOTrainer
 from vlm_grpo.grpo.training import policy
 
 VOLATILE = ("step_time",)  # wall-clock values differ between any two runs
@@ -94,13 +94,13 @@ def test_safe_changes_are_honoured_and_the_run_equals_an_uninterrupted_one(two_s
 
 def _reference_with_rate_change(tmp_path, words, at_step: int, lr: float):
     """An in-memory run that trains `at_step` steps, then switches every group's learning rate to `lr`."""
-    trainer = GRPOTrainer(load_config(overrides=[*words, "--output-dir", str(tmp_path / "reference")]))
+    trainer = GRPOTrainer.from_settings(load_config(overrides=[*words, "--output-dir", str(tmp_path / "reference")]))
     for step in range(trainer.cfg.max_steps):
         if step == at_step:
             for group in trainer.optimizer.param_groups:
                 group["lr"] = lr
         trainer.train_step(step)
-    trainer.save_final()
+    trainer.checkpoints.save_final()
     return tmp_path / "reference"
 
 
@@ -145,3 +145,36 @@ def test_an_accepted_name_that_is_no_setting_is_refused(two_steps, capsys):
                  "--resume-accept", "lerning_rate"]) == 2
     assert capsys.readouterr().err.strip() == ("vlm-grpo train: error: setting 'resume_accept': 'lerning_rate': unknown "
                                                "setting; did you mean 'learning_rate'?")
+
+
+def test_each_settings_resume_policy_is_the_one_declared_with_it():
+    """The policy travels with the declaration: a field's own `resume=`, else its section's RESUME, else refused."""
+    import dataclasses
+
+    from vlm_grpo.grpo.run.resume_rules import compare
+    from vlm_grpo.grpo.setting_fields import RESUME_POLICIES, resume_policies, setting
+
+    policies = resume_policies(load_config(overrides=[]))
+    assert set(policies.values()) <= set(RESUME_POLICIES)
+    assert (policies["logging.save_every"], policies["lora.r"], policies["optim.learning_rate"],
+            policies["loss.max_completion_length"], policies["max_steps"]) == ("honoured", "fixed", "refused",
+                                                                               "ignored", "honoured")
+
+    @dataclasses.dataclass
+    class Section:
+        RESUME = "honoured"
+        cadence: int = setting(1, help="a section default applies")
+        shape: int = setting(1, resume="fixed", help="a field's own wins")
+
+    @dataclasses.dataclass
+    class Scratch:
+        section: Section = dataclasses.field(default_factory=Section)
+        meaning: int = setting(1, help="undeclared: refused")
+
+    declared = resume_policies(Scratch())
+    assert declared == {"section.cadence": "honoured", "section.shape": "fixed", "meaning": "refused"}
+    kinds = {c.key: c.kind for c in compare({"section": {"cadence": 1, "shape": 1}, "meaning": 1},
+                                            {"section": {"cadence": 2, "shape": 2}, "meaning": 2}, [], declared)}
+    assert kinds == {"section.cadence": "safe", "section.shape": "fixed", "meaning": "refused"}
+    with pytest.raises(ValueError, match="resume='later'"):
+        setting(1, resume="later", help="not a policy")

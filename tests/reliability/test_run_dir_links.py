@@ -19,7 +19,7 @@ from vlm_grpo.grpo.run import safe_files
 from vlm_grpo.grpo.run.directory import prepare_run_dir
 from vlm_grpo.grpo.run.logs import RunLog
 from vlm_grpo.grpo.run.safe_files import CREATED_LIST, CreatedFiles, UnsafeRunPath
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 
 
 def snapshot(root: Path) -> dict[str, str]:

@@ -17,9 +17,10 @@ from vlm_grpo.grpo.run import checkpoints as ckpt
 from vlm_grpo.grpo.run.directory import remove_leftovers
 from vlm_grpo.grpo.run.logs import read_jsonl
 from vlm_grpo.grpo.run.safe_files import CREATED_LIST, CreatedFiles
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.settings.sources import load_config
-from vlm_grpo.grpo.trainer import GRPOTrainer
+from vlm_grpo.api.trainers import GRPOTrainer
+from tests.trained import trained
 
 REPO = Path(__file__).resolve().parents[2]
 # Another run's process, reduced to what matters here: it takes the run directory's lock and keeps it.
@@ -35,13 +36,13 @@ time.sleep(600)
 
 def test_a_second_run_is_refused_while_the_first_runs(tmp_path):
     words = [*RUN, "--max-steps", "1", "--output-dir", str(tmp_path)]
-    first = GRPOTrainer(load_config(overrides=words))
+    first = GRPOTrainer.from_settings(load_config(overrides=words))
     for again in ([], ["--resume"], ["--overwrite-output-dir"]):  # fresh, resumed or replacing: all wait their turn
         with pytest.raises(SettingError, match=rf"is in use by another run: process {os.getpid()} on "):
-            GRPOTrainer(load_config(overrides=[*words, *again]))
-    first.train()
+            GRPOTrainer.from_settings(load_config(overrides=[*words, *again]))
+    trained(first)
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1]
-    GRPOTrainer(load_config(overrides=[*words, "--max-steps", "2", "--resume"])).train()  # released at the end
+    trained(GRPOTrainer.from_settings(load_config(overrides=[*words, "--max-steps", "2", "--resume"])))  # released at the end
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from vlm_grpo.grpo.run import checkpoints as ckpt
 from vlm_grpo.grpo.safe_loading import load_state_file
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.settings.sources import load_config, to_yaml, without_trust
 
 GOOD = {"step": 2, "config": {"seed": 0}, "num_processes": 1, "stage": "grpo", "fsdp": "no",

@@ -17,6 +17,7 @@ import pytest
 
 from tests.recipes.test_every_family import data  # noqa: F401 - the recipes' fixture rows
 from vlm_grpo.cli import main
+from tests.trained import trained
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = ["--model", "tiny:qwen2_5_vl", "--max-new-tokens", "4", "--logging.progress", "false",
@@ -150,9 +151,9 @@ def test_python_api_takes_tools_and_environment_factory_as_trl(tmp_path):
                       max_completion_length=4, progress=False)
     trainer = GRPOTrainer(model="tiny:qwen2_5_vl", reward_funcs=[lambda completions, **_: [0.0] * len(completions)],
                           args=args, tools=[namespace["shout"]], environment_factory=namespace["Counter"])
-    assert trainer.run.toolset.enabled and [t.__name__ for t in trainer.run.toolset.tools] == ["shout"]
-    trainer.train()
-    assert "rewards/Counter" in trainer.run.log_history[-1]
+    assert trainer.toolset.enabled and [t.__name__ for t in trainer.toolset.tools] == ["shout"]
+    trained(trainer)
+    assert "rewards/Counter" in trainer.ctx.log_history[-1]
 
 
 # ---------------------------------------------------------------- signals at random moments of start-up

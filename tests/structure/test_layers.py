@@ -31,7 +31,8 @@ INNER_FLOORS = {
          "vlm_grpo.adapters.seeding", "vlm_grpo.adapters.chat_templates", "vlm_grpo.adapters.tiny_tokenizer",
          "vlm_grpo.adapters.model_dirs", "vlm_grpo.adapters.teacher_forcing",
          "vlm_grpo.adapters.visual_spans", "vlm_grpo.adapters.completion_images",
-         "vlm_grpo.adapters.quirks", "vlm_grpo.adapters.sampler", "vlm_grpo.adapters.cache_names"),  # parts of the contract
+         "vlm_grpo.adapters.quirks", "vlm_grpo.adapters.sampler", "vlm_grpo.adapters.cache_names",
+         "vlm_grpo.adapters.freeze"),  # parts of the contract
         ("vlm_grpo.adapters.video_hooks", "vlm_grpo.adapters.image_routes"),  # the contract's video side, image routes
         ("vlm_grpo.adapters.base", "vlm_grpo.adapters.sharing", "vlm_grpo.adapters.image_attention",
          "vlm_grpo.adapters.assembly"),  # the contract, the sharing engine, attention to the image, what every
@@ -42,17 +43,18 @@ INNER_FLOORS = {
          "vlm_grpo.adapters"),
     ],
     "vlm_grpo.grpo": [
-        ("vlm_grpo.grpo.settings.fields", "vlm_grpo.grpo.settings.yaml_text", "vlm_grpo.grpo.user_code",
+        ("vlm_grpo.grpo.setting_fields", "vlm_grpo.grpo.yaml_text", "vlm_grpo.grpo.user_code",
          "vlm_grpo.grpo.async_loop", "vlm_grpo.grpo.user_calls",
          "vlm_grpo.grpo.safe_loading",
          "vlm_grpo.grpo.interrupts"),  # how a setting is declared; user modules; checkpoint state read as data; what
         # interrupts a run (signals, user code that exits)
         ("vlm_grpo.grpo.algorithm", "vlm_grpo.grpo.logprobs", "vlm_grpo.grpo.rollout", "vlm_grpo.grpo.rewards",
-         "vlm_grpo.grpo.distributed", "vlm_grpo.grpo.data", "vlm_grpo.grpo.training.freeze",
+         "vlm_grpo.grpo.distributed", "vlm_grpo.grpo.data",
          "vlm_grpo.grpo.tools"),  # the algorithm, its inputs (tools: what a multi-turn rollout calls)
         ("vlm_grpo.grpo.settings",),  # the run's sections, and how files and flags become them
         ("vlm_grpo.grpo.run", "vlm_grpo.grpo.evaluate", "vlm_grpo.grpo.training"),  # the run dir; a stage's parts
-        ("vlm_grpo.grpo.trainer", "vlm_grpo.grpo.sft", "vlm_grpo.grpo"),  # the stages
+        ("vlm_grpo.grpo.sft",),  # SFT's batches and loss
+        ("vlm_grpo.grpo.parts", "vlm_grpo.grpo"),  # the parts a trainer is built of (api/stage.py composes them)
     ],
 }
 # Imports by a computed name: where they go. Anything else computed is an error (the drawing must see it).
@@ -150,6 +152,53 @@ def test_no_import_circles():
         if m not in state:
             visit(m)
     assert circles == []
+
+
+def _one_way_breaks(package: str) -> list[str]:
+    """Imports between the direct children (sub-folders and modules) of `package` that close a circle: A's
+    modules import B's and B's (directly or through others) import A's."""
+    def child(module: str) -> str | None:
+        if not module.startswith(package + "."):
+            return None
+        return package + "." + module[len(package) + 1:].split(".")[0]
+
+    edges: dict[str, dict[str, str]] = {}  # child -> child it imports -> one import that does it
+    for m, targets in GRAPH.items():
+        a = child(m)
+        for t in targets:
+            b = child(t)
+            if a and b and a != b:
+                edges.setdefault(a, {}).setdefault(b, f"{m} -> {t}")
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            node = todo.pop()
+            if node == goal:
+                return True
+            if node not in seen:
+                seen.add(node)
+                todo.extend(edges.get(node, {}))
+        return False
+
+    return [f"{how} (and {b} leads back to {a})" for a, out in edges.items() for b, how in out.items()
+            if reaches(b, a)]
+
+
+PACKAGES = sorted(m for m, p in MODULES.items() if p.name == "__init__.py")
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_imports_between_the_parts_of_a_folder_go_one_way(package):
+    assert _one_way_breaks(package) == []
+
+
+def test_the_one_way_check_sees_a_circle_between_folders(monkeypatch):
+    """The check itself: one import from grpo/algorithm back to grpo/settings (which imports it) is a circle."""
+    monkeypatch.setitem(GRAPH, "vlm_grpo.grpo.algorithm.trajectory",
+                        GRAPH["vlm_grpo.grpo.algorithm.trajectory"] | {"vlm_grpo.grpo.settings.sections"})
+    assert any("vlm_grpo.grpo.algorithm.trajectory -> vlm_grpo.grpo.settings.sections" in line
+               for line in _one_way_breaks("vlm_grpo.grpo"))
 
 
 def test_the_drawing_sees_the_family_discovery():

@@ -1,4 +1,4 @@
-"""The supported-families table (README and `vlm-grpo families`), generated from the adapters."""
+"""The supported-families table (README, docs/families.md and `vlm-grpo families`), generated from the adapters."""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ class CallbackBridge:
 
     def _parts(self, run) -> None:
         self.handler.model, self.handler.processing_class = run.adapter.model, run.adapter.processor
-        self.handler.optimizer, self.handler.lr_scheduler = getattr(run, "optimizer", None), getattr(run, "scheduler", None)
+        self.handler.optimizer, self.handler.lr_scheduler = run.optimizer, run.lr_scheduler
 
     # ---------------------------------------------------------------- the run's moments
     def begin(self, run, schedule: Schedule) -> None:

@@ -1,283 +1,165 @@
-"""`GRPOTrainer` and `SFTTrainer` with TRL's shape, over this project's own trainers (grpo/trainer.py, grpo/sft.py).
+"""`GRPOTrainer` and `SFTTrainer`, TRL-shaped, and the only trainers: the CLI builds them from its settings
+(`from_settings`), a script from TRL's arguments.
 
     trainer = GRPOTrainer(model="tiny:smolvlm", reward_funcs=[accuracy], args=GRPOConfig(max_steps=2),
                           train_dataset=dataset)
     trainer.train(); trainer.evaluate(); trainer.save_model(); trainer.push_to_hub("me/model")
 
-What is given is turned into the run's parts (api/parts.py) and recorded in its settings, so config.yaml and the
-model card say what the run was made of: a model object by the path it was loaded from (or its class), a function
-by its qualified name, rows in memory by their type, fingerprint, columns and size. Like TRL's, the trainer builds
-everything when it is made (the model loaded, the data read and checked, LoRA applied), and `train()` runs.
+Like TRL's, a trainer builds everything when it is made (the model loaded, the data read and checked, LoRA
+applied), and `train()` runs. GRPO's step reads top-down in `GRPOTrainer.train_step`: B prompts -> G sampled
+completions each (sampler) -> named rewards, advantages, the Trajectory (scoring) -> old / reference log-probs
+(scorer) -> `num_iterations` updates of the registered loss (policy_update) -> metrics and completions (step_log).
+It knows no family and names no loss or estimator: those are the adapter's and the registries' (grpo/algorithm/).
 """
 
 from __future__ import annotations
 
+import copy
 import time
-from pathlib import Path
 from typing import Any, Sequence
 
-from vlm_grpo.api.callbacks import CallbackBridge
+import torch
+
 from vlm_grpo.api.config import GRPOConfig, SFTConfig
-from vlm_grpo.api.parts import adapter_for, lora_settings, model_record, records, reward_parts
-from vlm_grpo.api.schedule import Schedule
-from vlm_grpo.grpo.data.source import MEMORY, remember_rows
-from vlm_grpo.grpo.evaluate import heldout_metrics
-from vlm_grpo.grpo.rewards.scoring import weighed
-from vlm_grpo.grpo.settings.sources import load_recipe_config, merge_settings
-from vlm_grpo.grpo.sft import SFTTrainer as SFTRun
-from vlm_grpo.grpo.trainer import GRPOTrainer as GRPORun
+from vlm_grpo.api.stage import RunInputs, Stage
+from vlm_grpo.api.trl_arguments import settings_of
+from vlm_grpo.grpo.algorithm.losses import EntropyControl
+from vlm_grpo.grpo.algorithm.sampling_correction import weigh_by_engine
+from vlm_grpo.grpo.data.order import step_seed
+from vlm_grpo.grpo.distributed import fsdp
+from vlm_grpo.grpo.parts.checkpoints import KeptUnder
+from vlm_grpo.grpo.parts.sampler import Sampler
+from vlm_grpo.grpo.parts.scoring import Scoring
+from vlm_grpo.grpo.parts.step_log import StepLog
+from vlm_grpo.grpo.parts.supervised_update import SupervisedUpdate
+from vlm_grpo.grpo.parts.token_scorer import TokenScorer
+from vlm_grpo.grpo.parts.update import PolicyUpdate
+from vlm_grpo.grpo.tools.chat_format import ChatFormat
+from vlm_grpo.grpo.tools.toolset import final_message_rewards, run_toolset
+from vlm_grpo.grpo.training.hacking_watch import HackingWatch
+from vlm_grpo.grpo.training.lora import is_lora_wrapped
+from vlm_grpo.grpo.training.vision_counter import VisionCounter
 
 
-def apply_process_settings(schedule: dict[str, Any]) -> None:
-    """TRL's process-wide settings, applied as transformers' Trainer applies them: log_level (vlm_grpo's and
-    transformers' loggers; "passive" leaves them) and tf32 (torch's matmul and cuDNN switches; None leaves them)."""
-    import logging
+class GRPOTrainer(Stage):
+    """TRL's `GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
+    reward_processing_classes, callbacks, optimizers, peft_config, tools, environment_factory, rollout_func)`;
+    `tools` are typed functions with Google-style docstrings (sync or async), `environment_factory` a class whose
+    public methods are tools plus `reset()` and an optional `get_reward()` (or a dict of them), as in TRL 1.16."""
 
-    import torch
-    from transformers.utils import logging as hf_logging
-
-    level = schedule.get("log_level", "passive")
-    if level not in (None, "passive"):
-        number = hf_logging.log_levels[level]
-        hf_logging.set_verbosity(number)
-        logging.getLogger("vlm_grpo").setLevel(number)
-    if schedule.get("tf32") is not None:
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(schedule["tf32"])
-
-
-def _rows_record(data: Any, name: str) -> str:
-    """A dataset argument as data.dataset holds it: a path or hub id as given, rows in memory as their record."""
-    return data if isinstance(data, (str, Path)) else remember_rows(data, name)
-
-
-class _Trainer:
-    config_class: type = GRPOConfig
-    run_class: type = GRPORun  # the project's trainer this one drives
+    stage = "grpo"
+    evaluates_around = True
+    config_class = GRPOConfig
 
     def __init__(self, model: Any, reward_funcs: Any = None, args: GRPOConfig | None = None, train_dataset: Any = None,
                  eval_dataset: Any = None, processing_class: Any = None, reward_processing_classes: Any = None,
                  callbacks: Sequence[Any] | None = None, optimizers: tuple = (None, None), peft_config: Any = None,
                  tools: Sequence[Any] | None = None, environment_factory: Any = None, rollout_func: Any = None):
-        import torch
+        args = args if args is not None else self.config_class()
+        cfg, recipe, given = settings_of(args, model, reward_funcs, train_dataset, eval_dataset, processing_class,
+                                         reward_processing_classes, optimizers, peft_config)
+        inputs = RunInputs(recipe=recipe, tools=list(tools or ()), environment_factory=environment_factory,
+                           rollout_func=rollout_func, **given)
+        self._build(cfg, inputs, args=args, callbacks=callbacks or ())
+        if getattr(args, "schedule", {}).get("save_strategy") == "epoch":  # a checkpoint at each pass's end
+            cfg.logging.save_every = self.steps_per_epoch
 
-        tool_parts = {}
-        if tools or environment_factory is not None:  # TRL 1.16's multi-turn rollouts (grpo/tools/toolset.py)
-            if self.run_class is not GRPORun:
-                raise ValueError("tools / environment_factory: only GRPO rollouts call tools")
-            tool_parts = {"tools": list(tools or ()), "environment_factory": environment_factory}
-        if any(part is not None for part in optimizers or ()):
-            raise ValueError("optimizers: the optimizer is built here, one learning rate per module group "
-                             "(optim.learning_rate, vision_lr, projector_lr ...); give optimizers=(None, None)")
-        self.args = args if args is not None else self.config_class()
-        layers = [self.args.mapping(), {"model": {"name": str(model_record(model))}}]
-        data = {}
-        if train_dataset is not None:
-            data["dataset"] = str(_rows_record(train_dataset, "train_dataset"))
-        if eval_dataset is not None:
-            data["eval_dataset"] = str(_rows_record(eval_dataset, "eval_dataset"))
-        layers.append({"data": data})
-        if peft_config is not None:
-            layers.append(lora_settings(peft_config))
-        cfg, recipe = load_recipe_config(settings=merge_settings(*layers))
-        schedule = getattr(self.args, "schedule", {})
-        apply_process_settings(schedule)
-        scheduled = schedule.get("eval_strategy", "no") != "no" or schedule.get("eval_on_start")
-        if scheduled and cfg.data.eval_dataset is None and str(cfg.data.dataset or "").startswith(MEMORY):
-            raise ValueError(f"eval_strategy={schedule.get('eval_strategy')!r}: rows given in Python have no held-out "
-                             "split; give GRPOTrainer(eval_dataset=...) (TRL refuses this too)")
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where the run's accelerator puts it
-        rewards = None
-        if reward_funcs is not None:
-            options = {"judge_question": cfg.data.judge_question, "seed": cfg.seed,
-                       "trust_remote_code": cfg.model.trust_remote_code,
-                       "allow_pickle_weights": cfg.model.allow_pickle_weights}
-            parts = reward_parts(reward_funcs, reward_processing_classes, device=device, options=options)
-            rewards = weighed([reward for reward, _, _ in parts], cfg.data.reward_weights)
-            written = records(parts)  # each entry with its weight: config.yaml reads back the same rewards
-            cfg.data.rewards, cfg.data.reward_models, cfg.data.reward_weights = (
-                written["rewards"], written["reward_models"], [])
-        adapter = None
-        if not isinstance(model, str):
-            adapter = adapter_for(model, processing_class)
-        elif processing_class is not None:
-            from vlm_grpo.grpo.training.policy import load_policy
+    # ---------------------------------------------------------------- the parts of GRPO's step
+    def _build(self, cfg, inputs, args, callbacks) -> None:
+        cfg.loss.max_completion_length = cfg.generation.max_new_tokens
+        self.reference = None  # the frozen reference copy (None: LoRA's base serves, or no KL term)
+        self.entropy_control = EntropyControl(cfg.loss)
+        self.timings: dict[str, float] = {}  # seconds of the last step's phases (kept out of the metrics)
+        super()._build(cfg, inputs, args, callbacks)
 
-            adapter = adapter_for(load_policy(cfg, device), processing_class)
-        self.callback_bridge = CallbackBridge(callbacks or [], self.args)
-        # TRL calls rollout_func(prompts, trainer) with its own trainer: this one
-        parts = {"rollout_func": lambda prompts, _run: rollout_func(prompts, self)} if rollout_func is not None else {}
-        parts.update(tool_parts)
-        self.run = self.run_class(cfg, adapter=adapter, recipe=recipe, rewards=rewards, step_hooks=[self._after_step],
-                                  **parts)
-        run = self.run
-        prompts_per_step = cfg.data.batch_size * run.accelerator.num_processes
-        self.steps_per_epoch = max(len(run.dataset) // prompts_per_step, 1)  # TRL's count: partial batches dropped
-        if schedule.get("save_strategy") == "epoch":  # a checkpoint at each pass's end (the last step: at the end)
-            run.cfg.logging.save_every = self.steps_per_epoch
-        saving = run.save
+    def _after_freeze(self, adapter) -> None:
+        if self.cfg.loss.beta > 0 and not is_lora_wrapped(adapter):
+            # A frozen in-memory copy: never reloaded from disk by name.
+            self.reference = copy.deepcopy(adapter.model).eval().requires_grad_(False)
+        groups = adapter.module_groups()
+        params = dict(adapter.model.named_parameters())
+        # The features the rollout computed stay valid for every forward of the step only if nothing that
+        # produces them trains (the projector included: features are taken after it).
+        self.encoder_frozen = not any(params[n].requires_grad for g in ("vision", "projector") for n in groups[g])
+        self.vision_counter = VisionCounter(adapter, [adapter.model] + ([self.reference] if self.reference is not None else []))
+        # MoE: the routers' load-balancing loss joins the policy loss with this weight (0.0: not added)
+        self.router_aux_coef = adapter.router_aux_loss_coef(self.cfg.loss.router_aux_loss_coef)
 
-        def save_and_tell(step: int, *args: Any, **kwargs: Any):
-            path = saving(step, *args, **kwargs)
-            self.callback_bridge.saved(run, step)
-            return path
+    def _shard_more(self, mode: str) -> None:
+        if self.cfg.loss.sync_ref_model:
+            raise ValueError("loss.sync_ref_model with FSDP: the reference's shards are not saved in sharded "
+                             "checkpoints yet; train without fsdp, or without sync_ref_model")
+        if self.reference is not None:
+            self.reference = fsdp.shard(self.reference, mode)
 
-        run.save = save_and_tell  # on_save after every checkpoint the run writes
+    def _assemble_step(self, inputs: RunInputs) -> list:
+        cfg, ctx, data, policy, t = self.cfg, self.ctx, self.data, self.policy, self.cfg.tools
+        self.toolset = run_toolset(data.recipe, t.tools, t.environment, recipe_tools=t.recipe_tools,
+                                   timeout=t.tool_timeout, tools=inputs.tools,
+                                   environment_factory=inputs.environment_factory, isolation=t.isolation,
+                                   on_error=t.on_tool_error)
+        if self.toolset.enabled:  # a recipe written for one answer reads the final message of a multi-turn rollout
+            data.rewards = final_message_rewards(data.recipe, data.rewards)
+        data.rewards += self.toolset.rewards()  # an environment's get_reward (TRL: named after its class)
+        chat_format = ChatFormat(self.adapter) if self.toolset.enabled else None
+        self.scorer = TokenScorer(ctx, policy, self.reference, self.encoder_frozen,
+                                  entropy_trains=self.entropy_control.enabled, router_aux_coef=self.router_aux_coef)
+        self.watch = HackingWatch(ctx, data, policy, score=self.scorer.policy_logps)  # the reward audit, now
+        self.sampler = Sampler(ctx, policy, self.scorer, self.toolset, chat_format, inputs.rollout_func, owner=self)
+        self.scoring = Scoring(ctx, data.rewards, self.scorer)
+        self.policy_update = PolicyUpdate(ctx, policy, self.scorer, self.entropy_control, self.reference)
+        self.step_log = StepLog(ctx, data.rewards, policy, self.vision_counter, self.watch.flags)
+        if cfg.rollout.uses_vllm and self.toolset.enabled:
+            raise ValueError("rollout.engine vllm samples one turn; this run has tools (the recipe's or yours): use "
+                             "rollout.engine transformers, or tools.recipe_tools false")
+        return [self.policy_update, KeptUnder("guards", self.watch)]
 
-    # ---------------------------------------------------------------- what TRL's trainers expose
-    @property
-    def model(self):
-        return self.run.adapter.model
+    def scheduler_steps(self) -> int:
+        return self.cfg.max_steps * self.cfg.num_iterations
 
-    @property
-    def processing_class(self):
-        return self.run.adapter.processor
+    def progress_postfix(self, metrics: dict[str, Any]) -> dict[str, str]:
+        return {"reward": f"{metrics['reward']:.3f}", "kl": f"{metrics.get('kl', 0.0):.2e}"}
 
-    @property
-    def state(self):
-        return self.callback_bridge.state
+    def halted(self) -> str | None:
+        return self.watch.halt
 
-    @property
-    def accelerator(self):
-        return self.run.accelerator
-
-    @property
-    def callback_handler(self):
-        return self.callback_bridge.handler
-
-    def add_callback(self, callback: Any) -> None:
-        """A `TrainerCallback` (class or instance) added to the run's callbacks, as TRL's trainer takes it."""
-        self.callback_bridge.add(callback)
-
-    def pop_callback(self, callback: Any) -> Any:
-        """Removes a callback (class: its first instance) and returns it; None when there is none."""
-        return self.callback_bridge.pop(callback)
-
-    def remove_callback(self, callback: Any) -> None:
-        self.callback_bridge.remove(callback)
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """TRL's Trainer.log: an entry of state.log_history at the current step, handed to every callback's on_log."""
-        self.callback_bridge.log(logs)
-
-    def _after_step(self, run, metrics: dict[str, Any]) -> bool:
-        """Each step's end, by transformers' DefaultFlowCallback: logged, evaluated; true stops the run."""
-        evaluate, stop = self.callback_bridge.step(run, metrics)
-        if evaluate:
-            self.evaluate()
-        return stop
-
-    def _schedule(self) -> Schedule:
-        return Schedule.of(getattr(self.args, "schedule", {}), self.run.cfg.max_steps, self.steps_per_epoch)
-
-    @property
-    def train_dataset(self):
-        return self.run.dataset
-
-    def train(self, resume_from_checkpoint: bool | str | None = None):
-        """The run (`resume_from_checkpoint`: True for the newest checkpoint, or a checkpoint path); returns TRL's
-        `TrainOutput(global_step, training_loss, metrics)`."""
-        from transformers.trainer_utils import TrainOutput
-
-        if resume_from_checkpoint:
-            if isinstance(resume_from_checkpoint, bool):
-                self.run.cfg.resume = True
-            else:
-                self.run.cfg.resume_from = str(resume_from_checkpoint)
+    # ---------------------------------------------------------------- the GRPO step, top-down
+    def train_step(self, step: int) -> dict[str, Any]:
+        """rollout -> rewards -> advantages -> old / reference log-probs -> `num_iterations` updates."""
+        cfg = self.cfg
         started = time.perf_counter()
-        schedule = self._schedule()
-        try:
-            self.callback_bridge.begin(self.run, schedule)
-        except BaseException:  # a user's callback failed before the run: the run directory is free again
-            self.run.release_lock()
-            raise
-        if schedule.eval_on_start:
-            self.evaluate()
-        history = self.run.train()
-        losses = [m["loss"] for m in history if "loss" in m]
-        summary = {"train_runtime": time.perf_counter() - started,
-                   "train_loss": sum(losses) / len(losses) if losses else float("nan")}
-        self.callback_bridge.end(self.run, summary)
-        metrics = {**summary,
-                   **{k: v for k, v in (history[-1] if history else {}).items() if isinstance(v, (int, float))}}
-        return TrainOutput(global_step=history[-1]["step"] if history else 0, training_loss=metrics["train_loss"],
-                           metrics=metrics)
-
-    def evaluate(self, eval_dataset: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Greedy held-out evaluation (the eval section's split and size) of the policy as it is now, on
-        `eval_dataset` when given, else the run's (`eval_dataset` of the constructor, or the recipe's split)."""
-        step = self.run.log_history[-1]["step"] if self.run.log_history else 0
-        if eval_dataset is None:
-            report = self.run.evaluate(step)
-        else:  # this evaluation only: the run's own held-out data stays as it was
-            data, cached = self.run.cfg.data, self.run.__dict__.pop("heldout_data", None)
-            given, data.eval_dataset = data.eval_dataset, str(_rows_record(eval_dataset, "eval_dataset"))
-            try:
-                report = self.run.evaluate(step)
-            finally:
-                data.eval_dataset = given
-                self.run.__dict__.pop("heldout_data", None)
-                if cached is not None:
-                    self.run.__dict__["heldout_data"] = cached
-        self.run.heldout[f"step {step}"] = report  # the model card shows it
-        metrics = {f"{metric_key_prefix}_{k.split('/', 1)[1]}": v for k, v in heldout_metrics(report).items()}
-        metrics.update({f"{metric_key_prefix}_rewards/{k}": v for k, v in report["rewards"].items() if v is not None})
-        self.last_evaluation = report
-        self.callback_bridge.evaluated(self.run, metrics)
+        torch.manual_seed(step_seed(cfg.seed, step, self.ctx.accelerator.process_index))
+        batch = self.data.batch(step)
+        self.vision_counter.reset()
+        sampled = self.sampler.sample(batch.samples, batch.rows, step)
+        self.timings = {"rollout": time.perf_counter() - started}
+        scored = self.scoring.score(batch.samples, batch.rows, sampled, step)
+        traj = scored.trajectory
+        traj.ref_logps = self.scorer.reference_logps(traj)
+        correct = sampled.rollout.sampling_logps is not None and cfg.rollout.vllm_importance_sampling_correction
+        if cfg.num_iterations > 1 or correct:  # later updates are off-policy / the engine's ratio needs the trainer's
+            traj.old_logps = self.scorer.policy_logps(traj)
+        engine_metrics = weigh_by_engine(traj, sampled.rollout.sampling_logps, cfg.rollout) if correct else {}
+        losses = self.policy_update.run(traj, step)
+        self.sampler.after_update()  # the new weights to vLLM every vllm_sync_steps steps
+        metrics = self.ctx.mean_over_processes({
+            **losses, **self.step_log.reward_metrics(scored), **self.step_log.cost_metrics(traj), **engine_metrics,
+        })
+        metrics.update(self.watch.step(step, batch.samples, traj))  # after the update: guards read, never change
+        metrics.update(step=step + 1, step_time=time.perf_counter() - started)
+        self.step_log.completions(step + 1, traj, batch.samples)
         return metrics
 
-    def save_model(self, output_dir: str | Path | None = None) -> Path:
-        """The model (or LoRA adapter) and processor with its model card, in the run's final/ (default) or
-        `output_dir`; returns the folder."""
-        from vlm_grpo.grpo.run.checkpoints import save_model
-        from vlm_grpo.grpo.run.manifest import write_manifest
 
-        run = self.run
-        final = run.run_dir / "final"
-        if output_dir is None or Path(output_dir).resolve() == final.resolve():
-            run.save_final()
-            run.write_card(final)
-            return final
-        out = Path(output_dir)
-        if run.is_main:
-            out.mkdir(parents=True, exist_ok=True)
-            save_model(run.adapter, out)
-            write_manifest(out)
-            run.write_card(out)
-        return out
-
-    def push_to_hub(self, repo_id: str | None = None, *, private: bool | None = None,
-                    commit_message: str = "vlm-grpo run") -> str:
-        """final/ (saved now if the run has not saved it) with its card, to the hub repo `repo_id` (default:
-        logging.hub_model_id, else the run directory's name); returns the commit's URL."""
-        from vlm_grpo.grpo.run.hub import push_final
-
-        run = self.run
-        final = run.run_dir / "final"
-        if not final.is_dir():
-            run.save_final()
-        title = run.write_card(final, title=repo_id)
-        private = run.cfg.logging.hub_private if private is None else private
-        return push_final(final, title, private=private, commit_message=commit_message)
-
-
-class GRPOTrainer(_Trainer):
-    """TRL's `GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
-    reward_processing_classes, callbacks, optimizers, peft_config, tools, environment_factory, rollout_func)` over
-    vlm-grpo's GRPO loop; `tools` are typed functions with Google-style docstrings (sync or async), `environment_factory`
-    a class whose public methods are tools plus `reset()` and an optional `get_reward()` (or a dict of them), as in
-    TRL 1.16."""
-
-    config_class = GRPOConfig
-    run_class = GRPORun
-
-
-class SFTTrainer(_Trainer):
+class SFTTrainer(Stage):
     """TRL's `SFTTrainer(model, args, data_collator, train_dataset, eval_dataset, processing_class, callbacks,
     optimizers, peft_config)` over vlm-grpo's supervised warm-up: the loss is on each row's `completion` only.
     `reward_funcs` (optional) score the held-out evaluations."""
 
+    stage = "sft"
+    dropout = True
+    needs_rewards = False
     config_class = SFTConfig
-    run_class = SFTRun
 
     def __init__(self, model: Any, args: SFTConfig | None = None, data_collator: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None, processing_class: Any = None, callbacks: Sequence[Any] | None = None,
@@ -285,5 +167,20 @@ class SFTTrainer(_Trainer):
         if data_collator is not None:
             raise ValueError("data_collator: batches are built by the model's adapter (prompts and images encoded "
                              "once, the completion appended); give data_collator=None")
-        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, None, callbacks,
-                         optimizers, peft_config)
+        args = args if args is not None else self.config_class()
+        cfg, recipe, given = settings_of(args, model, reward_funcs, train_dataset, eval_dataset, processing_class,
+                                         None, optimizers, peft_config)
+        self._build(cfg, RunInputs(recipe=recipe, **given), args=args, callbacks=callbacks or ())
+        if getattr(args, "schedule", {}).get("save_strategy") == "epoch":  # a checkpoint at each pass's end
+            cfg.logging.save_every = self.steps_per_epoch
+
+    def _assemble_step(self, inputs: RunInputs) -> list:
+        self.supervised_update = SupervisedUpdate(self.ctx, self.policy, self.evaluation)
+        return []
+
+    def completion_budget(self) -> int:
+        return self.cfg.sft.max_reference_tokens
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        torch.manual_seed(step_seed(self.cfg.seed, step, self.ctx.accelerator.process_index))  # dropout: same on resume
+        return self.supervised_update.run(self.data.batch(step).samples, step)

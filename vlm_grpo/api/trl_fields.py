@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from vlm_grpo.api import trl_translations as tr
 from vlm_grpo.api.trl_translations import VLLM
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 
 HONOURED, NO_EFFECT, REFUSED = "honoured", "no effect", "refused"
 

@@ -8,7 +8,7 @@ import math
 import os
 from typing import Any, Callable
 
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 
 VLLM = "vLLM rollouts: see issue/README"
 

@@ -3,7 +3,7 @@
 Per type, in order, the first failure is its recorded reason: the tiny twin builds and calibrates (adapters/
 generic), every parameter is in one module group, the cache probe gives a verdict the policy can act on, two GRPO
 steps run on the `shapes` recipe, and (when the repository's tests are at hand) the adapter contract suite passes.
-The records go to adapters/generic/model_types.json, which `vlm-grpo families --all` and the README table read.
+The records go to adapters/generic/model_types.json, which `vlm-grpo families --all` and the table of docs/families.md read.
 """
 
 from __future__ import annotations
@@ -45,14 +45,16 @@ def _reason(model_type: str, stage: str, err: BaseException) -> str:
 
 def _grpo_steps(model_type: str, recipe: str, out: str) -> int:
     from vlm_grpo.grpo.settings.sources import load_config
-    from vlm_grpo.grpo.trainer import GRPOTrainer
+    from vlm_grpo.api.trainers import GRPOTrainer
 
     cfg = load_config(overrides=[
         "--model", f"tiny:{model_type}", "--recipe", recipe, "--max-steps", "2", "--output-dir", out,
         "--max-new-tokens", "4", "--batch-size", "1", "--num-generations", "2", "--data.train-size", "2",
         "--logging.progress", "false", "--data.recipe_options", "{image_size: 56}",
     ])
-    return len(GRPOTrainer(cfg).train())
+    trainer = GRPOTrainer.from_settings(cfg)
+    trainer.train()
+    return len(trainer.history)
 
 
 def _contract(model_type: str) -> str | None:

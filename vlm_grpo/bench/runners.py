@@ -16,14 +16,14 @@ from typing import Any
 
 import torch
 
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.bench.engine_parts import EngineParts
 from vlm_grpo.bench.measure import FrameworkResult, PeakMemory, sync
 from vlm_grpo.bench.settings import BenchSettings
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
 from vlm_grpo.grpo.settings.sections import OptimConfig
 from vlm_grpo.grpo.settings.model import LoraSettings
-from vlm_grpo.grpo.training.freeze import apply_freeze
+from vlm_grpo.adapters.freeze import apply_freeze
 from vlm_grpo.grpo.training.lora import lora_targets
 from vlm_grpo.loader import load_model
 
@@ -76,7 +76,7 @@ def _load(source: str, device: torch.device, decide_cache: bool = True, load_in_
 
 def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, work: Path) -> FrameworkResult:
     from vlm_grpo.grpo.settings.sources import load_config
-    from vlm_grpo.grpo.trainer import GRPOTrainer
+    from vlm_grpo.api.trainers import GRPOTrainer
 
     adapter = _load(source, device, load_in_4bit=settings.load_in_4bit)
     total = settings.warmup + settings.steps
@@ -100,7 +100,7 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
         overrides += ["--optim.freeze", ",".join(settings.freeze)]
     cfg = load_config(overrides=overrides)
     with contextlib.redirect_stdout(None):  # the trainable-parameter table
-        trainer = GRPOTrainer(cfg, adapter=adapter)
+        trainer = GRPOTrainer.from_settings(cfg, adapter=adapter)
     result = FrameworkResult("vlm-grpo", completion_tokens_per_step=settings.batch_size * settings.num_generations * settings.max_new_tokens)
     parts = EngineParts(trainer) if settings.engine == "vllm" else None  # opens the engine, timed
     for step in range(settings.warmup):
@@ -124,8 +124,8 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
     if parts:
         result.parts = parts.summary()
     trainer.vision_counter.close()
-    if trainer.engine is not None:
-        trainer.engine.close()
+    if trainer.sampler.engine is not None:
+        trainer.sampler.engine.close()
     del trainer, adapter
     gc.collect()
     return result

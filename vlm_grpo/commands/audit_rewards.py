@@ -29,7 +29,7 @@ def run(args, extra: list[str]) -> int:
     from vlm_grpo.grpo.rewards.audit import audit_rewards, completion_tokens
     from vlm_grpo.grpo.rewards.scoring import run_rewards
     from vlm_grpo.grpo.settings.sources import check_sources, load_recipe_config
-    from vlm_grpo.grpo.training.base import load_policy
+    from vlm_grpo.grpo.training.policy import load_policy
     from vlm_grpo.grpo.training.hacking_watch import run_hints
     from vlm_grpo.recipes.checked import CheckedSource
 

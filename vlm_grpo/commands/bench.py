@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
     p.add_argument("--beta", type=float, default=0.04)
     # choices are the registry's, checked when the command runs: listing them here would load torch for --help
     p.add_argument("--loss-type", default="dapo",
-                   help="a registered loss (README, 'Losses'); with TRL in --frameworks, one TRL 1.16 has")
+                   help="a registered loss (docs/algorithms.md); with TRL in --frameworks, one TRL 1.16 has")
     p.add_argument("--importance-sampling-level", default="token",
                    help="importance ratio per token or per sequence (GSPO; luspo needs sequence)")
     p.add_argument("--learning-rate", type=float, default=1e-5)
@@ -82,7 +82,7 @@ def run(args) -> int:
     from vlm_grpo.bench.settings import BenchSettings
     from vlm_grpo.grpo.algorithm.losses import LOSSES
     from vlm_grpo.grpo.algorithm.losses.config import IMPORTANCE_SAMPLING_LEVELS
-    from vlm_grpo.grpo.settings.fields import SettingError
+    from vlm_grpo.grpo.setting_fields import SettingError
 
     if args.loss_type not in LOSSES:
         raise SettingError("loss_type", f"{args.loss_type!r} is not a registered loss: {', '.join(sorted(LOSSES))}")

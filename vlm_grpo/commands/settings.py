@@ -33,7 +33,7 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls: type, names: dict[str, s
                        only: typing.Iterable[str] | None = None, required: typing.Iterable[str] = ()) -> None:
     """One `--flag` per field of the dataclass `cls` (`names`: field -> flag name where they differ; `only`: these
     fields). Booleans are flags that switch on (`--x`) or take a value (`--x false`)."""
-    from vlm_grpo.grpo.settings.fields import coerce, help_of
+    from vlm_grpo.grpo.setting_fields import coerce, help_of
 
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}

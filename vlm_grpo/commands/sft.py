@@ -25,12 +25,14 @@ def run(args, extra: list[str]) -> int:
     from vlm_grpo.grpo.settings.sources import load_recipe_config
 
     cfg, recipe = load_recipe_config(args.config, extra)
-    from vlm_grpo.grpo.sft import SFTTrainer  # after the settings: a refused one costs no trainer import
+    from vlm_grpo.api.trainers import SFTTrainer  # after the settings: a refused one costs no trainer import
 
     if cfg.logging.output_dir == DEFAULT_RUN_DIR:
         cfg.logging.output_dir = SFT_RUN_DIR  # never overwrite a GRPO run by accident
-    trainer = SFTTrainer(cfg, recipe=recipe, after_run=[plot_hook] * cfg.logging.plot + [report_hook] * cfg.logging.report)
-    history = trainer.train()
+    trainer = SFTTrainer.from_settings(cfg, recipe=recipe,
+                                       after_run=[plot_hook] * cfg.logging.plot + [report_hook] * cfg.logging.report)
+    trainer.train()
+    history = trainer.history
     if history and trainer.is_main:
         first, last = history[0]["loss"], history[-1]["loss"]
         final = trainer.run_dir / "final"

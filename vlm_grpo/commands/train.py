@@ -1,4 +1,4 @@
-"""`vlm-grpo train`: GRPO training (grpo/trainer.py); with no arguments, the offline default run."""
+"""`vlm-grpo train`: GRPO training (api/trainers.py: GRPOTrainer.from_settings); with no arguments, the offline default run."""
 
 from __future__ import annotations
 
@@ -27,10 +27,12 @@ def run(args, extra: list[str]) -> int:
 
     # recipe defaults (and a shipped checkpoint's GRPO settings) sit under the file and the command line
     cfg, recipe = load_recipe_config(args.config, extra)
-    from vlm_grpo.grpo.trainer import GRPOTrainer  # after the settings: a refused one costs no trainer import
+    from vlm_grpo.api.trainers import GRPOTrainer  # after the settings: a refused one costs no trainer import
 
-    trainer = GRPOTrainer(cfg, recipe=recipe, after_run=[plot_hook] * cfg.logging.plot + [report_hook] * cfg.logging.report)
-    history = trainer.train()
+    trainer = GRPOTrainer.from_settings(cfg, recipe=recipe,
+                                        after_run=[plot_hook] * cfg.logging.plot + [report_hook] * cfg.logging.report)
+    trainer.train()
+    history = trainer.history
     if history and trainer.is_main:
         last = history[-1]
         print(f"done: {len(history)} steps, last reward {last['reward']:.3f}; run directory {cfg.logging.output_dir}")

@@ -12,8 +12,9 @@ positions carry no loss (label -100); the loss is the mean negative log-likeliho
 With `sft.eval_every N` the policy is evaluated greedily on the held-out split every N steps and at the
 end (`eval/accuracy` etc. in metrics.jsonl: the training curve of a shipped checkpoint).
 
-Everything else (run dir, freeze/LoRA, per-module learning rates, checkpoints, resume, final model) is
-`BaseTrainer`'s, shared with GRPO, so `checkpoints/final` loads with `vlm-grpo train --init-from PATH`.
+The step is grpo/parts/supervised_update.py's; everything else (run dir, freeze/LoRA, per-module learning rates,
+checkpoints, resume, final model) is the trainer's parts, shared with GRPO (api/stage.py), so `final/` loads with
+`vlm-grpo train --init-from PATH`.
 """
 
 from __future__ import annotations
@@ -21,16 +22,12 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
 from vlm_grpo.adapters.batch import PromptBatch
-from vlm_grpo.grpo.training.base import BaseTrainer
-from vlm_grpo.grpo.data.order import step_seed
-from vlm_grpo.grpo.evaluate import heldout_metrics
 from vlm_grpo.grpo.logprobs.lm_head import score_completions
-from vlm_grpo.grpo.training.optimizer import update_step
 from vlm_grpo.recipes.base import Sample
 
 log = logging.getLogger(__name__)
@@ -120,56 +117,3 @@ def sft_loss(adapter, batch: SFTBatch, model=None) -> torch.Tensor:
     """Mean NLL over the batch's completion tokens."""
     total, tokens, _ = completion_nll(adapter, batch, model=model)
     return total / tokens.clamp(min=1)
-
-
-class SFTTrainer(BaseTrainer):
-    stage = "sft"
-    dropout = True
-    needs_rewards = False
-
-    def completion_budget(self) -> int:
-        return self.cfg.sft.max_reference_tokens
-
-    def train_step(self, step: int) -> dict[str, Any]:
-        cfg, acc = self.cfg, self.accelerator
-        torch.manual_seed(step_seed(cfg.seed, step, acc.process_index))  # dropout: same on resume
-        samples, _ = self._samples(step)
-        dtype = next(self.adapter.model.parameters()).dtype
-        batch = build_sft_batch(self.adapter, samples, cfg.sft.max_reference_tokens).to(acc.device, dtype=dtype)
-        rows = list(range(len(batch)))
-        per = len(rows) // cfg.gradient_accumulation_steps
-        chunks = [rows[i : i + per] for i in range(0, len(rows), per)]
-        # The mean over the step's completion tokens; DDP averages gradients, so scale by the process count.
-        tokens = acc.reduce(batch.completion_mask.sum().float(), reduction="sum") / acc.num_processes
-        self.optimizer.zero_grad(set_to_none=True)
-        nll_sum = hit_sum = 0.0
-        for k, chunk in enumerate(chunks):
-            with self.accumulating(last=k == len(chunks) - 1):
-                total, _, hits = self.forward(lambda m: completion_nll(self.adapter, batch.select(chunk), model=m))
-                acc.backward(total / tokens)
-            nll_sum += total.item()
-            hit_sum += hits.item()
-        grad_norm, was_skipped = update_step(acc, self.optimizer, cfg.optim)
-        skipped = int(was_skipped)
-        if was_skipped:
-            log.warning("sft step %d: non-finite gradient norm, update skipped", step)
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        n = batch.completion_mask.sum().item()
-        metrics = {
-            "loss": nll_sum / max(n, 1),
-            "token_accuracy": hit_sum / max(n, 1),
-            "completion_length": batch.completion_mask.sum(1).float().mean().item(),
-            "grad_norm": float(grad_norm),
-            "skipped_updates": skipped,
-            **{f"lr/{g['name']}": g["lr"] for g in self.optimizer.param_groups},
-        }
-        metrics = self._mean_over_processes(metrics)
-        every = cfg.sft.eval_every
-        if every > 0 and ((step + 1) % every == 0 or step + 1 == cfg.max_steps):
-            report = self.evaluate(step + 1)
-            metrics.update(heldout_metrics(report))
-            self.heldout = {f"step {step + 1}": report}  # the newest evaluation, for the model card
-        metrics["step"] = step + 1
-        return metrics
-

@@ -2,8 +2,8 @@
 
 Written by `vlm-grpo families --all --measure` (twin, calibration, cache probe, 2 GRPO steps, and the contract suite
 where the repository's tests are at hand) for the transformers version it names, with that version's whole
-image-text-to-text mapping (type -> class); read by `vlm-grpo families --all` and the README table, which therefore
-describe the measured (locked) transformers whatever is installed. The test suite runs the contract suite and the cache probe on every type recorded as `generic`,
+image-text-to-text mapping (type -> class); read by `vlm-grpo families --all` and the table of docs/families.md,
+which therefore describe the measured (locked) transformers whatever is installed. The test suite runs the contract suite and the cache probe on every type recorded as `generic`,
 so a record that stops being true fails a test.
 """
 

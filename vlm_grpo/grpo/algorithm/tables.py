@@ -1,6 +1,6 @@
-"""The README's "Losses" and "Advantage estimators" tables, generated from the registries (each part's `summary`,
-`paper` and own settings), so a new loss or estimator file appears in them with nothing else
-edited. Print them with `python -m vlm_grpo.grpo.algorithm.tables`."""
+"""The tables of losses and advantage estimators (README.md, docs/algorithms.md), generated from the registries (each
+part's `summary`, `paper`, TRL counterpart and own settings), so a new loss or estimator file appears in them with
+nothing else edited. `python -m vlm_grpo.commands.docs_tables` writes them into the pages; this module prints them."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ def _row(cells: list[str]) -> str:
 
 
 def losses_table() -> str:
-    rows = [_row(["`--loss-type`", "definition", "own settings (default)", "paper"]), _row(["---"] * 4)]
+    rows = [_row(["`--loss-type`", "definition", "own settings (default)", "TRL 1.16", "paper"]), _row(["---"] * 5)]
     for name, cls in sorted(LOSSES.items()):
         own = ", ".join(f"`{key}` ({field.default})" for key, field in cls.settings.items()) or "-"
-        rows.append(_row([f"`{name}`", cls.summary, own, cls.paper]))
+        trl = f"`{cls.trl_loss_type}`" if cls.trl_loss_type else "-"
+        rows.append(_row([f"`{name}`", cls.summary, own, trl, cls.paper]))
     return "\n".join(rows)
 
 

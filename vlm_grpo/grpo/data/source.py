@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.user_calls import call
 from vlm_grpo.grpo.user_code import load_object
 from vlm_grpo.recipes import Recipe, get_recipe

@@ -11,6 +11,8 @@ all of [rows, T, vocab] exists at once.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -65,40 +67,48 @@ def completion_logprobs(adapter, batch, completion_ids, completion_mask, model=N
     return token_logprobs(logits, completion_ids)
 
 
-def group_scores(
-    adapter,
-    prompts,
-    prompt_index: list[int],
-    completion_ids: torch.Tensor,
-    completion_mask: torch.Tensor,
-    model=None,
-    *,
-    share_features: bool = True,
-    share_prompt: bool = False,
-    features=None,
-    turns: CompletionImages | None = None,
-    turn_features=None,
-    context=None,
-    router_aux: bool = False,
-    **options,
-) -> TokenScores:
-    """TokenScores for rows `k` = (prompt `prompt_index[k]` of `prompts`, completion k), logits never built.
+@dataclass
+class ScoreOptions:
+    """How `group_scores` computes. share_features: each distinct prompt's images are encoded once
+    (`sharing.image_features` on the distinct prompts, with gradient when the encoder trains) and placed into all its
+    rows; `features` (an ImageFeatures of all of the prompts, e.g. the rollout's, detached) skips the encoder.
+    Otherwise every row's prompt is repeated, pixels included, and the model encodes each copy. share_prompt (with
+    share_features): each distinct prompt runs once and its KV cache serves its rows (prompt_cache.py), where
+    gradients can pass the cache (`differentiable_prompt_cache`). `turns`: the images tool turns showed inside these
+    rows' completions (multi-turn rollouts), placed after the prompt's in each row; `turn_features` (of
+    `turns.turns`, e.g. the rollout's) skips encoding them. `context`: entered around the feature and embedding
+    computation (e.g. the accelerator's autocast). router_aux: also a mixture-of-experts model's router
+    load-balancing loss (`TokenScores.aux_loss`); it is taken over each row's whole sequence in one forward, as the
+    model defines it, so the prompt is not shared then. The rest go to the LM head (lm_head.chunked_scores):
+    GRPO reads no argmax hits, hence with_hits off."""
 
-    share_features: each distinct prompt's images are encoded once (`sharing.image_features` on the
-    distinct prompts, with gradient when the encoder trains) and placed into all its rows;
-    `features` (an ImageFeatures of all of `prompts`, e.g. the rollout's, detached) skips the encoder.
-    Otherwise every row's prompt is repeated, pixels included, and the model encodes each copy.
-    share_prompt (with share_features): each distinct prompt runs once and its KV cache serves its rows
-    (prompt_cache.py), where gradients can pass the cache (`differentiable_prompt_cache`).
-    `turns`: the images tool turns showed inside these rows' completions (multi-turn rollouts), placed after the
-    prompt's in each row; `turn_features` (of `turns.turns`, e.g. the rollout's) skips encoding them.
-    `context`: entered around the feature and embedding computation (e.g. the accelerator's autocast).
-    router_aux: also a mixture-of-experts model's router load-balancing loss (`TokenScores.aux_loss`); it is taken
-    over each row's whole sequence in one forward, as the model defines it, so the prompt is not shared then.
-    `options`: temperature, with_entropy, entropy_grad, with_hits (default off: GRPO reads no argmax hits),
-    chunk_bytes (see lm_head.chunked_scores).
-    """
-    options.setdefault("with_hits", False)
+    share_features: bool = True
+    share_prompt: bool = False
+    features: Any = None
+    turns: CompletionImages | None = None
+    turn_features: Any = None
+    context: Callable[[], Any] | None = None
+    router_aux: bool = False
+    temperature: float = 1.0
+    with_entropy: bool = False
+    entropy_grad: bool = False
+    with_hits: bool = False
+    chunk_bytes: int = CHUNK_BYTES
+
+    def head(self) -> dict[str, Any]:
+        """The LM head's options."""
+        return {"temperature": self.temperature, "with_entropy": self.with_entropy, "entropy_grad": self.entropy_grad,
+                "with_hits": self.with_hits, "chunk_bytes": self.chunk_bytes}
+
+
+def group_scores(adapter, prompts, prompt_index: list[int], completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                 model=None, options: ScoreOptions | None = None) -> TokenScores:
+    """TokenScores for rows `k` = (prompt `prompt_index[k]` of `prompts`, completion k), logits never built, as
+    `options` say (ScoreOptions)."""
+    o = options or ScoreOptions()
+    share_features, share_prompt, features, turns, turn_features, context, router_aux = (
+        o.share_features, o.share_prompt, o.features, o.turns, o.turn_features, o.context, o.router_aux)
+    options = o.head()
 
     model = adapter.model if model is None else model
     types = None if turns is None else turns.token_types

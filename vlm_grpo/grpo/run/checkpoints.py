@@ -61,12 +61,12 @@ def save_checkpoint(run_dir: Path, step: int, adapter, optimizer, scheduler, sta
     saving removes the unfinished copy and raises DiskFull (the path, the space needed): the previous checkpoint
     stays as it was."""
     tmp = staging_dir(run_dir, f".tmp-checkpoint-{step}-{os.getpid()}")
-    with disk_full_says(tmp, run_dir, need=lambda: _checkpoint_bytes(adapter)):
+    with disk_full_says(tmp, run_dir, need=lambda: checkpoint_bytes(adapter)):
         save_model(adapter, tmp)
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         if extra is not None:
             extra(tmp)
-    return commit_checkpoint(tmp, run_dir, step, scheduler, state, keep, need=lambda: _checkpoint_bytes(adapter))
+    return commit_checkpoint(tmp, run_dir, step, scheduler, state, keep, need=lambda: checkpoint_bytes(adapter))
 
 
 def staging_dir(run_dir: Path, name: str) -> Path:
@@ -76,7 +76,7 @@ def staging_dir(run_dir: Path, name: str) -> Path:
     return safe_files.fresh_dir(Path(run_dir) / name)
 
 
-def _checkpoint_bytes(adapter) -> int:
+def checkpoint_bytes(adapter) -> int:
     """About what a checkpoint takes: the weights, plus Adam's two float32 moments of every trainable parameter."""
     params = list(adapter.model.parameters())
     return sum(p.numel() * p.element_size() for p in params) + sum(p.numel() * 8 for p in params if p.requires_grad)

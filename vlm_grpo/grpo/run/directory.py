@@ -27,7 +27,7 @@ from vlm_grpo.grpo.run.guard_report import AUDIT_FILE
 from vlm_grpo.grpo.run.lock import LOCK_FILE, RunLock
 from vlm_grpo.grpo.run.logs import METRICS
 from vlm_grpo.grpo.run.safe_files import CREATED_LIST, STAGING_PREFIX, CreatedFiles
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.run.completion_files import COMPLETIONS_DIR
 from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT, TRACKIO_FOLDER
 

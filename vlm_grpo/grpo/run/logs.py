@@ -10,7 +10,7 @@ from typing import Any
 
 from vlm_grpo.grpo.run import safe_files
 from vlm_grpo.grpo.run.completion_files import remove_after
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.user_calls import ERROR_LOG, failure_entry
 
 METRICS = "metrics.jsonl"

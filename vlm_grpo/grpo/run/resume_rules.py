@@ -1,4 +1,5 @@
-"""What a resumed run may change: its settings against the checkpoint's, before any model loads.
+"""What a resumed run may change: its settings against the checkpoint's, before any model loads. Each setting's
+policy is declared with it (`setting(resume=...)` or its section's RESUME, grpo/setting_fields.py):
 
 - Safe changes are honoured: a later `max_steps`, logging and save cadence, guards, evaluation, performance
   switches, the device.
@@ -17,19 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 
-SAFE = ("max_steps", "epochs", "logging.", "guard.", "eval.", "perf.", "sft.eval_every", "model.cache_policy", "model.device",
-        "model.attn_implementation", "model.trust_remote_code", "model.allow_pickle_weights", "data.on_bad_sample",
-        "data.on_reward_error", "gradient_accumulation_steps")
-FIXED = ("model.name", "model.init_from", "model.dtype", "lora.", "optim.freeze", "optim.trainable_patterns",
-         "optim.freeze_preset", "optim.optimizer", "fsdp")
-IGNORED = ("loss.max_completion_length", "resume", "resume_from", "resume_accept", "trust_checkpoint")  # derived; how a run resumes
 PROCESSES = "num_processes"  # not a setting: how many processes trained (each draws its own prompts)
-
-
-def _matches(key: str, prefixes: tuple[str, ...]) -> bool:
-    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in prefixes)
 
 
 def _flat(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -53,17 +44,19 @@ class Change:
         return f"{self.key} {self.was!r} -> {self.now!r}"
 
 
-def compare(saved: dict[str, Any], current: dict[str, Any], accept: list[str]) -> list[Change]:
-    """Every setting that differs between the checkpoint's settings and the run's, classified."""
+def compare(saved: dict[str, Any], current: dict[str, Any], accept: list[str], policies: dict[str, str]) -> list[Change]:
+    """Every setting that differs between the checkpoint's settings and the run's, classified by its declared
+    resume policy (`policies`: key -> honoured | refused | fixed | ignored; grpo/setting_fields.py)."""
     old, new = _flat(saved), _flat(current)
     accept_all = "all" in accept
     changes = []
     for key, now in new.items():
-        if key not in old or key in IGNORED or _normal(old[key]) == _normal(now):
+        policy = policies.get(key, "refused")
+        if key not in old or policy == "ignored" or _normal(old[key]) == _normal(now):
             continue  # a setting the checkpoint predates is not compared
-        if _matches(key, SAFE):
+        if policy == "honoured":
             kind = "safe"
-        elif _matches(key, FIXED):
+        elif policy == "fixed":
             kind = "fixed"
         else:
             kind = "accepted" if accept_all or key in accept else "refused"
@@ -80,7 +73,7 @@ def _normal(value: Any) -> Any:
 
 
 def check_resume(state: dict[str, Any], current: dict[str, Any], *, checkpoint: str, stage: str, num_processes: int,
-                 accept: list[str]) -> list[Change]:
+                 accept: list[str], policies: dict[str, str]) -> list[Change]:
     """The changes a resume from `checkpoint` (its trainer state) makes; raises SettingError, naming every refused
     difference, when it may not go on."""
     saved = dict(state.get("config") or {})
@@ -93,7 +86,7 @@ def check_resume(state: dict[str, Any], current: dict[str, Any], *, checkpoint: 
         raise SettingError("max_steps", f"{current['max_steps']} is below {checkpoint}'s step {step}: a resumed run "
                            f"continues to a max_steps of at least {step}")
     saved_processes = state.get(PROCESSES)
-    changes = compare(saved, current, accept)
+    changes = compare(saved, current, accept, policies)
     if saved_processes is not None and saved_processes != num_processes:
         kind = "accepted" if "all" in accept or PROCESSES in accept else "refused"
         changes.append(Change(PROCESSES, saved_processes, num_processes, kind))

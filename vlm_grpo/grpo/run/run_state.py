@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 
 MAX_FILE_BYTES = 64 << 20  # a run state is kilobytes; the log history of a long run a few megabytes
 MAX_TEXT = 4096

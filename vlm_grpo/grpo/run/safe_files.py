@@ -22,7 +22,7 @@ import stat
 from pathlib import Path
 from typing import Iterable
 
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 
 CREATED_LIST = ".vlm-grpo-files.json"  # the run's record of the top-level entries it created
 STAGING_PREFIX = ".tmp-write-"  # a whole-file write in progress (left only by a kill: removed at the next start)

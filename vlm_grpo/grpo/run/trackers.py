@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from vlm_grpo.grpo.run import safe_files
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.settings.sections import TRACKERS
 
 TRACKER_PROJECT = "vlm-grpo"  # tensorboard writes under RUN_DIR/vlm-grpo; trackio's project name

@@ -10,22 +10,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from vlm_grpo.grpo.settings.fields import SettingError, check_fields, setting
+from vlm_grpo.grpo.setting_fields import SettingError, check_fields, setting
 
 
 @dataclass
 class ModelConfig:
-    name: str = setting("pretrained:shapes-tiny", help="the model: pretrained:NAME | tiny:FAMILY|TYPE | preset:NAME | "
+    name: str = setting("pretrained:shapes-tiny", resume="fixed", help="the model: pretrained:NAME | tiny:FAMILY|TYPE | preset:NAME | "
                         "FAMILY:PATH_OR_HUB_ID | TYPE:PATH | PATH (= --model; a model type without a family file goes "
                         "to the generic adapter)")
-    dtype: str = setting("auto", help="weights dtype of checkpoints and presets", choices=("auto", "float32", "bfloat16", "float16"))
-    device: str | None = setting(None, help="cpu, cuda, cuda:1 ... (None: cuda if available, else cpu)")
-    attn_implementation: str | None = setting(None, help="eager | sdpa | flash_attention_2 (None: the model's default)")
-    cache_policy: str = setting("auto", help="KV cache in generation: auto (probe), cache, no-cache",
+    dtype: str = setting("auto", resume="fixed", help="weights dtype of checkpoints and presets", choices=("auto", "float32", "bfloat16", "float16"))
+    device: str | None = setting(None, resume="honoured", help="cpu, cuda, cuda:1 ... (None: cuda if available, else cpu)")
+    attn_implementation: str | None = setting(None, resume="honoured", help="eager | sdpa | flash_attention_2 (None: the model's default)")
+    cache_policy: str = setting("auto", resume="honoured", help="KV cache in generation: auto (probe), cache, no-cache",
                                 choices=("auto", "cache", "no-cache"))
-    trust_remote_code: bool = setting(False, help="run code shipped with a checkpoint")
-    allow_pickle_weights: bool = setting(False, help="also load pickled .bin weights (only safetensors otherwise)")
-    init_from: str | None = setting(None, help="a checkpoint to start from (e.g. an SFT run's final/); wins over name")
+    trust_remote_code: bool = setting(False, resume="honoured", help="run code shipped with a checkpoint")
+    allow_pickle_weights: bool = setting(False, resume="honoured", help="also load pickled .bin weights (only safetensors otherwise)")
+    init_from: str | None = setting(None, resume="fixed", help="a checkpoint to start from (e.g. an SFT run's final/); wins over name")
     module_groups: dict[str, list[str]] = setting(factory=dict, help="regexes per module group replacing the adapter's "
                                                   "(e.g. {vision: [model\\.audio_tower\\.]}), for a model whose "
                                                   "structure the generic adapter cannot group")
@@ -47,6 +47,7 @@ class ModelConfig:
 
 @dataclass
 class LoraSettings:
+    RESUME = "fixed"  # the checkpoint's adapter weights are shaped by these: a new run
     r: int = setting(0, help="LoRA rank (0: LoRA off; the freeze policy decides what trains)", at_least=0)
     alpha: int = setting(16, help="LoRA scaling alpha", above=0)
     dropout: float = setting(0.0, help="dropout on the LoRA path", at_least=0.0, below=1.0)

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vlm_grpo.adapters.module_groups import GROUP_NAMES, SUB_GROUPS
-from vlm_grpo.grpo.settings.fields import SettingError, check_fields, setting
-from vlm_grpo.grpo.training.freeze import FREEZE_PRESETS
+from vlm_grpo.grpo.setting_fields import SettingError, check_fields, setting
+from vlm_grpo.adapters.freeze import FREEZE_PRESETS
 
 # transformers Trainer's optimizer names that run here (grpo/training/optimizer.py builds them with its own helper)
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adafactor", "sgd", "adamw_bnb_8bit", "paged_adamw_8bit")
@@ -27,11 +27,11 @@ class OptimConfig:
     adam_betas: tuple[float, float] = setting((0.9, 0.999), help="AdamW betas")
     adam_eps: float = setting(1e-8, help="AdamW epsilon", above=0.0)
     max_grad_norm: float = setting(1.0, help="clip the gradient norm to this (<= 0: measure only)")
-    freeze: list[str] = setting(factory=list, help="module groups to freeze: vision, projector, language, head; "
+    freeze: list[str] = setting(factory=list, resume="fixed", help="module groups to freeze: vision, projector, language, head; "
                                 "experts (a mixture-of-experts model's routers and experts, part of language)")
-    trainable_patterns: list[str] = setting(factory=list, help="regexes of parameter names trained again after freeze")
-    freeze_preset: str | None = setting(None, help="a named freeze policy: " + ", ".join(sorted(FREEZE_PRESETS)))
-    optimizer: str = setting("adamw_torch", help="the optimizer, by transformers Trainer's name: adamw_torch, "
+    trainable_patterns: list[str] = setting(factory=list, resume="fixed", help="regexes of parameter names trained again after freeze")
+    freeze_preset: str | None = setting(None, resume="fixed", help="a named freeze policy: " + ", ".join(sorted(FREEZE_PRESETS)))
+    optimizer: str = setting("adamw_torch", resume="fixed", help="the optimizer, by transformers Trainer's name: adamw_torch, "
                              "adamw_torch_fused, adafactor, sgd, adamw_bnb_8bit, paged_adamw_8bit (bitsandbytes)",
                              choices=OPTIMIZERS)
     lr_scheduler: str = setting("constant_with_warmup", help="any schedule transformers.get_scheduler knows")

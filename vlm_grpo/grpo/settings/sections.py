@@ -14,7 +14,7 @@ from vlm_grpo.grpo.algorithm.advantages import ADVANTAGES, MULTI_OBJECTIVE
 from vlm_grpo.grpo.algorithm.advantages.group import SCALE_REWARDS
 from vlm_grpo.grpo.algorithm.losses import LossConfig
 from vlm_grpo.grpo.distributed.fsdp import MODES as FSDP_MODES
-from vlm_grpo.grpo.settings.fields import SettingError, check_fields, setting
+from vlm_grpo.grpo.setting_fields import SettingError, check_fields, setting
 from vlm_grpo.grpo.settings.model import LoraSettings, ModelConfig
 from vlm_grpo.grpo.settings.optim import OPTIMIZERS, OptimConfig  # noqa: F401 - names offered here too
 from vlm_grpo.grpo.settings.rollout import RolloutConfig
@@ -52,7 +52,7 @@ class DataConfig:
                                          "or no (None: whether the answer is correct for the image and question)")
     reward_weights: list[float] = setting(factory=list, help="one weight per reward, in order (as TRL's reward_weights): "
                                           "data.rewards or the recipe's, then data.reward_models; empty: each reward's own")
-    on_bad_sample: str = setting("error", help="a bad row stops the run naming row and field, or is skipped",
+    on_bad_sample: str = setting("error", resume="honoured", help="a bad row stops the run naming row and field, or is skipped",
                                  choices=("error", "skip"))
     video_frames: int = setting(8, help="frames sampled (evenly over its length) from each video file", at_least=1)
     video_fps: float = setting(0.0, help="frames per second sampled from each video file instead of video_frames "
@@ -61,7 +61,7 @@ class DataConfig:
                                     "is never sampled above it", at_least=1)
     video_max_pixels: int = setting(224 * 224, help="video frames above this many pixels are scaled down (aspect kept) "
                                     "before the model's processor", at_least=1)
-    on_reward_error: str = setting("raise", help="a reward that raises or times out stops the run (one line naming it, "
+    on_reward_error: str = setting("raise", resume="honoured", help="a reward that raises or times out stops the run (one line naming it, "
                                    "its file:line, the completion, row and step), or scores 0 and is counted "
                                    "(reward_errors/NAME); one that calls sys.exit() always stops the run",
                                    choices=("raise", "zero"))
@@ -139,6 +139,7 @@ class ToolsConfig:
 @dataclass
 class PerfConfig:
     """How a step shares work across a prompt's G completions. All on by default; off only to debug."""
+    RESUME = "honoured"  # a resumed run honours a change to any of these
 
     shared_prefix: bool = setting(True, help="rollout: encode and prefill each prompt once, sample G completions from it")
     share_image_features: bool = setting(True, help="log-prob forwards: encode each image once for its G sequences")
@@ -162,6 +163,7 @@ class PerfConfig:
 
 @dataclass
 class GuardConfig:
+    RESUME = "honoured"  # a resumed run honours a change to any of these
     max_nonfinite_steps: int = setting(3, help="stop after this many consecutive steps with a non-finite loss or "
                                        "gradient (their updates are skipped; 0: never stop)", at_least=0)
     kl_spike_factor: float = setting(100.0, help="a mean KL this many times its recent median is a spike", above=1.0)
@@ -201,6 +203,7 @@ class GuardConfig:
 
 @dataclass
 class LoggingConfig:
+    RESUME = "honoured"  # a resumed run honours a change to any of these
     output_dir: str = setting("runs/latest", help="the run directory")
     save_every: int = setting(100, help="checkpoint every N steps (0: only at the end)", at_least=0)
     keep_checkpoints: int = setting(2, help="newest checkpoints kept (0: all)", at_least=0)
@@ -242,7 +245,7 @@ class SFTConfig:
     rates, freezing and LoRA come from the shared settings (max_steps, data.batch_size, optim.*, lora.*)."""
 
     max_reference_tokens: int = setting(256, help="longer references (end-of-turn token included) are cut", at_least=1)
-    eval_every: int = setting(0, help="greedy held-out evaluation every N steps and at the end (0: none)", at_least=0)
+    eval_every: int = setting(0, resume="honoured", help="greedy held-out evaluation every N steps and at the end (0: none)", at_least=0)
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -251,6 +254,7 @@ class SFTConfig:
 @dataclass
 class EvalConfig:
     """`vlm-grpo eval` (and held-out evaluation inside a run): greedy decoding over a split."""
+    RESUME = "honoured"  # a resumed run honours a change to any of these
 
     split: str = setting("test", help="the split evaluated")
     size: int = setting(64, help="samples evaluated", at_least=1)
@@ -279,11 +283,11 @@ class TrainConfig:
     perf: PerfConfig = dataclasses.field(default_factory=PerfConfig)
     tools: ToolsConfig = dataclasses.field(default_factory=ToolsConfig)
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
-    max_steps: int = setting(3, help="optimizer steps of the run (GRPO: rollout batches)", at_least=1)
-    epochs: float = setting(0.0, help="run length in passes over the training split (TRL's num_train_epochs), "
+    max_steps: int = setting(3, resume="honoured", help="optimizer steps of the run (GRPO: rollout batches)", at_least=1)
+    epochs: float = setting(0.0, resume="honoured", help="run length in passes over the training split (TRL's num_train_epochs), "
                             "instead of max_steps when > 0: ceil(epochs x rows // prompts per step) steps", at_least=0.0)
-    advantage: str = setting("group", help="the advantage estimator (see README, 'Advantage estimators')",
-                             choices=tuple(sorted(ADVANTAGES)))
+    advantage: str = setting("group", help=f"the advantage estimator: one of {' | '.join(sorted(ADVANTAGES))}, or "
+                             "package.module:Class, an AdvantageEstimator subclass (docs/algorithms.md)")
     scale_rewards: str = setting("group", help="group advantages: what a group's centred reward is divided by: the "
                                  "group's reward std, the batch's, or nothing", choices=SCALE_REWARDS,
                                  values={True: "group", False: "none", "true": "group", "false": "none"})
@@ -291,18 +295,18 @@ class TrainConfig:
                                                "scores, or normalise each within its group first (GDPO)",
                                                choices=MULTI_OBJECTIVE)
     num_iterations: int = setting(1, help="optimizer updates per rollout batch", at_least=1)
-    gradient_accumulation_steps: int = setting(1, help="micro-batches per update (whole prompt groups each)", at_least=1)
+    gradient_accumulation_steps: int = setting(1, resume="honoured", help="micro-batches per update (whole prompt groups each)", at_least=1)
     mixed_precision: str = setting("no", help="autocast precision", choices=("no", "bf16", "fp16"))
-    fsdp: str = setting("no", help="shard weights, gradients and optimizer state across processes (torch FSDP2): "
+    fsdp: str = setting("no", resume="fixed", help="shard weights, gradients and optimizer state across processes (torch FSDP2): "
                         "full_shard, or shard_grad_op (blocks keep their weights from forward to backward); also on "
                         "under accelerate launch --use_fsdp --fsdp_version 2", choices=FSDP_MODES,
                         values={"full_shard auto_wrap": "full_shard", "shard_grad_op auto_wrap": "shard_grad_op"})
     seed: int = setting(0, help="seed of data order, sampling, tiny twins and presets")
-    resume: bool = setting(False, help="continue from the newest checkpoint that verifies")
-    resume_from: str | None = setting(None, help="continue from this checkpoint directory (verified first)")
-    trust_checkpoint: bool = setting(False, help="resume: also unpickle checkpoint files that are not plain data "
+    resume: bool = setting(False, resume="ignored", help="continue from the newest checkpoint that verifies")
+    resume_from: str | None = setting(None, resume="ignored", help="continue from this checkpoint directory (verified first)")
+    trust_checkpoint: bool = setting(False, resume="ignored", help="resume: also unpickle checkpoint files that are not plain data "
                                      "(they can run code: only for a checkpoint you wrote or trust; never saved)")
-    resume_accept: list[str] = setting(factory=list, help="on resume, settings that may differ from the checkpoint's "
+    resume_accept: list[str] = setting(factory=list, resume="ignored", help="on resume, settings that may differ from the checkpoint's "
                                        "although they change what the run means (section.field names, num_processes, "
                                        "or all); recorded in config.yaml's history and the model card")
 
@@ -320,6 +324,7 @@ class TrainConfig:
                 raise SettingError(name, f"is a section: give a {cls.__name__} or a mapping of its fields, "
                                    f"not {type(value).__name__}")
         check_fields(self)
+        ADVANTAGES[self.advantage]  # an unknown name, or a path that does not import, is refused here
         if self.data.batch_size % self.gradient_accumulation_steps:
             raise SettingError("gradient_accumulation_steps", f"{self.gradient_accumulation_steps} does not divide "
                                f"data.batch_size ({self.data.batch_size}): each micro-batch holds whole prompts")

@@ -20,8 +20,8 @@ import yaml
 
 from vlm_grpo.grpo.settings.sections import SECTIONS, TrainConfig
 from vlm_grpo.grpo.data.source import HUB_ID, build_options, resolve_recipe
-from vlm_grpo.grpo.settings.fields import SettingError, coerce, help_of, inline_yaml
-from vlm_grpo.grpo.settings.yaml_text import YAMLProblem, load_yaml
+from vlm_grpo.grpo.setting_fields import SettingError, coerce, help_of, inline_yaml
+from vlm_grpo.grpo.yaml_text import YAMLProblem, load_yaml
 from vlm_grpo.recipes import Recipe
 
 ALIASES = {"model": "model.name"}  # `--model X` sets model.name

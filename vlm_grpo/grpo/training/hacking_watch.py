@@ -18,12 +18,11 @@ import json
 import logging
 import math
 import re
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from vlm_grpo.grpo.algorithm.trajectory import Trajectory
-from vlm_grpo.grpo.distributed import fsdp
 from vlm_grpo.grpo.rewards.audit import audit_rewards, completion_tokens
 from vlm_grpo.grpo.run import safe_files
 from vlm_grpo.grpo.run.guard_report import AUDIT_FILE
@@ -98,52 +97,53 @@ def completion_stats(traj: Trajectory, samples, hints: AuditHints, accuracy: str
 
 
 class HackingWatch:
-    def __init__(self, trainer):
-        cfg = trainer.cfg
-        self.trainer, self.cfg = trainer, cfg.guard
-        self.hints = run_hints(trainer.recipe, custom_rewards=bool(cfg.data.rewards))
-        self.accuracy = accuracy_component(trainer.recipe, trainer.rewards)
+    def __init__(self, ctx, data, policy, score: Callable[[Trajectory, list[int]], torch.Tensor]):
+        """`data`: the run's recipe, rewards and training split; `score(traj, rows)`: the policy's log-probs of
+        those rows, without gradient (image reliance compares them with blanked and swapped images)."""
+        cfg = ctx.cfg
+        self.ctx, self.data, self.run_cfg, self.cfg = ctx, data, cfg, cfg.guard
+        self.hints = run_hints(data.recipe, custom_rewards=bool(cfg.data.rewards))
+        self.accuracy = accuracy_component(data.recipe, data.rewards)
         fixed = cfg.generation.min_new_tokens >= cfg.generation.max_new_tokens  # benchmarks: no early stop at all
         self.monitors = monitors(cfg.guard, self.accuracy, fixed_length=fixed)
         self.trips = {name: 0 for name in self.monitors}
         self.warned: set[str] = set()
         self.halt: str | None = None  # why the loop should stop after saving this step (on_hacking stop)
         self.flagged: dict[int, list[str]] = {}  # this step's completions -> the monitors they are examples of
-        self.reliance = ImageReliance(
-            trainer.adapter, trainer.accelerator.device, score=lambda t, rows: trainer._logprobs(t, rows, trainer.model),
-            attention=not fsdp.is_sharded(trainer.model))
-        if self.cfg.audit_at_start and trainer.is_main:
+        self.adapter = policy.adapter
+        self.reliance = ImageReliance(policy.adapter, ctx.device, score=score, attention=not policy.sharded)
+        if self.cfg.audit_at_start and ctx.is_main:
             self.audit()
 
     # ---------------------------------------------------------------- the audit at the start
     def audit(self) -> None:
-        t, cfg = self.trainer, self.trainer.cfg
-        samples = [t.dataset[i] for i in range(min(AUDIT_SAMPLES, len(t.dataset)))]
+        data, cfg, run_dir = self.data, self.run_cfg, self.ctx.run_dir
+        samples = [data.dataset[i] for i in range(min(AUDIT_SAMPLES, len(data.dataset)))]
         limit = cfg.generation.max_new_tokens
-        encode = completion_tokens(t.adapter.tokenizer, (t.adapter.eos_token_ids or [None])[0], limit)
-        report = audit_rewards(t.rewards, samples, self.hints, encode=encode, padding_words=2 * limit,
+        encode = completion_tokens(self.adapter.tokenizer, (self.adapter.eos_token_ids or [None])[0], limit)
+        report = audit_rewards(data.rewards, samples, self.hints, encode=encode, padding_words=2 * limit,
                                max_steps=cfg.max_steps)
         allow = self.cfg.audit_allow
-        safe_files.write_run_file(t.run_dir, AUDIT_FILE, json.dumps(report.to_dict(allow), indent=1, default=float) + "\n")
+        safe_files.write_run_file(run_dir, AUDIT_FILE, json.dumps(report.to_dict(allow), indent=1, default=float) + "\n")
         for finding in report.flags(allow):
             log.warning("reward audit: %s: a policy can earn it without solving the task (vlm-grpo audit-rewards "
                         "shows the table; guard.audit_allow silences it)", finding.line())
         accepted = report.accepted_lines(allow)
         print(f"reward audit ({report.samples} samples): {len(report.flags(allow))} exploits flagged, {len(accepted)} "
-              f"accepted by the recipe or guard.audit_allow; details in {t.run_dir / AUDIT_FILE}")
+              f"accepted by the recipe or guard.audit_allow; details in {run_dir / AUDIT_FILE}")
         if report.errors:
             log.warning("reward audit: rewards raised on adversarial completions: %s", report.errors)
 
     # ---------------------------------------------------------------- each step
     def step(self, step: int, samples, traj: Trajectory) -> dict[str, float]:
         """The step's guard metrics (process means), after the monitors judged them."""
-        stats, rows = completion_stats(traj, samples, self.hints, self.accuracy, self.trainer.cfg.generation.max_new_tokens)
+        stats, rows = completion_stats(traj, samples, self.hints, self.accuracy, self.run_cfg.generation.max_new_tokens)
         if self.cfg.reliance_every and step % self.cfg.reliance_every == 0:
             measured = self.reliance.measure(samples, traj, self.cfg.reliance_samples)
             stats.update(measured)
             rows["reliance"] = self.reliance.rows
-        stats = self.trainer._mean_over_processes(stats)
-        stats["n/completions"] = len(traj) * self.trainer.accelerator.num_processes
+        stats = self.ctx.mean_over_processes(stats)
+        stats["n/completions"] = len(traj) * self.ctx.accelerator.num_processes
         trips = [trip for m in self.monitors.values() for trip in m.observe(step + 1, stats, rows)]
         self.flagged = {}
         for trip in trips:
@@ -162,7 +162,7 @@ class HackingWatch:
         if key in self.warned:
             return
         self.warned.add(key)
-        if not self.trainer.is_main:  # every process judges alike; one says so
+        if not self.ctx.is_main:  # every process judges alike; one says so
             return
         shown = "; ".join(repr(_clip(traj.completions[r])) for r in trip.rows[:EXAMPLES]) or "-"
         log.warning("guard %s: %s. Examples: %s", trip.monitor, trip.message, shown)

@@ -32,7 +32,7 @@ import torch
 
 from vlm_grpo.adapters.quantization import four_bit_config, is_loaded_in_4bit
 from vlm_grpo.grpo.settings.sections import LoraSettings
-from vlm_grpo.grpo.training.freeze import _is_lora_wrapped
+from vlm_grpo.adapters.freeze import wraps_lora
 
 # The language model's attention and MLP projections, by role, under the names the supported LMs give them
 # (`gate_up_proj`: a fused gate and up projection; `out_proj` and `w1`/`w3`/`w2`: other LMs' output and gate/up/down).
@@ -42,7 +42,7 @@ DEFAULT_TARGETS = ATTENTION_PROJECTIONS + MLP_PROJECTIONS
 
 
 def is_lora_wrapped(adapter) -> bool:
-    return _is_lora_wrapped(adapter.model)
+    return wraps_lora(adapter.model)
 
 
 def lora_targets(adapter, settings: LoraSettings) -> list[str]:
@@ -169,7 +169,7 @@ def merged_copy(adapter) -> torch.nn.Module:
     """A plain transformers model with the LoRA deltas merged in (the adapter's own model is untouched).
     On a 4-bit base the merge re-quantizes and is lossy: the trainer merges into a full-precision reload instead."""
     model = copy.deepcopy(adapter.model)
-    if not _is_lora_wrapped(model):
+    if not wraps_lora(model):
         return model
     return model.merge_and_unload()
 

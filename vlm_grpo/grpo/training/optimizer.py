@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor
 from vlm_grpo.adapters.module_groups import GROUP_NAMES, MODULE_GROUPS, SUB_GROUPS
 from vlm_grpo.grpo.distributed.fsdp import full_tensor
 from vlm_grpo.grpo.settings.sections import OptimConfig
-from vlm_grpo.grpo.training.freeze import apply_freeze
+from vlm_grpo.adapters.freeze import apply_freeze
 
 # ---------------------------------------------------------------- optimizer
 def param_groups(adapter, cfg: OptimConfig) -> list[dict]:

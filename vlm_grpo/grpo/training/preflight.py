@@ -4,7 +4,7 @@ Each check returns a `Finding` (ok or not, one line saying what was measured). C
 encode with image tokens equal to image features, the sequence budget (prompt + image tokens + completion) fits
 the model, and the suppressed ids hold the image placeholder but no end-of-sequence id. Costly: the cache probe
 and one left-padded batch against the same samples one by one. `check_drawn_sample` is the per-sample part a run
-applies to every sample the first time it is drawn (grpo/training/base.py).
+applies to every sample the first time it is drawn (grpo/parts/training_data.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch
 from vlm_grpo.adapters.teacher_forcing import completion_logits
 from vlm_grpo.grpo.logprobs.completions import token_logprobs
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError
 
 log = logging.getLogger(__name__)
 

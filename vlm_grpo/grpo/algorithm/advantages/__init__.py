@@ -1,5 +1,6 @@
 """Advantage estimators, one module each, registered by name (`--advantage NAME`). Adding one is one file in this
-folder: an `AdvantageEstimator` subclass with `@register` (see base.py)."""
+folder: an `AdvantageEstimator` subclass with `@register` (see base.py), found by the scan below; one outside the
+package is named as `package.module:Class` (registry.py)."""
 
 from __future__ import annotations
 

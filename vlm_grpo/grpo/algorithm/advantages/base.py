@@ -13,8 +13,7 @@ from typing import Any, ClassVar
 
 import torch
 
-ADVANTAGES: dict[str, type["AdvantageEstimator"]] = {}
-
+from vlm_grpo.grpo.algorithm.registry import Registry
 
 @dataclass
 class RewardScores:
@@ -34,11 +33,12 @@ class AdvantageEstimator:
         raise NotImplementedError
 
 
+# advantage -> class: the files of this folder (registered as the package scans it), or `package.module:Class`
+ADVANTAGES = Registry("advantage estimator", "advantage", lambda: AdvantageEstimator)
+
+
 def register(cls: type[AdvantageEstimator]) -> type[AdvantageEstimator]:
-    if cls.name in ADVANTAGES:
-        raise ValueError(f"two advantage estimators are registered as {cls.name!r}")
-    ADVANTAGES[cls.name] = cls
-    return cls
+    return ADVANTAGES.add(cls)
 
 
 def nanstd(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Policy losses, one module each, registered by name (`loss_type`). Adding a loss is one file in this folder:
-a `PolicyLoss` subclass with `@register` (see base.py); it is found here, its settings join the loss section,
-and `--loss-type NAME` selects it."""
+a `PolicyLoss` subclass with `@register` (see base.py); the scan below finds it, its settings join the loss section,
+`--loss-type NAME` selects it, and the docs tables and the tests' loops list it (docs/algorithms.md). A class
+outside the package is named as `package.module:Class` instead (registry.py)."""
 
 from __future__ import annotations
 

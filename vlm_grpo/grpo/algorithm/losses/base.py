@@ -1,7 +1,8 @@
 """What a policy loss is: a registered class that turns importance ratios and advantages into a per-token loss.
 
 A loss module declares one subclass of `PolicyLoss` with `@register`. The class says:
-- `name` (the `loss_type` value), `summary` and `paper` (the README table and `--help`);
+- `name` (the `loss_type` value), `summary` and `paper` (the tables of README and docs/algorithms.md, `--help`);
+- `trl_loss_type`: TRL's loss_type with the same arithmetic, if any (the TRL parity tests then cover it);
 - `normalisation`: how its masked per-token losses become one number (`NORMALISATIONS`);
 - `settings`: its own settings, made with `setting(...)`; they join the loss section under their field names;
 - `check(cfg)`: combinations of settings it refuses (each named with the one it clashes with);
@@ -18,7 +19,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.algorithm.registry import Registry
+from vlm_grpo.grpo.setting_fields import SettingError
 
 # How a loss's masked sum is normalised (m: the loss mask of one micro-batch of R rows).
 NORMALISATIONS = {
@@ -28,9 +30,6 @@ NORMALISATIONS = {
     "step_tokens": "sum(m*l) / the completion tokens of the whole step (all micro-batches and processes)",
     "sequence_sum": "mean over sequences of each sequence's token sum: mean_i(sum_t m*l)",
 }
-
-LOSSES: dict[str, type["PolicyLoss"]] = {}
-
 
 @dataclass
 class LossTerms:
@@ -50,7 +49,7 @@ class PolicyLoss:
     paper: ClassVar[str]
     normalisation: ClassVar[str]
     settings: ClassVar[dict[str, dataclasses.Field]] = {}
-    clips: ClassVar[bool] = False  # logs TRL's clip_ratio/* metrics (the PPO-clipped losses)
+    trl_loss_type: ClassVar[str | None] = None  # TRL 1.16's loss_type with the same arithmetic (tests compare them)
 
     @classmethod
     def check(cls, cfg: Any) -> None:
@@ -85,13 +84,22 @@ class MetricStats:
         return self._gather(seq)
 
 
+def _check(cls: type[PolicyLoss], imported: bool) -> None:
+    normalisation = getattr(cls, "normalisation", None)
+    if normalisation not in NORMALISATIONS:
+        raise ValueError(f"loss {cls.__name__}: normalisation {normalisation!r} is not one of {list(NORMALISATIONS)}")
+    if imported and cls.settings:
+        # the loss section is built once, from the registered losses: an imported class cannot add fields to it
+        raise ValueError(f"it declares settings ({', '.join(cls.settings)}), which only a loss file in "
+                         "vlm_grpo/grpo/algorithm/losses/ can; read its constants from the class instead")
+
+
+# loss_type -> class: the files of this folder (registered as the package scans it), or `package.module:Class`
+LOSSES = Registry("loss", "loss_type", lambda: PolicyLoss, _check)
+
+
 def register(cls: type[PolicyLoss]) -> type[PolicyLoss]:
-    if cls.normalisation not in NORMALISATIONS:
-        raise ValueError(f"loss {cls.name!r}: normalisation {cls.normalisation!r} is not one of {list(NORMALISATIONS)}")
-    if cls.name in LOSSES:
-        raise ValueError(f"two losses are registered as {cls.name!r}")
-    LOSSES[cls.name] = cls
-    return cls
+    return LOSSES.add(cls)
 
 
 def require_level(loss: str, level: str, cfg: Any) -> None:

@@ -9,6 +9,7 @@ from vlm_grpo.grpo.algorithm.losses.clipped import ClippedSurrogate
 @register
 class BNPO(ClippedSurrogate):
     name = "bnpo"
+    trl_loss_type = "bnpo"
     summary = "clipped ratio x advantage; sum / completion tokens of the micro-batch (local)"
     paper = "BNPO, arXiv:2506.02864"
     normalisation = "tokens"

@@ -12,6 +12,7 @@ from vlm_grpo.grpo.algorithm.losses.base import LossTerms, PolicyLoss, register
 @register
 class CISPO(PolicyLoss):
     name = "cispo"
+    trl_loss_type = "cispo"
     summary = "-min(ratio, epsilon_high).detach() x advantage x log-prob; sum / tokens of the step"
     paper = "MiniMax-M1, arXiv:2506.13585 (ScaleRL: epsilon_high 5.0)"
     normalisation = "step_tokens"

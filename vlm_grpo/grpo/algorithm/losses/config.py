@@ -11,7 +11,7 @@ import dataclasses
 import warnings
 
 from vlm_grpo.grpo.algorithm.losses.base import LOSSES
-from vlm_grpo.grpo.settings.fields import SettingError, check_fields, setting
+from vlm_grpo.grpo.setting_fields import SettingError, check_fields, setting
 
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 SEQUENCE_LEVEL_SUMS = ("bnpo", "dr_grpo", "dapo", "cispo")  # TRL warns: these sum tokens of a sequence-level ratio
@@ -19,7 +19,8 @@ SEQUENCE_LEVEL_SUMS = ("bnpo", "dr_grpo", "dapo", "cispo")  # TRL warns: these s
 
 def _shared_fields() -> list[tuple[str, type, dataclasses.Field]]:
     return [
-        ("loss_type", str, setting("dapo", help="the policy loss (see README, 'Losses')", choices=tuple(sorted(LOSSES)))),
+        ("loss_type", str, setting("dapo", help=f"the policy loss: one of {' | '.join(sorted(LOSSES))}, or "
+                                   "package.module:Class, a PolicyLoss subclass (docs/algorithms.md)")),
         ("epsilon", float, setting(0.2, help="clip range: the ratio is clipped below at 1 - epsilon", at_least=0.0,
                                    below=1.0)),
         ("epsilon_high", float | None, setting(None, help="clip range above, 1 + epsilon_high (cispo: the ratio's "
@@ -58,7 +59,7 @@ def _shared_fields() -> list[tuple[str, type, dataclasses.Field]]:
                                                        "routers' load-balancing loss added to the loss, as TRL (None: "
                                                        "the model config's; 0: off; an error on a model without "
                                                        "routers)", at_least=0.0)),
-        ("max_completion_length", int, setting(64, help="dr_grpo's normaliser; a run sets it from "
+        ("max_completion_length", int, setting(64, resume="ignored", help="dr_grpo's normaliser; a run sets it from "
                                                "generation.max_new_tokens", at_least=1)),
     ]
 
@@ -88,7 +89,7 @@ def _post_init(self) -> None:
     if self.sync_ref_model and self.beta == 0.0:
         raise SettingError("sync_ref_model", "needs a reference to sync: beta is 0 (set loss.beta > 0, as TRL "
                            "requires)")
-    LOSSES[self.loss_type].check(self)
+    LOSSES[self.loss_type].check(self)  # an unknown name, or a path that does not import, is refused here
     if self.importance_sampling_level == "sequence" and self.loss_type in SEQUENCE_LEVEL_SUMS:
         # TRL 1.16 allows this combination and only warns; so do we.
         warnings.warn(

@@ -9,6 +9,7 @@ from vlm_grpo.grpo.algorithm.losses.clipped import ClippedSurrogate
 @register
 class DAPO(ClippedSurrogate):
     name = "dapo"
+    trl_loss_type = "dapo"
     summary = "clipped ratio x advantage; sum / completion tokens of the whole step (all micro-batches, processes)"
     paper = "DAPO, arXiv:2503.14476"
     normalisation = "step_tokens"

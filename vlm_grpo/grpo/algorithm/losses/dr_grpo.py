@@ -9,6 +9,7 @@ from vlm_grpo.grpo.algorithm.losses.clipped import ClippedSurrogate
 @register
 class DrGRPO(ClippedSurrogate):
     name = "dr_grpo"
+    trl_loss_type = "dr_grpo"
     summary = "clipped ratio x advantage; sum / (rows x max_completion_length), a constant"
     paper = "Dr. GRPO, arXiv:2503.20783"
     normalisation = "max_length"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from vlm_grpo.grpo.algorithm.losses.base import LossTerms, PolicyLoss, register, require_level
-from vlm_grpo.grpo.settings.fields import setting
+from vlm_grpo.grpo.setting_fields import setting
 
 
 @register

@@ -9,6 +9,7 @@ from vlm_grpo.grpo.algorithm.losses.clipped import ClippedSurrogate
 @register
 class LUSPO(ClippedSurrogate):
     name = "luspo"
+    trl_loss_type = "luspo"
     summary = "sequence-level clipped ratio x advantage; each sequence's token sum, mean over sequences"
     paper = "LUSPO, arXiv:2602.05261"
     normalisation = "sequence_sum"

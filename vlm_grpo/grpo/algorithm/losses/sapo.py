@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 
 from vlm_grpo.grpo.algorithm.losses.base import LossTerms, PolicyLoss, register
-from vlm_grpo.grpo.settings.fields import setting
+from vlm_grpo.grpo.setting_fields import setting
 
 
 @register
 class SAPO(PolicyLoss):
     name = "sapo"
+    trl_loss_type = "sapo"
     summary = "-sigmoid(tau (ratio - 1)) 4 / tau x advantage (tau by the advantage's sign); sequence means"
     paper = "SAPO, arXiv:2511.20347"
     normalisation = "sequence"

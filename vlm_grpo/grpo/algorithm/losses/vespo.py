@@ -12,7 +12,7 @@ import math
 import torch
 
 from vlm_grpo.grpo.algorithm.losses.base import LossTerms, PolicyLoss, register, require_level
-from vlm_grpo.grpo.settings.fields import setting
+from vlm_grpo.grpo.setting_fields import setting
 
 LOG_W_MIN = math.log(1e-8)
 
@@ -20,6 +20,7 @@ LOG_W_MIN = math.log(1e-8)
 @register
 class VESPO(PolicyLoss):
     name = "vespo"
+    trl_loss_type = "vespo"
     summary = "-phi(w) x advantage x log-prob, phi a Gamma weight of the sequence ratio w; sum / tokens of the step"
     paper = "VESPO, arXiv:2602.10693"
     normalisation = "step_tokens"

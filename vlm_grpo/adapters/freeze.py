@@ -28,7 +28,7 @@ def is_lora_param(name: str) -> bool:
     return bool(_LORA_PARAM.search(name))
 
 
-def _is_lora_wrapped(model: torch.nn.Module) -> bool:
+def wraps_lora(model: torch.nn.Module) -> bool:
     return any(is_lora_param(n) for n, _ in model.named_parameters())
 
 
@@ -116,7 +116,7 @@ def apply_freeze(adapter, cfg) -> None:
     """Set `requires_grad` on every parameter of `adapter.model` from `cfg` (the optim section; see the module
     docstring)."""
     model = adapter.model
-    wrapped = _is_lora_wrapped(model)
+    wrapped = wraps_lora(model)
     frozen = cfg.frozen_groups()
     empty = [g for g in sorted(frozen & set(SUB_GROUPS))
              if not any(adapter.training_group_of(n) == g for n, _ in model.named_parameters())]

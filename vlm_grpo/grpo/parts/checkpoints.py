@@ -1,9 +1,8 @@
-"""What a stage keeps across a stop: checkpoints, `--resume`, and the final model (a mixin of BaseTrainer, which
-sets cfg, accelerator, run_dir, adapter, model, optimizer, scheduler, log, sharding, stage).
+"""What a run keeps across a stop: checkpoints, `--resume`, and the final model.
 
 - `save(step)`: an atomic checkpoint (sharded when FSDP shards the policy), carrying the run's history and the
   stage's own state (`extra_state`, `save_extra`).
-- `plan_resume()`, at the start of a resumed run, before any model loads: the checkpoint to resume from (verified),
+- `plan()`, at the start of a resumed run, before any model loads: the checkpoint to resume from (verified),
   its settings against the run's (grpo/run/resume_rules.py: safe changes honoured, meaning-changing ones refused
   unless accepted, each resume recorded in the history). A `--resume` that finds no checkpoint starts over and drops
   what the failed start logged, so metrics never hold two step 1s.
@@ -20,7 +19,7 @@ import copy
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
@@ -34,7 +33,7 @@ from vlm_grpo.grpo.run import process_checks, safe_files
 from vlm_grpo.grpo.run.safe_files import CreatedFiles
 from vlm_grpo.grpo.run.manifest import verify, write_manifest
 from vlm_grpo.grpo.run.resume_rules import PROCESSES, check_resume, describe_history, history_entry
-from vlm_grpo.grpo.settings.fields import SettingError
+from vlm_grpo.grpo.setting_fields import SettingError, resume_policies
 from vlm_grpo.grpo.settings.sources import canonical_key, without_trust
 from vlm_grpo.grpo.training.lora import apply_lora, is_lora_wrapped, save_merged
 from vlm_grpo.grpo.training.policy import load_policy
@@ -44,56 +43,87 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))  # as a checkpoint stores it: tuples as lists
 
 
-class Checkpointed:
-    run_history: list[dict[str, Any]]
-    resume_point: Path | None
+class Kept(Protocol):
+    """A part's own state in the run's checkpoints: JSON values merged into the run state, and files."""
 
-    # A stage's own state in its checkpoints: JSON values for the run state, files, and both read back.
-    def extra_state(self) -> dict[str, Any]:
-        return {}
+    def state_dict(self) -> dict[str, Any]: ...
 
-    def save_extra(self, directory: Path) -> None: ...
+    def load_state_dict(self, state: dict[str, Any], checkpoint: Path) -> None: ...
 
-    def load_extra_state(self, state: dict[str, Any], checkpoint: Path) -> None: ...
+    def save_files(self, directory: Path) -> None: ...
+
+
+class KeptUnder:
+    """A part whose state_dict() / load_state_dict(state) travel under one key of the run state (no files)."""
+
+    def __init__(self, key: str, part):
+        self.key, self.part = key, part
+
+    def state_dict(self) -> dict[str, Any]:
+        return {self.key: self.part.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any], checkpoint: Path) -> None:
+        if self.key in state:
+            self.part.load_state_dict(state[self.key])
+
+    def save_files(self, directory: Path) -> None:
+        pass
+
+
+class Checkpoints:
+    def __init__(self, ctx, stage: str):
+        """Plans any `--resume` at once, before a model loads: settings a checkpoint cannot continue with stop here."""
+        self.ctx, self.cfg, self.stage = ctx, ctx.cfg, stage
+        self.policy = None
+        self.kept: list[Kept] = []
+        self.on_save: list[Callable[[int], Any]] = []  # told the step of every checkpoint written (TRL's on_save)
+        self.plan()
+
+    def attach(self, policy, kept: Sequence[Kept] = ()) -> None:
+        """The trained policy, and the parts whose own state the checkpoints carry."""
+        self.policy, self.kept = policy, list(kept)
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {k: v for part in self.kept for k, v in part.state_dict().items()}
+
+    def _save_files(self, directory: Path) -> None:
+        for part in self.kept:
+            part.save_files(directory)
 
     # ---------------------------------------------------------------- saving
     def save(self, step: int) -> Path | None:
-        self.accelerator.wait_for_everyone()
+        self.ctx.accelerator.wait_for_everyone()
         path = None
-        state = {"config": without_trust(self.cfg.to_dict()), "num_processes": self.accelerator.num_processes, "stage": self.stage,
-                 "fsdp": self.sharding, "history": self.run_history, "log_history": self.log_history,
-                 **self.extra_state()}
+        state = {"config": without_trust(self.cfg.to_dict()), "num_processes": self.ctx.accelerator.num_processes, "stage": self.stage,
+                 "fsdp": self.ctx.sharding, "history": self.history, "log_history": self.ctx.log_history,
+                 **self._extra_state()}
         keep = self.cfg.logging.keep_checkpoints
-        if fsdp.is_sharded(self.model):  # every process writes its shard, the main one commits
-            if self.is_main:
-                CreatedFiles(self.run_dir).add(f".tmp-checkpoint-{step}")
-            tmp = shards.shared_temp_dir(self.run_dir, f".tmp-checkpoint-{step}", self.is_main)
-            shards.write_shards(tmp, self.adapter.model, self.optimizer)
-            self.accelerator.wait_for_everyone()
-            if self.is_main:
-                self.adapter.processor.save_pretrained(tmp)
-                hf_core(self.adapter.model).config.save_pretrained(tmp)
-                self.save_extra(tmp)
-                path = ckpt.commit_checkpoint(tmp, self.run_dir, step, self.scheduler, state, keep=keep)
-        elif self.is_main:
-            path = ckpt.save_checkpoint(self.run_dir, step, self.adapter, self.optimizer, self.scheduler, state, keep=keep,
-                                        extra=self.save_extra)
-        self.accelerator.wait_for_everyone()
+        if fsdp.is_sharded(self.policy.model):  # every process writes its shard, the main one commits
+            if self.ctx.is_main:
+                CreatedFiles(self.ctx.run_dir).add(f".tmp-checkpoint-{step}")
+            tmp = shards.shared_temp_dir(self.ctx.run_dir, f".tmp-checkpoint-{step}", self.ctx.is_main)
+            shards.write_shards(tmp, self.policy.adapter.model, self.policy.optimizer)
+            self.ctx.accelerator.wait_for_everyone()
+            if self.ctx.is_main:
+                self.policy.adapter.processor.save_pretrained(tmp)
+                hf_core(self.policy.adapter.model).config.save_pretrained(tmp)
+                self._save_files(tmp)
+                path = ckpt.commit_checkpoint(tmp, self.ctx.run_dir, step, self.policy.scheduler, state, keep=keep)
+        elif self.ctx.is_main:
+            path = ckpt.save_checkpoint(self.ctx.run_dir, step, self.policy.adapter, self.policy.optimizer, self.policy.scheduler, state, keep=keep,
+                                        extra=self._save_files)
+        self.ctx.accelerator.wait_for_everyone()
+        for listener in self.on_save:
+            listener(step)
         return path
-
-    def watch_updates(self) -> None:
-        """Note every optimizer update, so a failed step knows whether the weights are still the last step's."""
-        self.updated_in_step = False
-        inner = getattr(self.optimizer, "optimizer", self.optimizer)  # accelerate's wrapper holds torch's optimizer
-        inner.register_step_pre_hook(lambda *_: setattr(self, "updated_in_step", True))
 
     def save_after_failure(self, step: int, rng_at_start: dict[str, Any]) -> Path | None:
         """Step `step` (0-based) failed: save the `step` steps completed before it when its weights are untouched
         (no update ran) and no checkpoint of them exists. One process only: a failure on one of several processes
         cannot be saved together."""
-        if step == 0 or self.updated_in_step or self.accelerator.num_processes > 1:
+        if step == 0 or self.policy.updated_in_step or self.ctx.accelerator.num_processes > 1:
             return None
-        if (self.run_dir / f"checkpoint-{step}").is_dir():
+        if (self.ctx.run_dir / f"checkpoint-{step}").is_dir():
             return None
         ckpt.set_rng_state(rng_at_start)  # the state the next step starts from, as a save after the step holds
         try:
@@ -109,91 +139,93 @@ class Checkpointed:
     def _checkpoint_to_resume(self) -> Path | None:
         """`resume_from`, verified, or the newest checkpoint that verifies (None: the run has none)."""
         if not self.cfg.resume_from:
-            return ckpt.latest_good_checkpoint(self.run_dir)
+            return ckpt.latest_good_checkpoint(self.ctx.run_dir)
         latest = Path(self.cfg.resume_from)
         problems = verify(latest) if latest.is_dir() else ["no such checkpoint directory"]
         if problems:
             raise SettingError("resume_from", f"{latest}: {'; '.join(problems)}")
         return latest
 
-    def plan_resume(self) -> None:
+    def plan(self) -> None:
         """Before any model loads: the checkpoint a `--resume` continues from and the history it extends; refused
         settings raise SettingError. A resume that finds no checkpoint drops the logs of the failed start."""
         cfg = self.cfg
-        self.run_history, self.resume_point = [], None
+        self.history, self.resume_point = [], None
         if not (cfg.resume or cfg.resume_from):
             return
         accept = [_accepted_key(name) for name in cfg.resume_accept]
-        self.resume_point = processes.on_main(self.accelerator, self._checkpoint_to_resume)
+        self.resume_point = processes.on_main(self.ctx.accelerator, self._checkpoint_to_resume)
         if self.resume_point is None:
-            dropped = self.log.truncate_after(-1)
-            if self.is_main:
-                print(f"--resume: no complete checkpoint in {self.run_dir}; starting from step 0"
+            dropped = self.ctx.log.truncate_after(-1)
+            if self.ctx.is_main:
+                print(f"--resume: no complete checkpoint in {self.ctx.run_dir}; starting from step 0"
                       + (f" (dropped {dropped} logged steps that no checkpoint holds)" if dropped else ""))
             return
         written_sharded = shards.is_sharded_checkpoint(self.resume_point)
         if written_sharded:  # one shard file per rank: no other process count can read them, accepted or not
-            process_checks.check_same_process_count(self.resume_point, self.accelerator.num_processes)
-        if written_sharded != (self.sharding != "no"):
+            process_checks.check_same_process_count(self.resume_point, self.ctx.accelerator.num_processes)
+        if written_sharded != (self.ctx.sharding != "no"):
             written = "an FSDP run" if written_sharded else "a run without FSDP"
             raise SettingError("fsdp", f"{self.resume_point} was written by {written}: resume it with the same fsdp "
                                "setting and process count")
         state = ckpt.read_states(self.resume_point)
         changes = check_resume(state, _plain(cfg.to_dict()), checkpoint=str(self.resume_point), stage=self.stage,
-                               num_processes=self.accelerator.num_processes, accept=accept)
-        self.run_history = [*state.get("history", []), history_entry(str(self.resume_point), int(state["step"]), changes)]
-        if self.is_main and changes:
-            print("\n".join(describe_history(self.run_history[-1:])))
+                               policies=resume_policies(cfg),
+                               num_processes=self.ctx.accelerator.num_processes, accept=accept)
+        self.history = [*state.get("history", []), history_entry(str(self.resume_point), int(state["step"]), changes)]
+        if self.ctx.is_main and changes:
+            print("\n".join(describe_history(self.history[-1:])))
 
     # ---------------------------------------------------------------- loading
     def resume(self) -> int:
         latest = self.resume_point
         if latest is None:
             return 0
-        sharded = fsdp.is_sharded(self.model)
-        fresh = _hyperparameters(self.optimizer, self.scheduler)
+        sharded = fsdp.is_sharded(self.policy.model)
+        fresh = _hyperparameters(self.policy.optimizer, self.policy.scheduler)
         trust = self.cfg.trust_checkpoint
         try:
             if sharded:
-                shards.read_shards(latest, self.adapter.model, self.optimizer, trust=trust)
+                shards.read_shards(latest, self.policy.adapter.model, self.policy.optimizer, trust=trust)
             else:
-                ckpt.load_weights(self.adapter.model, latest)
-            state = ckpt.load_training_state(latest, None if sharded else self.optimizer, self.scheduler, trust=trust)
-            self.load_extra_state(state, latest)
+                ckpt.load_weights(self.policy.adapter.model, latest)
+            state = ckpt.load_training_state(latest, None if sharded else self.policy.optimizer, self.policy.scheduler, trust=trust)
+            for part in self.kept:
+                part.load_state_dict(state, latest)
         except ckpt.UnsafeCheckpointFile:  # its own message: which file, and what would run
             raise
         except Exception as err:  # noqa: BLE001 - a verified checkpoint that still will not load: say which
             raise RuntimeError(f"{latest} verified but cannot be loaded into this run: {type(err).__name__}: {err}") from None
-        _restore_hyperparameters(self.optimizer, self.scheduler, fresh)
-        self.log.truncate_after(state["step"])
-        self.log_history = [m for m in state.get("log_history", []) if m.get("step", 0) <= state["step"]]
-        if self.is_main:
+        _restore_hyperparameters(self.policy.optimizer, self.policy.scheduler, fresh)
+        self.ctx.log.truncate_after(state["step"])
+        self.ctx.log_history = [m for m in state.get("log_history", []) if m.get("step", 0) <= state["step"]]
+        if self.ctx.is_main:
             print(f"resumed from {latest} (step {state['step']})")
         return int(state["step"])
 
     # ---------------------------------------------------------------- the final model
     def save_final(self) -> Path:
-        final = self.run_dir / "final"
-        self.accelerator.wait_for_everyone()
-        adapter = self.adapter
-        if fsdp.is_sharded(self.model):  # the full weights, gathered once onto the main process, in a plain copy
-            full = shards.full_state_dict(self.adapter.model)
-            adapter = self._plain_copy(full) if self.is_main else None
-        if self.is_main:
-            tmp = ckpt.staging_dir(self.run_dir, ".tmp-final")
-            with ckpt.disk_full_says(tmp, self.run_dir, need=lambda: ckpt._checkpoint_bytes(adapter)):
+        final = self.ctx.run_dir / "final"
+        self.ctx.accelerator.wait_for_everyone()
+        adapter = self.policy.adapter
+        if fsdp.is_sharded(self.policy.model):  # the full weights, gathered once onto the main process, in a plain copy
+            full = shards.full_state_dict(self.policy.adapter.model)
+            adapter = self._plain_copy(full) if self.ctx.is_main else None
+        if self.ctx.is_main:
+            tmp = ckpt.staging_dir(self.ctx.run_dir, ".tmp-final")
+            with ckpt.disk_full_says(tmp, self.ctx.run_dir, need=lambda: ckpt.checkpoint_bytes(adapter)):
                 ckpt.save_model(adapter, tmp)
                 if is_lora_wrapped(adapter) and self.cfg.logging.save_merged:
                     save_merged(self._full_precision_copy(adapter) if is_loaded_in_4bit(adapter.model) else adapter,
                                 tmp / MERGED_DIR)
                 write_manifest(tmp)
             safe_files.check_path(final)
-            created = CreatedFiles(self.run_dir)
+            created = CreatedFiles(self.ctx.run_dir)
             created.add(final.name)
             safe_files.remove(final)
             tmp.rename(final)
             created.discard(tmp.name)
-        self.accelerator.wait_for_everyone()
+        self.ctx.accelerator.wait_for_everyone()
         return final
 
     def _full_precision_copy(self, adapter):

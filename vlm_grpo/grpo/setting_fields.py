@@ -14,7 +14,7 @@ import types
 import typing
 from typing import Any, Sequence
 
-from vlm_grpo.grpo.settings.yaml_text import YAMLProblem, load_yaml
+from vlm_grpo.grpo.yaml_text import YAMLProblem, load_yaml
 
 
 class SettingError(ValueError):
@@ -28,13 +28,24 @@ class SettingError(ValueError):
         return SettingError(f"{section}.{self.name}", self.problem)
 
 
+# What a resumed run may do with a setting that differs from its checkpoint's (grpo/run/resume_rules.py):
+# honoured (safe: logging, guards, a later max_steps ...), refused unless accepted with --resume-accept (it changes
+# what the run means), fixed (the checkpoint's weights and optimizer state are shaped by it: a new run), ignored
+# (derived, or how the run resumes). A section's RESUME class attribute is its fields' default; else "refused".
+RESUME_POLICIES = ("honoured", "refused", "fixed", "ignored")
+
+
 def setting(default: Any = dataclasses.MISSING, *, help: str, factory: Any = dataclasses.MISSING,
             choices: Sequence[Any] | None = None, at_least: float | None = None, above: float | None = None,
-            below: float | None = None, at_most: float | None = None, values: dict[Any, Any] | None = None):
-    """A dataclass field with its one-line help and its limits. `values` maps accepted spellings to the stored
-    value (e.g. TRL's `scale_rewards: false` -> "none"); `choices` apply to each item of a list."""
+            below: float | None = None, at_most: float | None = None, values: dict[Any, Any] | None = None,
+            resume: str | None = None):
+    """A dataclass field with its one-line help, its limits and its resume policy (None: its section's). `values`
+    maps accepted spellings to the stored value (e.g. TRL's `scale_rewards: false` -> "none"); `choices` apply to
+    each item of a list."""
+    if resume is not None and resume not in RESUME_POLICIES:
+        raise ValueError(f"resume={resume!r}: one of {', '.join(RESUME_POLICIES)}")
     meta = {"help": help, "choices": tuple(choices) if choices else None, "at_least": at_least, "above": above,
-            "below": below, "at_most": at_most, "values": values or {}}
+            "below": below, "at_most": at_most, "values": values or {}, "resume": resume}
     if factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -133,3 +144,18 @@ def inline_yaml(text: str, key: str) -> Any:
         return load_yaml(text, key, inline=True)
     except YAMLProblem as err:
         raise SettingError(key, str(err)) from None
+
+
+def resume_policies(settings: Any) -> dict[str, str]:
+    """Each setting's resume policy by its dotted key (`section.field`, or `field` at the top), as declared."""
+    def policy(f: dataclasses.Field, owner: Any) -> str:
+        return f.metadata.get("resume") or getattr(type(owner), "RESUME", "refused")
+
+    out = {}
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        if dataclasses.is_dataclass(value):
+            out.update({f"{f.name}.{g.name}": policy(g, value) for g in dataclasses.fields(value)})
+        else:
+            out[f.name] = policy(f, settings)
+    return out

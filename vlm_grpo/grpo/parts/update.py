@@ -1,0 +1,88 @@
+"""GRPO's update: `num_iterations` optimizer updates on a scored trajectory, each over whole-group micro-batches,
+with the registered policy loss; the entropy control and the reference's sync follow each update. Its own state
+(updates so far, the entropy control, a synced reference's weights) travels in the run's checkpoints."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vlm_grpo.grpo.algorithm import reference_sync
+from vlm_grpo.grpo.algorithm.losses import Collective, EntropyControl, policy_loss
+from vlm_grpo.grpo.algorithm.trajectory import Trajectory
+from vlm_grpo.grpo.training.optimizer import update_step
+
+log = logging.getLogger(__name__)
+
+
+def _rows(x: torch.Tensor | None, rows: list[int]) -> torch.Tensor | None:
+    return None if x is None else x[rows]
+
+
+class PolicyUpdate:
+    def __init__(self, ctx, policy, scorer, entropy_control: EntropyControl, reference):
+        self.ctx, self.cfg, self.policy, self.scorer = ctx, ctx.cfg, policy, scorer
+        self.entropy_control = entropy_control
+        self.reference = reference  # the frozen reference copy that loss.sync_ref_model moves (None: none)
+        self.updates = 0  # optimizer updates so far (the reference sync counts them)
+        self.collective = Collective(reduce_sum=lambda x: ctx.accelerator.reduce(x, reduction="sum"),
+                                     gather=ctx.gather_tensor)
+
+    def run(self, traj: Trajectory, step: int) -> dict[str, float]:
+        """The metrics averaged over updates and micro-batches."""
+        cfg, acc, policy = self.cfg, self.ctx.accelerator, self.policy
+        chunks = traj.micro_batches(cfg.gradient_accumulation_steps)
+        # the step's training tokens per process (step_tokens losses; DDP averages gradients over processes)
+        tokens = acc.reduce(traj.loss_mask.sum().float(), reduction="sum") / acc.num_processes
+        coef = self.scorer.router_aux_coef
+        sums: dict[str, float] = {}
+        skipped = 0
+        for _ in range(cfg.num_iterations):
+            policy.optimizer.zero_grad(set_to_none=True)
+            for k, rows in enumerate(chunks):
+                with policy.accumulating(last=k == len(chunks) - 1):
+                    scores = self.scorer.scores(traj, rows, policy.model, with_entropy=True,
+                                                features=traj.policy_features, router_aux=True)
+                    loss, metrics = policy_loss(
+                        scores.logps, _rows(traj.old_logps, rows), _rows(traj.ref_logps, rows), traj.advantages[rows],
+                        traj.loss_mask[rows], cfg.loss, entropy=scores.entropy, normalizer=tokens,
+                        share=len(rows) / len(traj), entropy_control=self.entropy_control, collective=self.collective,
+                        sampling_logps=_rows(traj.sampling_logps, rows), sampling_ratio=_rows(traj.sampling_ratio, rows),
+                    )
+                    if scores.aux_loss is not None:  # MoE (TRL's rule): + coef x routers' balancing loss, per micro-batch
+                        loss = loss + coef * scores.aux_loss / len(chunks)
+                        metrics["aux_loss"] = scores.aux_loss.item()
+                    acc.backward(loss)
+                for key, value in metrics.items():
+                    sums[key] = sums.get(key, 0.0) + float(value) * len(rows) / len(traj) / cfg.num_iterations
+            grad_norm, was_skipped = update_step(acc, policy.optimizer, cfg.optim)
+            if was_skipped:
+                skipped += 1
+                log.warning("step %d: non-finite gradient norm, update skipped", step)
+            policy.scheduler.step()
+            policy.optimizer.zero_grad(set_to_none=True)
+            self.entropy_control.end_update(self.collective.reduce_sum)
+            if self.entropy_control.enabled:  # TRL logs the coefficient as it stands after the update
+                sums["entropy_coef"] = sums.get("entropy_coef", 0.0) + self.entropy_control.coef / cfg.num_iterations
+            self.updates += 1
+            if cfg.loss.sync_ref_model and self.updates % cfg.loss.ref_model_sync_steps == 0:
+                reference_sync.mix(self.reference, policy.adapter.model, cfg.loss.ref_model_mixup_alpha)
+        return {**sums, "grad_norm": float(grad_norm), "skipped_updates": skipped}
+
+    # ---------------------------------------------------------------- in the run's checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer_updates": self.updates, "entropy_control": self.entropy_control.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any], checkpoint: Path) -> None:
+        self.updates = int(state.get("optimizer_updates", 0))
+        if "entropy_control" in state:
+            self.entropy_control.load_state_dict(state["entropy_control"])
+        if self.cfg.loss.sync_ref_model:
+            reference_sync.load(self.reference, checkpoint)
+
+    def save_files(self, directory: Path) -> None:
+        if self.cfg.loss.sync_ref_model:  # the reference has moved away from the starting model: keep it
+            reference_sync.save(self.reference, directory)
