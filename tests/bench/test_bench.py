@@ -87,3 +87,31 @@ def test_trl_is_needed_only_when_it_is_benchmarked(monkeypatch):
     check_installed(["vlm-grpo"], "transformers")  # vlm-grpo alone (as in the vLLM venv, which has no TRL)
     with pytest.raises(RuntimeError, match="vlm-grpo bench needs trl: pip install 'vlm-grpo\\[bench\\]'"):
         check_installed(["vlm-grpo", "trl"], "transformers")
+
+
+def test_trl_rolls_out_with_its_use_vllm_colocate_under_engine_vllm(monkeypatch):
+    """GRPOConfig's rollout fields per engine: the same fixed length and suppressed ids, in generate()'s words or in
+    vLLM's SamplingParams' (TRL passes generation_kwargs to it); on a CPU, vLLM's environment set first."""
+    import os
+    from types import SimpleNamespace
+
+    import torch
+    from trl import GRPOConfig
+
+    from vlm_grpo.bench.runners import _trl_engine
+    from vlm_grpo.bench.settings import BenchSettings
+
+    for key in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_HOST_IP", "VLLM_ALLOW_INSECURE_SERIALIZATION",
+                "VLLM_ENABLE_V1_MULTIPROCESSING", "TORCHINDUCTOR_CACHE_DIR"):
+        monkeypatch.setenv(key, "")  # records the variable's state before the test, restored after it
+        monkeypatch.delenv(key)
+    adapter = SimpleNamespace(suppressed_token_ids=lambda: [5, 7])
+    plain = _trl_engine(BenchSettings(max_new_tokens=9), adapter, torch.device("cpu"))
+    assert plain == {"generation_kwargs": {"min_new_tokens": 9, "suppress_tokens": [5, 7]}}
+    assert "VLLM_HOST_IP" not in os.environ
+    fields = _trl_engine(BenchSettings(max_new_tokens=9, engine="vllm"), adapter, torch.device("cpu"))
+    assert fields["use_vllm"] is True and fields["vllm_mode"] == "colocate"
+    assert fields["generation_kwargs"] == {"min_tokens": 9, "logit_bias": {5: -100.0, 7: -100.0}}
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1" and os.environ["VLLM_HOST_IP"] == "127.0.0.1"
+    config = GRPOConfig(output_dir="unused", use_cpu=True, report_to="none", **fields)  # TRL takes them as they are
+    assert config.use_vllm and config.vllm_mode == "colocate"
