@@ -85,7 +85,8 @@ def test_trl_is_needed_only_when_it_is_benchmarked(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "trl", None)
     check_installed(["vlm-grpo"], "transformers")  # vlm-grpo alone (as in the vLLM venv, which has no TRL)
-    with pytest.raises(RuntimeError, match="vlm-grpo bench needs trl: pip install 'vlm-grpo\\[bench\\]'"):
+    with pytest.raises(RuntimeError, match="vlm-grpo bench needs trl: pip install 'vlm-grpo\\[bench\\]', or bench vlm-grpo "
+                       "alone: --frameworks vlm-grpo"):
         check_installed(["vlm-grpo", "trl"], "transformers")
 
 

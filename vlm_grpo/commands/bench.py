@@ -72,7 +72,8 @@ def check_installed(frameworks: list[str], engine: str) -> None:
         raise RuntimeError(VLLM_MISSING)
     missing = [m for m in ("trl", "psutil") if importlib.util.find_spec(m) is None and (m != "trl" or m in frameworks)]
     if missing:
-        raise RuntimeError(f"vlm-grpo bench needs {' and '.join(missing)}: pip install 'vlm-grpo[bench]'")
+        alone = ", or bench vlm-grpo alone: --frameworks vlm-grpo" if "trl" in missing else ""
+        raise RuntimeError(f"vlm-grpo bench needs {' and '.join(missing)}: pip install 'vlm-grpo[bench]'{alone}")
 
 
 def run(args) -> int:
