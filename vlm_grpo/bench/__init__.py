@@ -2,7 +2,11 @@
 
 Measured per framework, after warm-up steps: step time, rollout time and rollout tokens/s (completion tokens /
 rollout seconds), vision-encoder calls and images per step (a forward pre-hook on the vision tower), and peak
-memory (process RSS sampled on CPU, torch.cuda.max_memory_allocated on GPU).
+memory (process RSS sampled on CPU, torch.cuda.max_memory_allocated on GPU), and each step's process CPU time.
+
+`engine` (--engine): the rollouts by generate() (transformers) or by vLLM in the process (vlm-grpo's rollout.engine
+vllm, TRL's use_vllm colocate); a vLLM run also reports where its step went (engine_parts.py). vLLM on a CPU needs
+heads >= 32 wide: `preset:qwen2_5_vl_vllm_tiny` or `preset:qwen2_5_vl_small`.
 
 CPU models are ordinary presets, a few million parameters with 224-px images -> 64 image tokens:
 `preset:qwen2_5_vl_small` (ViT 4 x 192 -> LM 4 x 256) and `preset:hybrid_vit_heavy` (Qwen ViT 8 x 256 feeding
