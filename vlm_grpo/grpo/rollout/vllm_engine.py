@@ -153,7 +153,7 @@ def requests(adapter, samples) -> list[dict[str, Any]]:
 def sampling_options(adapter, gen, num_generations: int, seed: int) -> dict[str, Any]:
     """SamplingParams' arguments from the generation section: G per prompt, each token's log-prob returned. Not
     detokenized: the trainer decodes the ids itself, and vLLM's per-token decoding of the text and of each log-prob's
-    token cost a fifth of its generate's CPU time on the bench (benchmarks/RESULTS.md, issue 35)."""
+    token took 4-19% of its generate's CPU time on the bench presets (benchmarks/RESULTS.md, issue 35)."""
     return dict(n=num_generations, temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k or -1,
                 max_tokens=gen.max_new_tokens, min_tokens=gen.min_new_tokens, logprobs=0, seed=seed,
                 stop_token_ids=list(adapter.eos_token_ids), detokenize=False,
