@@ -114,7 +114,8 @@ def test_trl_run_settings_reach_the_run(tmp_path, monkeypatch):
         assert (config.min_p, config.repetition_penalty, config.no_repeat_ngram_size) == (0.1, 1.3, 2)
     assert (config.min_p, config.repetition_penalty, config.no_repeat_ngram_size) == own  # ... the model keeps its own
     assert run.adapter.chat_template_kwargs == {"add_vision_id": True}
-    assert run.data.batch(0).rows == [0, 1]  # shuffle_dataset=False: rows in order
+    # shuffle_dataset=False: rows in order, every pass (4 rows, 2 a step: a shuffled order matches 1 time in 576)
+    assert [run.data.batch(step).rows for step in range(4)] == [[0, 1], [2, 3], [0, 1], [2, 3]]
     with pytest.raises(ValueError, match="'no_such_field' is not a transformers GenerationConfig field"):
         GRPOTrainer(model="tiny:smolvlm", reward_funcs=[says_colour], train_dataset=rows(),
                     args=GRPOConfig(output_dir=str(tmp_path / "bad"), **FAST, generation_kwargs={"no_such_field": 1}))
