@@ -77,7 +77,7 @@ def main(out: str, *settings: str) -> None:
     sampler_module.rollout = same_rollout_everywhere
     update_module.update_step = recording_update
     metrics = trainer.train_step(0)
-    if is_sharded(trainer.model):
+    if is_sharded(trainer.policy.model):  # the prepared policy: FSDP's sharded root
         weights = shards.full_state_dict(trainer.adapter.model)
     else:
         weights = {k: v.detach().clone() for k, v in trainer.adapter.model.state_dict().items()}

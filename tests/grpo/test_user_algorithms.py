@@ -107,7 +107,7 @@ def test_an_estimator_that_cannot_work_is_refused_naming_the_setting(user_module
 
 
 def test_a_run_trains_with_a_user_loss_and_estimator(user_module, tmp_path):
-    from vlm_grpo.grpo.trainer import GRPOTrainer
+    from vlm_grpo.api.trainers import GRPOTrainer
 
     cfg = load_config(overrides=[
         "--output-dir", str(tmp_path / "run"), "--model", "tiny:qwen2_5_vl", "--data.recipe_options",
@@ -115,6 +115,8 @@ def test_a_run_trains_with_a_user_loss_and_estimator(user_module, tmp_path):
         "--logging.progress", "false", "--log-completions", "false", "--max-steps", "1",
         "--data.rewards", "tests.grpo.toy_rewards:lowercase_share", "--learning-rate", "1e-2",
         "--loss-type", f"{user_module}:PlainPolicyGradient", "--advantage", f"{user_module}:Centred"])
-    (row,) = GRPOTrainer(cfg).train()
+    trainer = GRPOTrainer.from_settings(cfg)
+    trainer.train()
+    (row,) = trainer.history
     assert "plain_ratio" in row and torch.isfinite(torch.tensor(row["loss"]))
     assert f"loss_type: {user_module}:PlainPolicyGradient" in (tmp_path / "run" / "config.yaml").read_text()
