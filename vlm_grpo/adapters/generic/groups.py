@@ -14,13 +14,16 @@ import torch
 
 from vlm_grpo.adapters.module_groups import MODULE_GROUPS, ModuleLayout
 
-VISION_NAMES = ("vision_tower", "visual", "vision_model", "vision_encoder", "image_tower", "video_tower",
+# another modality's encoder and embedder (Gemma 3n's audio tower) join vision and projector: the groups are
+# encoders / their bridges into the LM / the LM / the head, and image-text training never feeds them
+VISION_NAMES = ("vision_tower", "audio_tower", "visual", "vision_model", "vision_encoder", "image_tower", "video_tower",
                 "high_res_vision_model",
                 "vision_backbone", "image_encoder", "vit")
 PROJECTOR_NAMES = ("multi_modal_projector", "connector", "aligner", "projector", "mm_projector", "merger",
                    "language_projection", "vision_projection", "image_to_text_projection", "vision_adapter",
                    "resampler_model", "vision_resampler", "high_res_vision_neck", "high_res_vision_proj",
-                   "deepstack_merger_list", "image_newline", "perception_emb_norm", "mlp1", "visual_embeddings_table")
+                   "deepstack_merger_list", "image_newline", "perception_emb_norm", "mlp1", "visual_embeddings_table",
+                   "embed_vision", "embed_audio")
 LANGUAGE_NAMES = ("language_model", "text_model", "llm")
 HEAD_NAMES = ("lm_head",)
 BASE_NAMES = ("model",)  # the base model under the head class

@@ -10,6 +10,7 @@ rescaled to the new head dim. Token ids and the vocabulary are set afterwards, f
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 WIDTH = 64  # every hidden width, vision and text alike
@@ -58,6 +59,13 @@ LORA_RANK_KEYS = {"q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8, 
 # lists indexing layers (of this config, or the vision side's for feature layers)
 # counts of the last layers that do something differently (Gemma 3n: layers reusing an earlier layer's KV cache)
 LAYER_SUBSET_KEYS = {"num_kv_shared_layers"}
+# a timm tower's size is set through its constructor's own arguments (those the architecture takes): a sixteenth of
+# the channels, the layer/width/head caps above, and a pooled output grid of POOLED_TOKENS
+TIMM_ARGS = {"channel_multiplier": 1 / 16, "msfa_output_resolution": PATCHES_PER_SIDE // 2, "depth": LAYERS,
+             "embed_dim": WIDTH, "num_heads": HEADS}
+# an int field naming one layer (MiniCPM-V 4.6's `insert_layer_id`: where the vision merger runs): mapped onto the
+# new depth like the index lists (left at 6 of 2 layers, the merger never runs and images bleed into each other)
+LAYER_INDEX_SUFFIXES = ("_layer_id", "_layer_idx", "_layer_index")
 INDEX_LIST_KEYS = {"fullatt_block_indexes", "deepstack_visual_indexes", "vision_feature_layer", "moe_layers",
                    "spatial_target_layers", "summary_idxs", "ple_layer_ids", "global_layer_indexes"}
 
@@ -78,9 +86,34 @@ def config_nodes(config) -> list:
 def shrink_config(config) -> None:
     """Shrink `config` and its sub-configs in place."""
     _shrink_node(config)
+    _shrink_timm(config)
     for _, sub in sub_configs(config):
         shrink_config(sub)
     _fix_feature_layers(config)
+
+
+def _shrink_timm(node) -> None:
+    """A timm-wrapped tower (`architecture` + `model_args`): timm builds it, so it is shrunk through the arguments
+    its constructor takes, and the config's width is what timm then builds (a width set on the config alone
+    disagrees with the tower's output). Without timm it is left as is: building the model names the extra."""
+    if not isinstance(getattr(node, "architecture", None), str) or not hasattr(node, "model_args"):
+        return
+    try:
+        import timm
+    except ImportError:
+        return
+    args = dict(TIMM_ARGS)
+    while True:
+        try:
+            tower = timm.create_model(node.architecture, pretrained=False, num_classes=0, **{**(node.model_args or {}), **args})
+            break
+        except TypeError as err:  # an argument this architecture does not take
+            unknown = re.search(r"unexpected keyword argument '(\w+)'", str(err))
+            if not unknown or unknown.group(1) not in args:
+                raise
+            del args[unknown.group(1)]
+    node.model_args = {**(node.model_args or {}), **args}
+    node.hidden_size = int(tower.num_features)
 
 
 def _layer_count(node) -> int | None:
@@ -158,6 +191,8 @@ def _shrink_layer_lists(node, old: int, new: int) -> None:
         if key in LAYER_SUBSET_KEYS and isinstance(value, int) and not isinstance(value, bool):
             kinds = len(set(getattr(node, "layer_types", None) or [None]))
             setattr(node, key, max(0, min(value * new // old, new - kinds)))
+        if key.endswith(LAYER_INDEX_SUFFIXES) and isinstance(value, int) and not isinstance(value, bool):
+            setattr(node, key, _mapped_indices([value], old, new)[0])
         if key.startswith("_") or not isinstance(value, (list, tuple)):
             continue
         if key in INDEX_LIST_KEYS:
@@ -195,7 +230,8 @@ def _fix_feature_layers(config) -> None:
     if not depth:
         return
     for node, key in [(n, k) for n in config_nodes(config) if n is not vision
-                      for k in ("vision_feature_layer", "vision_feature_layers", "vit_layer")]:
+                      for k in ("vision_feature_layer", "vision_feature_layers", "vit_layer",
+                                *(k for k in vars(n) if k.endswith(LAYER_INDEX_SUFFIXES)))]:
         value = getattr(node, key, None)
         if isinstance(value, int) and not isinstance(value, bool):
             setattr(node, key, max(value, -depth) if value < 0 else min(value, depth - 1))

@@ -115,10 +115,25 @@ def fit_token_counts(model, processor, image_token_id: int, side: int) -> list[s
             if isinstance(value, int) and tokens is not None and 0 <= value + features - tokens <= 2:
                 setattr(owner, name, value + features - tokens)
                 changed.append(f"{type(owner).__name__}.{name} = {value + features - tokens}")
+    changed += _refit_expanded_text(processor, tokens, features) if changed else []
     side_of = round(features ** 0.5)
     for name in SIDE_NAMES:
         value = vars(processor).get(name)
         if isinstance(value, int) and tokens and value ** 2 == tokens and side_of ** 2 == features:
             setattr(processor, name, side_of)
             changed.append(f"{type(processor).__name__}.{name} = {side_of}")
+    return changed
+
+
+def _refit_expanded_text(processor, tokens: int | None, features: int) -> list[str]:
+    """Text a processor expanded from its count at construction (Gemma 3n's `full_image_sequence`: the image token
+    written T times) written again with the fitted count."""
+    text = getattr(processor, "image_token", None)
+    if not isinstance(text, str) or not text or not tokens:
+        return []
+    changed = []
+    for name, value in list(vars(processor).items()):
+        if isinstance(value, str) and value.count(text) == tokens and text * tokens in value:
+            setattr(processor, name, value.replace(text * tokens, text * features))
+            changed.append(f"{type(processor).__name__}.{name}: {features} image tokens")
     return changed
