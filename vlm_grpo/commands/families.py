@@ -18,7 +18,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from vlm_grpo.adapters.families_table import families_table, model_types_table, untested_note
+    from vlm_grpo.adapters.families_table import families_table, missing_extras_note, model_types_table, untested_note
 
     if args.measure is not None:
         from vlm_grpo.bench.model_types import measure
@@ -28,7 +28,7 @@ def run(args) -> int:
         print(families_table())
         return 0
     print(model_types_table())
-    note = untested_note()
-    if note:
-        print("\n" + note)
+    for note in (missing_extras_note(), untested_note()):
+        if note:
+            print("\n" + note)
     return 0

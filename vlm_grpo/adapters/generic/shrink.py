@@ -31,6 +31,7 @@ WIDTH_KEYS = {
     "projector_hidden_size", "projection_hidden_dim", "projection_hidden_size", "word_embed_proj_dim",
     "vision_embed_dim", "text_embed_dim", "output_dim", "patch_embed_hidden_size", "vision_dim", "text_dim",
     "lm_hidden_size", "llm_hidden_size", "encoder_hidden_size", "hidden_channels", "embedding_dim", "n_embd",
+    "hidden_size_per_layer_input",
 }
 FFN_KEYS = {
     "intermediate_size", "ffn_dim", "mlp_dim", "intermediate_size_mlp", "projection_intermediate_size", "encoder_ffn_dim",
@@ -85,11 +86,31 @@ def config_nodes(config) -> list:
 
 def shrink_config(config) -> None:
     """Shrink `config` and its sub-configs in place."""
+    merged = _merged_width_fields(config)
     _shrink_node(config)
     _shrink_timm(config)
     for _, sub in sub_configs(config):
         shrink_config(sub)
     _fix_feature_layers(config)
+    for node, key, factor in merged:
+        setattr(node, key, WIDTH * factor)
+
+
+MERGE_KEYS = ("merge_size", "spatial_merge_size")
+MERGED_INPUT_KEYS = {"out_hidden_size", "projector_input_dim", "mm_hidden_size", "vision_output_dim"}
+
+
+def _merged_width_fields(config) -> list[tuple[Any, str, int]]:
+    """Width fields outside the vision config that hold the vision width times its merge factor squared (the
+    projector input after a pixel shuffle, Muse Spark's `out_hidden_size`): (node, field, factor), to keep so."""
+    vision = getattr(config, "vision_config", None)
+    width = vars(vision).get("hidden_size") if vision is not None and is_config(vision) else None
+    merge = next((v for k in MERGE_KEYS if isinstance(v := vars(vision).get(k), int) and v > 1), None) \
+        if isinstance(width, int) else None
+    if not merge:
+        return []
+    return [(node, key, merge * merge) for node in config_nodes(config) if node is not vision and not _layer_count(node)
+            for key, value in vars(node).items() if key in MERGED_INPUT_KEYS and value == width * merge * merge]
 
 
 def _shrink_timm(node) -> None:
@@ -125,18 +146,23 @@ def _layer_count(node) -> int | None:
 
 
 def _shrink_node(node) -> None:
+    overrides = _take_per_layer_overrides(node)
+    old_globals = {k: vars(node).get(k) for o in overrides.values() for k in o}
+    old_kinds = list(vars(node).get("layer_types") or [])
     old_layers = _layer_count(node)
     old_heads = next((v for k in HEAD_KEYS if isinstance(v := getattr(node, k, None), int)), None)
     old_head_dim = getattr(node, "head_dim", None)
     if not isinstance(old_head_dim, int) and old_heads:
         width = next((v for k in ("hidden_size", "embed_dim", "d_model") if isinstance(v := getattr(node, k, None), int)), 0)
         old_head_dim = width // old_heads if width else None
+    old_dims = {k: v for k, v in vars(node).items() if k.endswith("head_dim") and isinstance(v, int)}
     for key, value in list(vars(node).items()):
         if key.startswith("_") or isinstance(value, bool):
             continue
         new = _shrunk_value(key, value, old_heads)
         if new is not _KEEP:
             setattr(node, key, new)
+    _keep_equal_head_dims(node, old_dims)
     kinds = getattr(node, "layer_types", None)
     if "sliding_window" in vars(node) and node.sliding_window is None and isinstance(kinds, (list, tuple)) \
             and any("sliding" in str(k) for k in kinds):
@@ -144,9 +170,18 @@ def _shrink_node(node) -> None:
     new_layers = _layer_count(node)
     if old_layers and new_layers and new_layers != old_layers:
         _shrink_layer_lists(node, old_layers, new_layers)
+    if overrides:
+        _put_per_layer_overrides(node, overrides, old_globals, _kept_indices(old_kinds, new_layers or 0))
     rope = getattr(node, "rope_parameters", None)
     if isinstance(rope, dict) and old_head_dim:
         setattr(node, "rope_parameters", _rescaled_rope(rope, old_head_dim))
+
+
+def _keep_equal_head_dims(node, old: dict[str, int]) -> None:
+    """A `head_dim` equal to the rotary head dim in the default stays equal to it: DeepSeek-V3's rotary runs over
+    `head_dim`, which its config sets to `qk_rope_head_dim`."""
+    if "head_dim" in old and old["head_dim"] == old.get("qk_rope_head_dim"):
+        node.head_dim = node.qk_rope_head_dim
 
 
 _KEEP = object()
@@ -202,12 +237,52 @@ def _shrink_layer_lists(node, old: int, new: int) -> None:
 
 
 def _cut_keeping_kinds(values: list, new: int) -> list:
-    head = list(values[:new])
-    kinds = [v for i, v in enumerate(values) if v not in values[:i]]  # distinct, in first-seen order
-    missing = [k for k in kinds if k not in head and not isinstance(k, (int, float))]
+    return [values[i] for i in _kept_indices(values, new)]
+
+
+def _kept_indices(values: list, new: int) -> list[int]:
+    """The old layers a cut to `new` layers keeps: the first ones, the last replaced by the first layer of each kind
+    they miss (the first layer's kind kept)."""
+    head = list(range(min(new, len(values)))) if values else list(range(new))
+    if not values:
+        return head
+    firsts = {}
+    for i, v in enumerate(values):
+        firsts.setdefault(v, i)
+    missing = [k for k in firsts if k not in values[:new] and not isinstance(k, (int, float))]
     for k, kind in enumerate(missing[: new - 1]):  # replace from the end, keeping the first layer's kind
-        head[new - 1 - k] = kind
+        head[new - 1 - k] = firsts[kind]
     return head
+
+
+def _take_per_layer_overrides(node) -> dict[int, dict]:
+    """A heterogeneous config's per-layer overrides (layer -> {field: value}), taken off it so that its global
+    fields read and shrink plainly; {} for a homogeneous one."""
+    spec = vars(node).get("_heterogeneity_spec")
+    if spec is None:
+        return {}
+    overrides = {int(i): dict(o) for i, o in spec.per_layer_overrides.items()}
+    node.per_layer_config = None
+    return overrides
+
+
+def _put_per_layer_overrides(node, overrides: dict[int, dict], old_globals: dict, kept: list[int]) -> None:
+    """Overrides back on the layers the cut kept, each number scaled as its global field was (a 512 head dim over a
+    global 256 stays twice the shrunk global); where the cut kept no overridden layer, its last layer takes the first
+    override, so the twin stays heterogeneous."""
+    if not any(i in overrides for i in kept) and kept:
+        kept = kept[:-1] + [min(overrides)]
+    shrunk = {}
+    for new, old in enumerate(kept):
+        if old not in overrides:
+            continue
+        layer = {}
+        for key, value in overrides[old].items():
+            was, now = old_globals.get(key), vars(node).get(key)
+            scalable = all(isinstance(v, int) and not isinstance(v, bool) for v in (value, was, now)) and was
+            layer[key] = max(1, round(now * value / was)) if scalable else value
+        shrunk[new] = layer
+    node.per_layer_config = shrunk
 
 
 def _mapped_indices(values: list, old: int, new: int) -> list:

@@ -28,6 +28,20 @@ def needed_extra(message: str) -> str:
     return message
 
 
+def model_extra(model) -> str:
+    """The extra (EXTRAS) whose package builds part of `model` (a timm tower), or ''."""
+    packages = {type(m).__module__.split(".")[0] for m in model.modules()}
+    return next((EXTRAS[p] for p in sorted(packages) if p in EXTRAS), "")
+
+
+def missing_extra(extra: str) -> str | None:
+    """`needs <package>: pip install ...` when the extra's package is not installed, else None."""
+    from importlib.util import find_spec
+
+    package = next((p for p, e in EXTRAS.items() if e == extra), None)
+    return None if package is None or find_spec(package) is not None else needed_extra(package)
+
+
 class GenericUnsupported(ValueError):
     """The generic adapter cannot serve this model type (the message names the type and the reason)."""
 

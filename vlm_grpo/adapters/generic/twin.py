@@ -270,5 +270,5 @@ def bind_token_ids(config, processor, names: dict[str, list[tuple[Any, str]]]) -
         for key, value in ids.items():
             if key in vars(node):
                 setattr(node, key, value)
-        if isinstance(getattr(node, "vocab_size", None), int):
-            node.vocab_size = vocab
+        for key in [k for k, v in vars(node).items() if k.startswith("vocab_size") and isinstance(v, int)]:
+            setattr(node, key, vocab)  # and per-layer input tables (Gemma 3n's vocab_size_per_layer_input)
