@@ -68,7 +68,10 @@ TIMM_ARGS = {"channel_multiplier": 1 / 16, "msfa_output_resolution": PATCHES_PER
 # new depth like the index lists (left at 6 of 2 layers, the merger never runs and images bleed into each other)
 LAYER_INDEX_SUFFIXES = ("_layer_id", "_layer_idx", "_layer_index")
 INDEX_LIST_KEYS = {"fullatt_block_indexes", "deepstack_visual_indexes", "vision_feature_layer", "moe_layers",
-                   "spatial_target_layers", "summary_idxs", "ple_layer_ids", "global_layer_indexes"}
+                   "spatial_target_layers", "summary_idxs", "ple_layer_ids", "global_layer_indexes", "global_attn_indexes"}
+# a weight-init spread so small that random weights wash the image out (GOT-OCR2's vision config: 1e-10; the image
+# then moves the logits by 1e-20 and the cache probe is blind) is raised to the common one
+MIN_INIT_RANGE, INIT_RANGE = 1e-3, 0.02
 
 
 def is_config(value: Any) -> bool:
@@ -163,6 +166,10 @@ def _shrink_node(node) -> None:
         if new is not _KEEP:
             setattr(node, key, new)
     _keep_equal_head_dims(node, old_dims)
+    if isinstance(vars(node).get("initializer_range"), float) and node.initializer_range < MIN_INIT_RANGE:
+        node.initializer_range = INIT_RANGE
+    if "head_dim" in vars(node) and node.head_dim is None and old_heads:
+        node.head_dim = HEAD_DIM  # left unset, read as is by code that expects a number (HunYuan-VL's attention)
     kinds = getattr(node, "layer_types", None)
     if "sliding_window" in vars(node) and node.sliding_window is None and isinstance(kinds, (list, tuple)) \
             and any("sliding" in str(k) for k in kinds):

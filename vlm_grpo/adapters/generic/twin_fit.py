@@ -117,11 +117,13 @@ def fit_token_counts(model, processor, image_token_id: int, side: int) -> list[s
                 changed.append(f"{type(owner).__name__}.{name} = {value + features - tokens}")
     changed += _refit_expanded_text(processor, tokens, features) if changed else []
     side_of = round(features ** 0.5)
-    for name in SIDE_NAMES:
-        value = vars(processor).get(name)
+    for owner, name in [(o, n) for o in _owners(processor) for n in SIDE_NAMES]:
+        # on the image processor too: the processor copies it from there when loaded (Cohere2-Vision), so a saved
+        # twin reloads fitted
+        value = getattr(owner, name, None)
         if isinstance(value, int) and tokens and value ** 2 == tokens and side_of ** 2 == features:
-            setattr(processor, name, side_of)
-            changed.append(f"{type(processor).__name__}.{name} = {side_of}")
+            setattr(owner, name, side_of)
+            changed.append(f"{type(owner).__name__}.{name} = {side_of}")
     return changed
 
 
