@@ -159,6 +159,23 @@ def test_a_missing_optional_package_names_its_extra(message, extra):
     assert needed_extra("No module named 'somethingelse'") == "No module named 'somethingelse'"
 
 
+def test_the_table_names_a_types_extra_and_families_all_says_when_it_is_missing(monkeypatch):
+    """A type whose twin builds a timm tower records the extra; without its package `families --all` says so."""
+    import importlib.util
+
+    from vlm_grpo.adapters.families_table import missing_extras_note, model_types_table
+    from vlm_grpo.adapters.generic.support import missing_extra
+
+    needing = {t: r.extra for t, r in recorded()[1].items() if r.status == GENERIC and r.extra}
+    assert needing.get("gemma3n") == "timm", needing
+    row = next(line for line in model_types_table().splitlines() if line.startswith("| gemma3n |"))
+    assert "needs the `timm` extra" in row
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "timm" else real(name, *a))
+    assert missing_extra("timm") == "needs timm: pip install 'vlm-grpo[timm]'"
+    assert "  gemma3n: needs timm: pip install 'vlm-grpo[timm]'" in missing_extras_note().splitlines()
+
+
 def test_each_upstream_break_still_breaks_on_the_versions_it_names():
     """An entry of upstream_breaks.py for the installed transformers: the type is refused with its reason, and its
     model, built without the refusal, still fails a forward as the entry says (a fixed break fails this test)."""

@@ -72,6 +72,7 @@ INDEX_LIST_KEYS = {"fullatt_block_indexes", "deepstack_visual_indexes", "vision_
 # a weight-init spread so small that random weights wash the image out (GOT-OCR2's vision config: 1e-10; the image
 # then moves the logits by 1e-20 and the cache probe is blind) is raised to the common one
 MIN_INIT_RANGE, INIT_RANGE = 1e-3, 0.02
+BRIDGE_SUFFIXES = ("_adapter", "_projector")  # sub-configs of the vision-to-text bridge (by model_type)
 
 
 def is_config(value: Any) -> bool:
@@ -153,6 +154,7 @@ def _shrink_node(node) -> None:
     old_globals = {k: vars(node).get(k) for o in overrides.values() for k in o}
     old_kinds = list(vars(node).get("layer_types") or [])
     old_layers = _layer_count(node)
+    old_width = vars(node).get("hidden_size") if isinstance(vars(node).get("hidden_size"), int) else None
     old_heads = next((v for k in HEAD_KEYS if isinstance(v := getattr(node, k, None), int)), None)
     old_head_dim = getattr(node, "head_dim", None)
     if not isinstance(old_head_dim, int) and old_heads:
@@ -168,6 +170,11 @@ def _shrink_node(node) -> None:
     _keep_equal_head_dims(node, old_dims)
     if isinstance(vars(node).get("initializer_range"), float) and node.initializer_range < MIN_INIT_RANGE:
         node.initializer_range = INIT_RANGE
+    elif str(getattr(node, "model_type", "")).endswith(BRIDGE_SUFFIXES) and old_width and \
+            isinstance(vars(node).get("initializer_range"), float):
+        # a bridge's layers keep the gain they had at full width: at 0.02 over width 64 Molmo 2's five projector
+        # matrices shrank image features to 1e-6 of the text embeddings (blind probe)
+        node.initializer_range *= math.sqrt(old_width / WIDTH)
     if "head_dim" in vars(node) and node.head_dim is None and old_heads:
         node.head_dim = HEAD_DIM  # left unset, read as is by code that expects a number (HunYuan-VL's attention)
     kinds = getattr(node, "layer_types", None)

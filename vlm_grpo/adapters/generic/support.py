@@ -93,7 +93,8 @@ def image_token_id(config, processor, model_type: str) -> int:
     """The placeholder id image features replace: the config's, else the processor's."""
     for node in config_nodes(config):
         for key in ("image_token_id", "image_token_index"):
-            value = vars(node).get(key)
+            # the field itself, or the one a config class maps it to (Molmo 2: image_token_id -> image_patch_id)
+            value = vars(node).get(getattr(type(node), "attribute_map", {}).get(key, key))
             if isinstance(value, int) and not isinstance(value, bool):
                 return value
     value = getattr(processor, "image_token_id", None)

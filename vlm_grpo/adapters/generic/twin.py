@@ -221,6 +221,7 @@ def build_processor(model_type: str, config, tokens: TwinTokens, image_part_of, 
     kwargs = _processor_kwargs(cls, config, side)
     for _ in range(12):
         tokenizer = tokens.tokenizer(chatml_template("<image>"))
+        asked = _record_token_lookups(tokenizer)
         try:
             processor = cls(**_processor_parts(cls, names, tokenizer, config, side, patch, model_type), **kwargs)
         except (AttributeError, ValueError, KeyError) as err:
@@ -232,7 +233,10 @@ def build_processor(model_type: str, config, tokens: TwinTokens, image_part_of, 
                 raise TwinError(f"{model_type}: its processor asks the tokenizer for {name!r} again") from err
             tokens.extras[name] = _token_text(name)
             continue
+        del tokenizer.convert_tokens_to_ids  # the class's own again
+        vocab = tokenizer.get_vocab()
         missing = [t for t in _processor_token_texts(processor) if len(tokenizer.encode(t, add_special_tokens=False)) != 1]
+        missing += [t for t in dict.fromkeys(asked) if t not in vocab and t not in missing]
         if missing:
             tokens.plain += missing
             continue
@@ -242,6 +246,20 @@ def build_processor(model_type: str, config, tokens: TwinTokens, image_part_of, 
         tokenizer.padding_side = "left"
         return processor
     raise TwinError(f"{model_type}: its processor kept asking for more tokens")
+
+
+def _record_token_lookups(tokenizer) -> list[str]:
+    """Token texts the processor looks up by name while it is built (Molmo 2's `<im_patch>`, written literally and
+    never a tokenizer attribute), recorded on this tokenizer instance so that the next one holds them."""
+    asked: list[str] = []
+    lookup = tokenizer.convert_tokens_to_ids
+
+    def recording(texts):
+        asked.extend([texts] if isinstance(texts, str) else [t for t in texts if isinstance(t, str)])
+        return lookup(texts)
+
+    tokenizer.convert_tokens_to_ids = recording
+    return asked
 
 
 def _processor_token_texts(processor) -> list[str]:

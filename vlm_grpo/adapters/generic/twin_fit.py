@@ -83,8 +83,9 @@ def rebind_image_token(model, processor, image_token_id: int, side: int) -> int:
         return image_token_id
     written = matching[0]
     for node in [model.config] + [v for v in vars(model.config).values() if hasattr(v, "to_dict")]:
+        aliased = set(getattr(type(node), "attribute_map", {}).get(k) for k in ("image_token_id", "image_token_index"))
         for key, value in list(vars(node).items()):
-            if value == image_token_id and isinstance(value, int) and "image_token" in key:
+            if value == image_token_id and isinstance(value, int) and ("image_token" in key or key in aliased):
                 setattr(node, key, written)
     return written
 
