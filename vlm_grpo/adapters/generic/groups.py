@@ -2,7 +2,8 @@
 
 The names are the ones transformers' image-text-to-text classes use for those parts (data below, no model type
 named). A projector nested inside the vision tower (a merger) is the projector, not vision. A parameter that
-lands in no group, or a model with no vision, projector or language part, is refused naming what is missing;
+lands in no group, or a model with no projector or language part, is refused naming what is missing (no vision
+tower is allowed: patches embedded straight by the projector);
 `model.module_groups` (regexes per group) replaces any group the structure gets wrong.
 """
 
@@ -85,7 +86,9 @@ def check_layout(layout: ModuleLayout, model: torch.nn.Module, model_type: str) 
         parts = ", ".join(f"{k}: {len(v)} parameters, e.g. {v[0]}" for k, v in sorted(stray.items()))
         raise UngroupedModules(f"{model_type}: parameters outside the module groups vision/projector/language/head: "
                                f"{parts}; pass model.module_groups to place them")
-    empty = [g for g in ("vision", "projector", "language") if not counts[g]]
+    # no vision tower is a layout of its own (Gemma 4 unified embeds raw patches in `embed_vision`, the projector);
+    # a tower under a name not listed above would have shown as stray parameters
+    empty = [g for g in ("projector", "language") if not counts[g]]
     if empty:
         raise UngroupedModules(f"{model_type}: no {' / '.join(empty)} module found in the model's structure (children: "
                                f"{', '.join(_children(model))}); pass model.module_groups to name them")

@@ -31,7 +31,11 @@ def default_config(model_type: str):
     from transformers import CONFIG_MAPPING
 
     try:
-        return CONFIG_MAPPING[model_type]()
+        config = CONFIG_MAPPING[model_type]()
+        # an optional vision sub-config the defaults leave out (Gemma 4 unified): built from its own defaults
+        unset = [name for name in getattr(type(config), "sub_configs_defaults", None) or {}
+                 if "vision" in name and getattr(config, name, 0) is None]
+        return CONFIG_MAPPING[model_type](**{name: {} for name in unset}) if unset else config
     except Exception as err:  # a config class that cannot be built from its defaults
         raise TwinError(f"{model_type}: its default config cannot be built ({type(err).__name__}: "
                         f"{str(err).splitlines()[0][:160]})") from None
