@@ -31,7 +31,7 @@ WIDTH_KEYS = {
     "projector_hidden_size", "projection_hidden_dim", "projection_hidden_size", "word_embed_proj_dim",
     "vision_embed_dim", "text_embed_dim", "output_dim", "patch_embed_hidden_size", "vision_dim", "text_dim",
     "lm_hidden_size", "llm_hidden_size", "encoder_hidden_size", "hidden_channels", "embedding_dim", "n_embd",
-    "hidden_size_per_layer_input",
+    "hidden_size_per_layer_input", "adapter_in_dim", "adapter_out_dim",
 }
 FFN_KEYS = {
     "intermediate_size", "ffn_dim", "mlp_dim", "intermediate_size_mlp", "projection_intermediate_size", "encoder_ffn_dim",
@@ -281,8 +281,8 @@ def _take_per_layer_overrides(node) -> dict[int, dict]:
 
 
 def _put_per_layer_overrides(node, overrides: dict[int, dict], old_globals: dict, kept: list[int]) -> None:
-    """Overrides back on the layers the cut kept, each number scaled as its global field was (a 512 head dim over a
-    global 256 stays twice the shrunk global); where the cut kept no overridden layer, its last layer takes the first
+    """Overrides back on the layers the cut kept: a number above its global scaled as the global was (a 512 head dim
+    over a global 256 stays twice the shrunk global), one below capped like any field; where the cut kept no overridden layer, its last layer takes the first
     override, so the twin stays heterogeneous."""
     if not any(i in overrides for i in kept) and kept:
         kept = kept[:-1] + [min(overrides)]
@@ -294,7 +294,11 @@ def _put_per_layer_overrides(node, overrides: dict[int, dict], old_globals: dict
         for key, value in overrides[old].items():
             was, now = old_globals.get(key), vars(node).get(key)
             scalable = all(isinstance(v, int) and not isinstance(v, bool) for v in (value, was, now)) and was
-            layer[key] = max(1, round(now * value / was)) if scalable else value
+            if scalable and value > was:  # larger than the global: as much larger
+                layer[key] = round(now * value / was)
+            else:  # smaller (fewer experts or heads): capped like the global, never below what the cap allows
+                new_value = _shrunk_value(key, value, None)
+                layer[key] = value if new_value is _KEEP else new_value
         shrunk[new] = layer
     node.per_layer_config = shrunk
 

@@ -140,3 +140,20 @@ def _refit_expanded_text(processor, tokens: int | None, features: int) -> list[s
             setattr(processor, name, value.replace(text * tokens, text * features))
             changed.append(f"{type(processor).__name__}.{name}: {features} image tokens")
     return changed
+
+
+def fit_temporal_patch(model, processor) -> list[str]:
+    """An image processor that stacks `temporal_patch_size` frames per patch row (Qwen2-VL's, default 2) feeding a
+    vision tower whose patch embedding is a 2-D convolution over one frame (Dots3 Note's): one frame per row, as the
+    real checkpoints' preprocessor configs set it."""
+    image_processor = getattr(processor, "image_processor", None)
+    frames, patch = getattr(image_processor, "temporal_patch_size", None), getattr(image_processor, "patch_size", None)
+    if not isinstance(frames, int) or frames == 1 or not isinstance(patch, int):
+        return []
+    if any(isinstance(m, torch.nn.Conv3d) for m in model.modules()):
+        return []
+    conv = next((m for m in model.modules() if isinstance(m, torch.nn.Conv2d)), None)
+    if conv is None or conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1] != 3 * patch * patch:
+        return []
+    image_processor.temporal_patch_size = 1
+    return [f"{type(image_processor).__name__}.temporal_patch_size = 1"]
