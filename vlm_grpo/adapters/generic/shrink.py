@@ -178,9 +178,11 @@ def _shrink_node(node) -> None:
     if "head_dim" in vars(node) and node.head_dim is None and old_heads:
         node.head_dim = HEAD_DIM  # left unset, read as is by code that expects a number (HunYuan-VL's attention)
     kinds = getattr(node, "layer_types", None)
-    if "sliding_window" in vars(node) and node.sliding_window is None and isinstance(kinds, (list, tuple)) \
-            and any("sliding" in str(k) for k in kinds):
-        node.sliding_window = SLIDING_WINDOW  # sliding layers with no window set
+    # sliding settings in force (Step 3.7's sliding heads; not a `use_sliding_window` switched off)
+    sliding_fields = [k for k, v in vars(node).items() if "sliding" in k and k != "sliding_window" and v not in (None, False)]
+    if "sliding_window" in vars(node) and node.sliding_window is None and (sliding_fields or (
+            isinstance(kinds, (list, tuple)) and any("sliding" in str(k) for k in kinds))):
+        node.sliding_window = SLIDING_WINDOW  # sliding layers (or sliding settings) with no window set
     new_layers = _layer_count(node)
     if old_layers and new_layers and new_layers != old_layers:
         _shrink_layer_lists(node, old_layers, new_layers)
