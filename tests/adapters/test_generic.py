@@ -143,6 +143,27 @@ def test_types_the_loop_cannot_drive_are_refused(capsys, tmp_path, model_type, m
     assert err.startswith(f"vlm-grpo train: error: {model_type}: ") and missing in err
 
 
+def test_the_encoder_decoder_refusal_rests_on_what_generate_returns(monkeypatch):
+    """Florence-2's twin (docs/encoder-decoder.md): generate() hands back the decoder's tokens (start + completion),
+    not the prompt followed by the completion, so the loop's completion slice is empty; a decoder forward over start
+    + completion reproduces generate's log-probs, which is what support would build on."""
+    from vlm_grpo.adapters.generic import support, twin_model
+    from vlm_grpo.compat.cache_probe import probe_images
+
+    monkeypatch.setattr(twin_model, "check_generation", lambda *args: None)
+    model, processor = twin_model.build_twin("florence2", support.model_class_of("florence2"))
+    processor.tokenizer.bos_token = processor.tokenizer.pad_token  # the twin's tokenizer has no BOS of its own
+    inputs = processor(text=["What is in the image?"], images=[probe_images()[0]], return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=4, min_new_tokens=4, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True)
+        forced = model(**inputs, decoder_input_ids=out.sequences[:, :-1]).logits
+    assert out.sequences.shape[1] == 5 < inputs["input_ids"].shape[1]  # start + 4, no prompt in front
+    assert out.sequences[:, inputs["input_ids"].shape[1]:].numel() == 0
+    generated = torch.stack(out.logits, dim=1).log_softmax(-1)
+    assert (forced.log_softmax(-1) - generated).abs().max().item() < 1e-5
+
+
 def test_a_family_file_claims_its_types():
     for model_type, cls in MODEL_TYPES.items():
         assert not is_generic_type(model_type) and not issubclass(cls, GenericAdapter)

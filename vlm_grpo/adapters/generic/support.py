@@ -74,11 +74,11 @@ def check_generation(model_type: str, model) -> None:
     """Refuse what the GRPO loop cannot drive: an encoder-decoder, or a model that cannot generate."""
     config = model.config
     if getattr(config, "is_encoder_decoder", False):
-        # measured on florence2's twin: generate() returns decoder tokens only (not prompt + completion), and a
-        # decoder forward over start + completion reproduces its log-probs (1e-6): the contract lacks that hook
+        # measured on florence2's twin (docs/encoder-decoder.md): generate() returns decoder tokens only (not prompt +
+        # completion), and a decoder forward over start + completion reproduces its log-probs (5e-7)
         raise GenericUnsupported(f"{model_type}: encoder-decoder model ({type(model).__name__}); its completions are "
                                  "decoder tokens apart from the prompt, and the loop scores a completion as the "
-                                 "prompt's continuation")
+                                 "prompt's continuation (docs/encoder-decoder.md)")
     can = getattr(model, "can_generate", None)
     if not callable(can) or not can():
         raise GenericUnsupported(f"{model_type}: {type(model).__name__} has no generation (no GenerationMixin); "
