@@ -2,8 +2,9 @@
 
 The names are the ones transformers' image-text-to-text classes use for those parts (data below, no model type
 named). A projector nested inside the vision tower (a merger) is the projector, not vision. A parameter that
-lands in no group, or a model with no projector or language part, is refused naming what is missing (no vision
-tower is allowed: patches embedded straight by the projector);
+lands in no group, or a model with no vision, projector or language part, is refused naming what is missing;
+a projector-named module that holds a projector of its own (Gemma 4 unified's `embed_vision`: patch layers, then a
+`multimodal_embedder`) is a vision stem followed by that projector;
 `model.module_groups` (regexes per group) replaces any group the structure gets wrong.
 """
 
@@ -24,7 +25,7 @@ PROJECTOR_NAMES = ("multi_modal_projector", "connector", "aligner", "projector",
                    "language_projection", "vision_projection", "image_to_text_projection", "vision_adapter",
                    "resampler_model", "vision_resampler", "high_res_vision_neck", "high_res_vision_proj",
                    "deepstack_merger_list", "image_newline", "perception_emb_norm", "mlp1", "visual_embeddings_table",
-                   "embed_vision", "embed_audio")
+                   "embed_vision", "embed_audio", "multimodal_embedder")
 LANGUAGE_NAMES = ("language_model", "text_model", "llm")
 HEAD_NAMES = ("lm_head",)
 BASE_NAMES = ("model",)  # the base model under the head class
@@ -55,7 +56,8 @@ def _collect(module: torch.nn.Module, path: list[str], groups: dict[str, list[st
         child = getattr(module, name)
         if name in BASE_NAMES and not path and isinstance(child, torch.nn.Module):
             _collect(child, [name], groups)
-        elif name in VISION_NAMES and isinstance(child, torch.nn.Module):
+        elif isinstance(child, torch.nn.Module) and (name in VISION_NAMES or (
+                name in PROJECTOR_NAMES and any(n in PROJECTOR_NAMES for n in _children(child)))):
             inner = [n for n in _children(child) if n in PROJECTOR_NAMES]
             avoid = "".join(f"(?!{re.escape(n)}\\.)" for n in inner)
             groups["vision"].append(_prefix(path + [name]) + avoid)
@@ -86,9 +88,7 @@ def check_layout(layout: ModuleLayout, model: torch.nn.Module, model_type: str) 
         parts = ", ".join(f"{k}: {len(v)} parameters, e.g. {v[0]}" for k, v in sorted(stray.items()))
         raise UngroupedModules(f"{model_type}: parameters outside the module groups vision/projector/language/head: "
                                f"{parts}; pass model.module_groups to place them")
-    # no vision tower is a layout of its own (Gemma 4 unified embeds raw patches in `embed_vision`, the projector);
-    # a tower under a name not listed above would have shown as stray parameters
-    empty = [g for g in ("projector", "language") if not counts[g]]
+    empty = [g for g in ("vision", "projector", "language") if not counts[g]]
     if empty:
         raise UngroupedModules(f"{model_type}: no {' / '.join(empty)} module found in the model's structure (children: "
                                f"{', '.join(_children(model))}); pass model.module_groups to name them")
