@@ -24,7 +24,7 @@ def alone_rows(adapter, texts: list[str], images: list[list], keys: list[str]) -
             continue
         alone = adapter._process([text], [sample])
         values = {f"{k}:values": alone[k] for k in keys if isinstance(alone.get(k), torch.Tensor)
-                  and not alone[k].is_floating_point()}  # integer tensors: indices may need rebasing (below)
+                  and _is_index(alone[k])}  # integer tensors: indices may need rebasing (below)
         rows.append({**tensor_rows(alone, keys), **values})
     return rows
 
@@ -74,7 +74,7 @@ def localize_indices(tensors: dict[str, torch.Tensor], rows: dict[str, list[int]
     `rebase_indices` puts the offsets back for whatever samples a later batch holds."""
     out = dict(tensors)
     for key, tensor in tensors.items():
-        if tensor.is_floating_point() or key not in rows or len(rows[key]) != len(alone):
+        if not _is_index(tensor) or key not in rows or len(rows[key]) != len(alone):
             continue
         offsets = _offsets(torch.split(tensor, rows[key]), [a.get(f"{key}:values") for a in alone])
         if offsets is None or not any(offsets):
@@ -87,6 +87,11 @@ def localize_indices(tensors: dict[str, torch.Tensor], rows: dict[str, list[int]
         shift = shift.view(-1, *[1] * (tensor.dim() - 1))
         out[key] = torch.where(tensor >= 0, tensor - shift, tensor)
     return out
+
+
+def _is_index(tensor: torch.Tensor) -> bool:
+    """Integer tensors can index; floats (pixels) and booleans (masks) cannot."""
+    return not tensor.is_floating_point() and not tensor.is_complex() and tensor.dtype != torch.bool
 
 
 def _offsets(parts, alone_values) -> list[int] | None:
