@@ -124,6 +124,8 @@ def sized_kwargs(part, side: int, patch: int) -> dict[str, Any]:
     for key, value in (("min_pixels", small), ("max_pixels", large)):
         if isinstance(getattr(part, key, None), int):
             out[key] = value
+    if _crops_by_patch_size(part):
+        out["patch_size"] = side  # a crop (local view) the size of a twin's image
     margins = getattr(part, "overlap_margins", None)  # patches each crop shares with its neighbours (Molmo 2)
     if isinstance(margins, (list, tuple)) and sum(margins) >= side // patch // 2:
         out["overlap_margins"] = [1] * len(margins)  # the real ones would leave a twin's crop no window to slide
@@ -192,8 +194,16 @@ def _config_value(config, key: str):
 
 def _matched_config(part, config) -> dict[str, Any]:
     """Sub-processor settings that the model config also holds, at the config's value (patch and merge sizes)."""
-    return {key: _config_value(config, key) for key in ("patch_size", "merge_size", "temporal_patch_size")
-            if getattr(part, key, None) is not None and _config_value(config, key) is not None}
+    # a part that names the ViT's patch `vision_patch_size` uses `patch_size` for its crops (Step 3.7): that one
+    # is left to sized_kwargs
+    keys = ("vision_patch_size" if key == "patch_size" and _crops_by_patch_size(part) else key
+            for key in ("patch_size", "merge_size", "temporal_patch_size"))
+    return {key: _config_value(config, key.removeprefix("vision_")) for key in keys
+            if getattr(part, key, None) is not None and _config_value(config, key.removeprefix("vision_")) is not None}
+
+
+def _crops_by_patch_size(part) -> bool:
+    return isinstance(getattr(part, "vision_patch_size", None), int) and isinstance(getattr(part, "patch_size", None), int)
 
 
 def _processor_kwargs(cls, config, side: int) -> dict[str, Any]:
