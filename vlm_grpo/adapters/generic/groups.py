@@ -25,7 +25,7 @@ PROJECTOR_NAMES = ("multi_modal_projector", "connector", "aligner", "projector",
                    "language_projection", "vision_projection", "image_to_text_projection", "vision_adapter",
                    "resampler_model", "vision_resampler", "high_res_vision_neck", "high_res_vision_proj",
                    "deepstack_merger_list", "image_newline", "perception_emb_norm", "mlp1", "visual_embeddings_table",
-                   "embed_vision", "embed_audio", "multimodal_embedder")
+                   "embed_vision", "embed_audio", "multimodal_embedder", "high_res_vision_alpha")
 LANGUAGE_NAMES = ("language_model", "text_model", "llm")
 HEAD_NAMES = ("lm_head",)
 BASE_NAMES = ("model",)  # the base model under the head class
