@@ -29,12 +29,12 @@ FAST = ["--max-new-tokens", "4", "--batch-size", "1", "--num-generations", "2", 
         "--logging.progress", "false", "--data.recipe_options", "{image_size: 56}"]
 
 
-def test_at_least_30_model_types_pass_and_every_other_has_a_reason():
+def test_at_least_50_model_types_pass_and_every_other_has_a_reason():
     """Over the measured transformers' types (a newer one's new types are untested, listed apart)."""
     version, records = recorded()
     types = recorded_mapping()
     passing = [t for t in types if t in MODEL_TYPES or (t in records and records[t].status == GENERIC)]
-    assert len(passing) >= 30, f"{len(passing)} model types pass: {passing}"
+    assert len(passing) >= 50, f"{len(passing)} model types pass: {passing}"
     for t in types:
         if t not in passing:
             assert t in records and records[t].reason, f"{t}: no recorded reason (re-run vlm-grpo families --measure)"
