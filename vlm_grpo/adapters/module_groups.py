@@ -80,13 +80,10 @@ def group_parameters(layout: ModuleLayout, model: torch.nn.Module, family: str =
 
 
 def vision_module(layout: ModuleLayout, model: torch.nn.Module, family: str = "") -> torch.nn.Module:
-    """The vision tower: the deepest module that holds every `vision` parameter (for call counting); a model without
-    one (patches embedded by the projector) counts calls of the module holding every `projector` parameter."""
-    names = []
-    for group in ("vision", "projector"):
-        names = names or [n.split(".")[:-1] for n, _ in model.named_parameters() if layout.group_of(n, family) == group]
+    """The vision tower: the deepest module that holds every `vision` parameter (for call counting)."""
+    names = [n.split(".")[:-1] for n, _ in model.named_parameters() if layout.group_of(n, family) == "vision"]
     if not names:
-        raise ValueError(f"{family}: no vision or projector parameters")
+        raise ValueError(f"{family}: no vision parameters")
     prefix = names[0]
     for parts in names[1:]:
         k = 0
