@@ -30,7 +30,8 @@ def _how(record) -> str:
     paths = [name for name, on in (("shared image features", record.shares_features),
                                    ("shared prompt prefix", record.shares_prefix)) if on]
     return (f"contract suite, cache probe ({record.cache}), 2 GRPO steps pass; faster paths: "
-            + (", ".join(paths) if paths else "none (plain path)"))
+            + (", ".join(paths) if paths else "none (plain path)")
+            + (f"; needs the `{record.extra}` extra" if record.extra else ""))
 
 
 class ModelTypeGone(ValueError):
@@ -75,6 +76,17 @@ def untested_model_types() -> dict[str, str]:
 
     mapping = recorded_mapping()
     return {t: c for t, c in sorted(image_text_types().items()) if t not in mapping}
+
+
+def missing_extras_note() -> str:
+    """A paragraph naming the passing types whose extra is not installed here, with the command that installs it;
+    empty when none is missing."""
+    from vlm_grpo.adapters.generic.status import GENERIC, recorded
+    from vlm_grpo.adapters.generic.support import missing_extra
+
+    lines = [f"  {t}: {missing_extra(r.extra)}" for t, r in sorted(recorded()[1].items())
+             if r.status == GENERIC and r.extra and missing_extra(r.extra)]
+    return "\n".join(["Not installed here (the type passes once its extra is in):", "", *lines]) if lines else ""
 
 
 def untested_note() -> str:

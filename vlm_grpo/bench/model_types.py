@@ -18,7 +18,7 @@ from pathlib import Path
 import transformers
 
 from vlm_grpo.adapters.generic.status import GENERIC, UNSUPPORTED, TypeRecord, recorded, write
-from vlm_grpo.adapters.generic.support import image_text_types
+from vlm_grpo.adapters.generic.support import image_text_types, model_extra
 from vlm_grpo.adapters.registry import adapter_class, is_generic_type
 
 CONTRACT = Path("tests") / "adapters" / "test_contract.py"
@@ -95,7 +95,7 @@ def measure_type(model_type: str, contract: bool = True) -> TypeRecord:
     if failed:
         return TypeRecord(UNSUPPORTED, f"contract suite: {failed} fails")
     return TypeRecord(GENERIC, shares_features=adapter.shares_features, shares_prefix=adapter.shares_prefix,
-                      cache="cache" if report.cache_ok else "no cache", steps=steps)
+                      cache="cache" if report.cache_ok else "no cache", steps=steps, extra=model_extra(adapter.model))
 
 
 def measure(types: list[str] | None = None, contract: bool = True, log=print) -> dict[str, TypeRecord]:

@@ -25,7 +25,7 @@ from vlm_grpo.adapters.features import hf_core, with_mask_positions
 from vlm_grpo.adapters.generic import support
 from vlm_grpo.adapters.generic.groups import check_layout, discover_layout
 from vlm_grpo.adapters.generic.layout import GenericLayout
-from vlm_grpo.adapters.generic.rows import alone_rows, sample_rows, tensor_rows
+from vlm_grpo.adapters.generic.rows import alone_rows, localize_indices, rebase_indices, sample_rows, tensor_rows
 from vlm_grpo.adapters.generic.support import GenericUnsupported
 
 TEXT_KEYS = ("input_ids", "attention_mask", "labels")  # labels: a training target some processors add, never an input
@@ -47,6 +47,7 @@ class GenericAdapter(GenericLayout, VLMAdapter):
         self.module_layout = discover_layout(model)
         self._features_per_shape: dict[tuple, list[int]] = {}
         self.packed_keys: set[str] = set()  # tensors kept last-dimension-first, one row per column (rows.py)
+        self.index_keys: dict[str, tuple[str, int]] = {}  # index tensors held per sample (rows.localize_indices)
         self.calibration = None
         if calibrate:
             from vlm_grpo.adapters.generic.calibrate import calibrate as run
@@ -112,6 +113,8 @@ class GenericAdapter(GenericLayout, VLMAdapter):
         mm_rows = {k: [1] * shape[0] for k in token_keys}
         image_side, image_rows = sample_rows(self.family, {k: v for k, v in tensors.items() if k not in token_keys},
                                              self._alone, self.packed_keys)
+        if len(images) > 1:
+            image_side = localize_indices(image_side, image_rows, self._alone, self.index_keys)
         tensors = {**{k: tensors[k] for k in token_keys}, **image_side}
         mm_rows.update(image_rows)
         batch = PromptBatch(input_ids=features["input_ids"], attention_mask=features["attention_mask"], mm=tensors,
@@ -119,7 +122,7 @@ class GenericAdapter(GenericLayout, VLMAdapter):
         return self.with_image_spans(batch)
 
     def model_inputs(self, batch: PromptBatch) -> dict[str, torch.Tensor]:
-        return self._unpacked(batch.model_inputs())
+        return rebase_indices(self._unpacked(batch.model_inputs()), batch.mm_rows, self.index_keys)
 
     def _unpacked(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Packed tensors (kept one row per column) with their last dimension moved back where the model wants it."""

@@ -90,9 +90,23 @@ def placeholders(processor) -> list[str]:
 
 
 def _encode(adapter, conversations, images, twin: bool) -> tuple[PromptBatch, str | None]:
+    try:
+        return _encode_with(adapter, conversations, images, placeholders(adapter.processor) if twin else [None])
+    except GenericUnsupported as err:
+        counts = MISMATCH.search(str(err)) or re.search(r"\((\d+) image tokens in a probe prompt, (\d+) features", str(err))
+        tokens, features = (int(counts.group(1)), int(counts.group(2))) if counts else (0, 0)
+        if not twin or tokens != 1 or features <= 1:
+            raise
+        # a processor that writes one image token whatever the features (PP-Chart2Table): its checkpoints' chat
+        # templates write them all, so the twin's writes the model's count (one probe image per prompt first)
+        image = placeholders(adapter.processor)[0]
+        return _encode_with(adapter, conversations, images, [image * features])
+
+
+def _encode_with(adapter, conversations, images, candidates) -> tuple[PromptBatch, str | None]:
     first: Exception | None = None
     param = next(adapter.model.parameters())
-    for placeholder in placeholders(adapter.processor) if twin else [None]:
+    for placeholder in candidates:
         if placeholder is not None:
             template = chatml_template(placeholder)
             adapter.processor.chat_template = adapter.tokenizer.chat_template = template

@@ -3,6 +3,8 @@
 The names are the ones transformers' image-text-to-text classes use for those parts (data below, no model type
 named). A projector nested inside the vision tower (a merger) is the projector, not vision. A parameter that
 lands in no group, or a model with no vision, projector or language part, is refused naming what is missing;
+a projector-named module that holds a projector of its own (Gemma 4 unified's `embed_vision`: patch layers, then a
+`multimodal_embedder`) is a vision stem followed by that projector;
 `model.module_groups` (regexes per group) replaces any group the structure gets wrong.
 """
 
@@ -14,13 +16,16 @@ import torch
 
 from vlm_grpo.adapters.module_groups import MODULE_GROUPS, ModuleLayout
 
-VISION_NAMES = ("vision_tower", "visual", "vision_model", "vision_encoder", "image_tower", "video_tower",
+# another modality's encoder and embedder (Gemma 3n's audio tower) join vision and projector: the groups are
+# encoders / their bridges into the LM / the LM / the head, and image-text training never feeds them
+VISION_NAMES = ("vision_tower", "audio_tower", "visual", "vision_model", "vision_encoder", "image_tower", "video_tower",
                 "high_res_vision_model",
                 "vision_backbone", "image_encoder", "vit")
 PROJECTOR_NAMES = ("multi_modal_projector", "connector", "aligner", "projector", "mm_projector", "merger",
                    "language_projection", "vision_projection", "image_to_text_projection", "vision_adapter",
                    "resampler_model", "vision_resampler", "high_res_vision_neck", "high_res_vision_proj",
-                   "deepstack_merger_list", "image_newline", "perception_emb_norm", "mlp1", "visual_embeddings_table")
+                   "deepstack_merger_list", "image_newline", "perception_emb_norm", "mlp1", "visual_embeddings_table",
+                   "embed_vision", "embed_audio", "multimodal_embedder", "high_res_vision_alpha")
 LANGUAGE_NAMES = ("language_model", "text_model", "llm")
 HEAD_NAMES = ("lm_head",)
 BASE_NAMES = ("model",)  # the base model under the head class
@@ -51,7 +56,8 @@ def _collect(module: torch.nn.Module, path: list[str], groups: dict[str, list[st
         child = getattr(module, name)
         if name in BASE_NAMES and not path and isinstance(child, torch.nn.Module):
             _collect(child, [name], groups)
-        elif name in VISION_NAMES and isinstance(child, torch.nn.Module):
+        elif isinstance(child, torch.nn.Module) and (name in VISION_NAMES or (
+                name in PROJECTOR_NAMES and any(n in PROJECTOR_NAMES for n in _children(child)))):
             inner = [n for n in _children(child) if n in PROJECTOR_NAMES]
             avoid = "".join(f"(?!{re.escape(n)}\\.)" for n in inner)
             groups["vision"].append(_prefix(path + [name]) + avoid)

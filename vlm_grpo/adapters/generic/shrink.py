@@ -10,6 +10,7 @@ rescaled to the new head dim. Token ids and the vocabulary are set afterwards, f
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 WIDTH = 64  # every hidden width, vision and text alike
@@ -30,6 +31,7 @@ WIDTH_KEYS = {
     "projector_hidden_size", "projection_hidden_dim", "projection_hidden_size", "word_embed_proj_dim",
     "vision_embed_dim", "text_embed_dim", "output_dim", "patch_embed_hidden_size", "vision_dim", "text_dim",
     "lm_hidden_size", "llm_hidden_size", "encoder_hidden_size", "hidden_channels", "embedding_dim", "n_embd",
+    "hidden_size_per_layer_input", "adapter_in_dim", "adapter_out_dim",
 }
 FFN_KEYS = {
     "intermediate_size", "ffn_dim", "mlp_dim", "intermediate_size_mlp", "projection_intermediate_size", "encoder_ffn_dim",
@@ -58,8 +60,19 @@ LORA_RANK_KEYS = {"q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8, 
 # lists indexing layers (of this config, or the vision side's for feature layers)
 # counts of the last layers that do something differently (Gemma 3n: layers reusing an earlier layer's KV cache)
 LAYER_SUBSET_KEYS = {"num_kv_shared_layers"}
+# a timm tower's size is set through its constructor's own arguments (those the architecture takes): a sixteenth of
+# the channels, the layer/width/head caps above, and a pooled output grid of POOLED_TOKENS
+TIMM_ARGS = {"channel_multiplier": 1 / 16, "msfa_output_resolution": PATCHES_PER_SIDE // 2, "depth": LAYERS,
+             "embed_dim": WIDTH, "num_heads": HEADS}
+# an int field naming one layer (MiniCPM-V 4.6's `insert_layer_id`: where the vision merger runs): mapped onto the
+# new depth like the index lists (left at 6 of 2 layers, the merger never runs and images bleed into each other)
+LAYER_INDEX_SUFFIXES = ("_layer_id", "_layer_idx", "_layer_index")
 INDEX_LIST_KEYS = {"fullatt_block_indexes", "deepstack_visual_indexes", "vision_feature_layer", "moe_layers",
-                   "spatial_target_layers", "summary_idxs", "ple_layer_ids", "global_layer_indexes"}
+                   "spatial_target_layers", "summary_idxs", "ple_layer_ids", "global_layer_indexes", "global_attn_indexes"}
+# a weight-init spread so small that random weights wash the image out (GOT-OCR2's vision config: 1e-10; the image
+# then moves the logits by 1e-20 and the cache probe is blind) is raised to the common one
+MIN_INIT_RANGE, INIT_RANGE = 1e-3, 0.02
+BRIDGE_SUFFIXES = ("_adapter", "_projector")  # sub-configs of the vision-to-text bridge (by model_type)
 
 
 def is_config(value: Any) -> bool:
@@ -77,10 +90,55 @@ def config_nodes(config) -> list:
 
 def shrink_config(config) -> None:
     """Shrink `config` and its sub-configs in place."""
+    merged = _merged_width_fields(config)
     _shrink_node(config)
+    _shrink_timm(config)
     for _, sub in sub_configs(config):
         shrink_config(sub)
     _fix_feature_layers(config)
+    for node, key, factor in merged:
+        setattr(node, key, WIDTH * factor)
+
+
+MERGE_KEYS = ("merge_size", "spatial_merge_size")
+MERGED_INPUT_KEYS = {"out_hidden_size", "projector_input_dim", "mm_hidden_size", "vision_output_dim"}
+
+
+def _merged_width_fields(config) -> list[tuple[Any, str, int]]:
+    """Width fields outside the vision config that hold the vision width times its merge factor squared (the
+    projector input after a pixel shuffle, Muse Spark's `out_hidden_size`): (node, field, factor), to keep so."""
+    vision = getattr(config, "vision_config", None)
+    width = vars(vision).get("hidden_size") if vision is not None and is_config(vision) else None
+    merge = next((v for k in MERGE_KEYS if isinstance(v := vars(vision).get(k), int) and v > 1), None) \
+        if isinstance(width, int) else None
+    if not merge:
+        return []
+    return [(node, key, merge * merge) for node in config_nodes(config) if node is not vision and not _layer_count(node)
+            for key, value in vars(node).items() if key in MERGED_INPUT_KEYS and value == width * merge * merge]
+
+
+def _shrink_timm(node) -> None:
+    """A timm-wrapped tower (`architecture` + `model_args`): timm builds it, so it is shrunk through the arguments
+    its constructor takes, and the config's width is what timm then builds (a width set on the config alone
+    disagrees with the tower's output). Without timm it is left as is: building the model names the extra."""
+    if not isinstance(getattr(node, "architecture", None), str) or not hasattr(node, "model_args"):
+        return
+    try:
+        import timm
+    except ImportError:
+        return
+    args = dict(TIMM_ARGS)
+    while True:
+        try:
+            tower = timm.create_model(node.architecture, pretrained=False, num_classes=0, **{**(node.model_args or {}), **args})
+            break
+        except TypeError as err:  # an argument this architecture does not take
+            unknown = re.search(r"unexpected keyword argument '(\w+)'", str(err))
+            if not unknown or unknown.group(1) not in args:
+                raise
+            del args[unknown.group(1)]
+    node.model_args = {**(node.model_args or {}), **args}
+    node.hidden_size = int(tower.num_features)
 
 
 def _layer_count(node) -> int | None:
@@ -92,28 +150,54 @@ def _layer_count(node) -> int | None:
 
 
 def _shrink_node(node) -> None:
+    overrides = _take_per_layer_overrides(node)
+    old_globals = {k: vars(node).get(k) for o in overrides.values() for k in o}
+    old_kinds = list(vars(node).get("layer_types") or [])
     old_layers = _layer_count(node)
+    old_width = vars(node).get("hidden_size") if isinstance(vars(node).get("hidden_size"), int) else None
     old_heads = next((v for k in HEAD_KEYS if isinstance(v := getattr(node, k, None), int)), None)
     old_head_dim = getattr(node, "head_dim", None)
     if not isinstance(old_head_dim, int) and old_heads:
         width = next((v for k in ("hidden_size", "embed_dim", "d_model") if isinstance(v := getattr(node, k, None), int)), 0)
         old_head_dim = width // old_heads if width else None
+    old_dims = {k: v for k, v in vars(node).items() if k.endswith("head_dim") and isinstance(v, int)}
     for key, value in list(vars(node).items()):
         if key.startswith("_") or isinstance(value, bool):
             continue
         new = _shrunk_value(key, value, old_heads)
         if new is not _KEEP:
             setattr(node, key, new)
+    _keep_equal_head_dims(node, old_dims)
+    if isinstance(vars(node).get("initializer_range"), float) and node.initializer_range < MIN_INIT_RANGE:
+        node.initializer_range = INIT_RANGE
+    elif str(getattr(node, "model_type", "")).endswith(BRIDGE_SUFFIXES) and old_width and \
+            isinstance(vars(node).get("initializer_range"), float):
+        # a bridge's layers keep the gain they had at full width: at 0.02 over width 64 Molmo 2's five projector
+        # matrices shrank image features to 1e-6 of the text embeddings (blind probe)
+        node.initializer_range *= math.sqrt(old_width / WIDTH)
+    if "head_dim" in vars(node) and node.head_dim is None and old_heads:
+        node.head_dim = HEAD_DIM  # left unset, read as is by code that expects a number (HunYuan-VL's attention)
     kinds = getattr(node, "layer_types", None)
-    if "sliding_window" in vars(node) and node.sliding_window is None and isinstance(kinds, (list, tuple)) \
-            and any("sliding" in str(k) for k in kinds):
-        node.sliding_window = SLIDING_WINDOW  # sliding layers with no window set
+    # sliding settings in force (Step 3.7's sliding heads; not a `use_sliding_window` switched off)
+    sliding_fields = [k for k, v in vars(node).items() if "sliding" in k and k != "sliding_window" and v not in (None, False)]
+    if "sliding_window" in vars(node) and node.sliding_window is None and (sliding_fields or (
+            isinstance(kinds, (list, tuple)) and any("sliding" in str(k) for k in kinds))):
+        node.sliding_window = SLIDING_WINDOW  # sliding layers (or sliding settings) with no window set
     new_layers = _layer_count(node)
     if old_layers and new_layers and new_layers != old_layers:
         _shrink_layer_lists(node, old_layers, new_layers)
+    if overrides:
+        _put_per_layer_overrides(node, overrides, old_globals, _kept_indices(old_kinds, new_layers or 0))
     rope = getattr(node, "rope_parameters", None)
     if isinstance(rope, dict) and old_head_dim:
         setattr(node, "rope_parameters", _rescaled_rope(rope, old_head_dim))
+
+
+def _keep_equal_head_dims(node, old: dict[str, int]) -> None:
+    """A `head_dim` equal to the rotary head dim in the default stays equal to it: DeepSeek-V3's rotary runs over
+    `head_dim`, which its config sets to `qk_rope_head_dim`."""
+    if "head_dim" in old and old["head_dim"] == old.get("qk_rope_head_dim"):
+        node.head_dim = node.qk_rope_head_dim
 
 
 _KEEP = object()
@@ -158,6 +242,8 @@ def _shrink_layer_lists(node, old: int, new: int) -> None:
         if key in LAYER_SUBSET_KEYS and isinstance(value, int) and not isinstance(value, bool):
             kinds = len(set(getattr(node, "layer_types", None) or [None]))
             setattr(node, key, max(0, min(value * new // old, new - kinds)))
+        if key.endswith(LAYER_INDEX_SUFFIXES) and isinstance(value, int) and not isinstance(value, bool):
+            setattr(node, key, _mapped_indices([value], old, new)[0])
         if key.startswith("_") or not isinstance(value, (list, tuple)):
             continue
         if key in INDEX_LIST_KEYS:
@@ -167,12 +253,56 @@ def _shrink_layer_lists(node, old: int, new: int) -> None:
 
 
 def _cut_keeping_kinds(values: list, new: int) -> list:
-    head = list(values[:new])
-    kinds = [v for i, v in enumerate(values) if v not in values[:i]]  # distinct, in first-seen order
-    missing = [k for k in kinds if k not in head and not isinstance(k, (int, float))]
+    return [values[i] for i in _kept_indices(values, new)]
+
+
+def _kept_indices(values: list, new: int) -> list[int]:
+    """The old layers a cut to `new` layers keeps: the first ones, the last replaced by the first layer of each kind
+    they miss (the first layer's kind kept)."""
+    head = list(range(min(new, len(values)))) if values else list(range(new))
+    if not values:
+        return head
+    firsts = {}
+    for i, v in enumerate(values):
+        firsts.setdefault(v, i)
+    missing = [k for k in firsts if k not in values[:new] and not isinstance(k, (int, float))]
     for k, kind in enumerate(missing[: new - 1]):  # replace from the end, keeping the first layer's kind
-        head[new - 1 - k] = kind
+        head[new - 1 - k] = firsts[kind]
     return head
+
+
+def _take_per_layer_overrides(node) -> dict[int, dict]:
+    """A heterogeneous config's per-layer overrides (layer -> {field: value}), taken off it so that its global
+    fields read and shrink plainly; {} for a homogeneous one."""
+    spec = vars(node).get("_heterogeneity_spec")
+    if spec is None:
+        return {}
+    overrides = {int(i): dict(o) for i, o in spec.per_layer_overrides.items()}
+    node.per_layer_config = None
+    return overrides
+
+
+def _put_per_layer_overrides(node, overrides: dict[int, dict], old_globals: dict, kept: list[int]) -> None:
+    """Overrides back on the layers the cut kept: a number above its global scaled as the global was (a 512 head dim
+    over a global 256 stays twice the shrunk global), one below capped like any field; where the cut kept no overridden layer, its last layer takes the first
+    override, so the twin stays heterogeneous."""
+    if not any(i in overrides for i in kept) and kept:
+        kept = kept[:-1] + [min(overrides)]
+    shrunk = {}
+    for new, old in enumerate(kept):
+        if old not in overrides:
+            continue
+        layer = {}
+        for key, value in overrides[old].items():
+            was, now = old_globals.get(key), vars(node).get(key)
+            scalable = all(isinstance(v, int) and not isinstance(v, bool) for v in (value, was, now)) and was
+            if scalable and value > was:  # larger than the global: as much larger
+                layer[key] = round(now * value / was)
+            else:  # smaller (fewer experts or heads): capped like the global, never below what the cap allows
+                new_value = _shrunk_value(key, value, None)
+                layer[key] = value if new_value is _KEEP else new_value
+        shrunk[new] = layer
+    node.per_layer_config = shrunk
 
 
 def _mapped_indices(values: list, old: int, new: int) -> list:
@@ -195,7 +325,8 @@ def _fix_feature_layers(config) -> None:
     if not depth:
         return
     for node, key in [(n, k) for n in config_nodes(config) if n is not vision
-                      for k in ("vision_feature_layer", "vision_feature_layers", "vit_layer")]:
+                      for k in ("vision_feature_layer", "vision_feature_layers", "vit_layer",
+                                *(k for k in vars(n) if k.endswith(LAYER_INDEX_SUFFIXES)))]:
         value = getattr(node, key, None)
         if isinstance(value, int) and not isinstance(value, bool):
             setattr(node, key, max(value, -depth) if value < 0 else min(value, depth - 1))

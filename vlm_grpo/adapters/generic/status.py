@@ -26,6 +26,7 @@ class TypeRecord:
     shares_prefix: bool = False  # GENERIC: prompt prefilled once, its KV cache expanded G times (calibrated)
     cache: str = ""  # GENERIC: what the cache probe decided (`cache` / `no cache`)
     steps: dict = field(default_factory=dict)  # GENERIC: recipe -> GRPO steps run
+    extra: str = ""  # the vlm-grpo extra whose package the twin's model is built from (timm towers), if any
 
 
 @lru_cache(maxsize=None)

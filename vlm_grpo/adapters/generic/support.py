@@ -28,6 +28,20 @@ def needed_extra(message: str) -> str:
     return message
 
 
+def model_extra(model) -> str:
+    """The extra (EXTRAS) whose package builds part of `model` (a timm tower), or ''."""
+    packages = {type(m).__module__.split(".")[0] for m in model.modules()}
+    return next((EXTRAS[p] for p in sorted(packages) if p in EXTRAS), "")
+
+
+def missing_extra(extra: str) -> str | None:
+    """`needs <package>: pip install ...` when the extra's package is not installed, else None."""
+    from importlib.util import find_spec
+
+    package = next((p for p, e in EXTRAS.items() if e == extra), None)
+    return None if package is None or find_spec(package) is not None else needed_extra(package)
+
+
 class GenericUnsupported(ValueError):
     """The generic adapter cannot serve this model type (the message names the type and the reason)."""
 
@@ -60,11 +74,11 @@ def check_generation(model_type: str, model) -> None:
     """Refuse what the GRPO loop cannot drive: an encoder-decoder, or a model that cannot generate."""
     config = model.config
     if getattr(config, "is_encoder_decoder", False):
-        # measured on florence2's twin: generate() returns decoder tokens only (not prompt + completion), and a
-        # decoder forward over start + completion reproduces its log-probs (1e-6): the contract lacks that hook
+        # measured on florence2's twin (docs/encoder-decoder.md): generate() returns decoder tokens only (not prompt +
+        # completion), and a decoder forward over start + completion reproduces its log-probs (5e-7)
         raise GenericUnsupported(f"{model_type}: encoder-decoder model ({type(model).__name__}); its completions are "
                                  "decoder tokens apart from the prompt, and the loop scores a completion as the "
-                                 "prompt's continuation")
+                                 "prompt's continuation (docs/encoder-decoder.md)")
     can = getattr(model, "can_generate", None)
     if not callable(can) or not can():
         raise GenericUnsupported(f"{model_type}: {type(model).__name__} has no generation (no GenerationMixin); "
@@ -79,7 +93,8 @@ def image_token_id(config, processor, model_type: str) -> int:
     """The placeholder id image features replace: the config's, else the processor's."""
     for node in config_nodes(config):
         for key in ("image_token_id", "image_token_index"):
-            value = vars(node).get(key)
+            # the field itself, or the one a config class maps it to (Molmo 2: image_token_id -> image_patch_id)
+            value = vars(node).get(getattr(type(node), "attribute_map", {}).get(key, key))
             if isinstance(value, int) and not isinstance(value, bool):
                 return value
     value = getattr(processor, "image_token_id", None)

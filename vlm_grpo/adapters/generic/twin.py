@@ -71,15 +71,17 @@ def image_side(config) -> int:
 
 
 def set_vision_image_size(config, side: int) -> None:
-    vision = getattr(config, "vision_config", None)
-    if vision is None:
-        return
-    value = getattr(vision, "image_size", None)
-    if isinstance(value, int) and not isinstance(value, bool):
-        vision.image_size = side
-    elif isinstance(value, (list, tuple)) and len(value) == 2:
-        vision.image_size = type(value)([side, side])
-    _fit_position_count(vision, value, side)
+    """Every vision sub-config's image size at the twin's side (DeepSeek-VL hybrid's high-res SAM tower too: at its
+    real 1024 px a twin's cache probe took 80 s)."""
+    for name, vision in list(vars(config).items()):
+        if not (name.endswith("vision_config") and vision is not None and hasattr(vision, "to_dict")):
+            continue
+        value = getattr(vision, "image_size", None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            vision.image_size = side
+        elif isinstance(value, (list, tuple)) and len(value) == 2:
+            vision.image_size = type(value)([side, side])
+        _fit_position_count(vision, value, side)
 
 
 def _fit_position_count(vision, old_size, side: int) -> None:
@@ -108,7 +110,7 @@ def sized_kwargs(part, side: int, patch: int) -> dict[str, Any]:
     (min/max pixels) span a 4x4-patch image to a side x side one."""
     small, large = (4 * patch) ** 2, side * side
     out: dict[str, Any] = {}
-    for key in ("size", "crop_size", "max_image_size", "tile_size", "pad_size"):
+    for key in ("size", "crop_size", "max_image_size", "tile_size", "pad_size", "high_res_size"):
         entries = _entries(getattr(part, key, None))
         if not entries:
             continue
@@ -124,6 +126,8 @@ def sized_kwargs(part, side: int, patch: int) -> dict[str, Any]:
     for key, value in (("min_pixels", small), ("max_pixels", large)):
         if isinstance(getattr(part, key, None), int):
             out[key] = value
+    if _crops_by_patch_size(part):
+        out["patch_size"] = side  # a crop (local view) the size of a twin's image
     margins = getattr(part, "overlap_margins", None)  # patches each crop shares with its neighbours (Molmo 2)
     if isinstance(margins, (list, tuple)) and sum(margins) >= side // patch // 2:
         out["overlap_margins"] = [1] * len(margins)  # the real ones would leave a twin's crop no window to slide
@@ -192,8 +196,16 @@ def _config_value(config, key: str):
 
 def _matched_config(part, config) -> dict[str, Any]:
     """Sub-processor settings that the model config also holds, at the config's value (patch and merge sizes)."""
-    return {key: _config_value(config, key) for key in ("patch_size", "merge_size", "temporal_patch_size")
-            if getattr(part, key, None) is not None and _config_value(config, key) is not None}
+    # a part that names the ViT's patch `vision_patch_size` uses `patch_size` for its crops (Step 3.7): that one
+    # is left to sized_kwargs
+    keys = ("vision_patch_size" if key == "patch_size" and _crops_by_patch_size(part) else key
+            for key in ("patch_size", "merge_size", "temporal_patch_size"))
+    return {key: _config_value(config, key.removeprefix("vision_")) for key in keys
+            if getattr(part, key, None) is not None and _config_value(config, key.removeprefix("vision_")) is not None}
+
+
+def _crops_by_patch_size(part) -> bool:
+    return isinstance(getattr(part, "vision_patch_size", None), int) and isinstance(getattr(part, "patch_size", None), int)
 
 
 def _processor_kwargs(cls, config, side: int) -> dict[str, Any]:
@@ -221,6 +233,7 @@ def build_processor(model_type: str, config, tokens: TwinTokens, image_part_of, 
     kwargs = _processor_kwargs(cls, config, side)
     for _ in range(12):
         tokenizer = tokens.tokenizer(chatml_template("<image>"))
+        asked = _record_token_lookups(tokenizer)
         try:
             processor = cls(**_processor_parts(cls, names, tokenizer, config, side, patch, model_type), **kwargs)
         except (AttributeError, ValueError, KeyError) as err:
@@ -232,7 +245,10 @@ def build_processor(model_type: str, config, tokens: TwinTokens, image_part_of, 
                 raise TwinError(f"{model_type}: its processor asks the tokenizer for {name!r} again") from err
             tokens.extras[name] = _token_text(name)
             continue
+        del tokenizer.convert_tokens_to_ids  # the class's own again
+        vocab = tokenizer.get_vocab()
         missing = [t for t in _processor_token_texts(processor) if len(tokenizer.encode(t, add_special_tokens=False)) != 1]
+        missing += [t for t in dict.fromkeys(asked) if t not in vocab and t not in missing]
         if missing:
             tokens.plain += missing
             continue
@@ -242,6 +258,20 @@ def build_processor(model_type: str, config, tokens: TwinTokens, image_part_of, 
         tokenizer.padding_side = "left"
         return processor
     raise TwinError(f"{model_type}: its processor kept asking for more tokens")
+
+
+def _record_token_lookups(tokenizer) -> list[str]:
+    """Token texts the processor looks up by name while it is built (Molmo 2's `<im_patch>`, written literally and
+    never a tokenizer attribute), recorded on this tokenizer instance so that the next one holds them."""
+    asked: list[str] = []
+    lookup = tokenizer.convert_tokens_to_ids
+
+    def recording(texts):
+        asked.extend([texts] if isinstance(texts, str) else [t for t in texts if isinstance(t, str)])
+        return lookup(texts)
+
+    tokenizer.convert_tokens_to_ids = recording
+    return asked
 
 
 def _processor_token_texts(processor) -> list[str]:
@@ -270,5 +300,5 @@ def bind_token_ids(config, processor, names: dict[str, list[tuple[Any, str]]]) -
         for key, value in ids.items():
             if key in vars(node):
                 setattr(node, key, value)
-        if isinstance(getattr(node, "vocab_size", None), int):
-            node.vocab_size = vocab
+        for key in [k for k, v in vars(node).items() if k.startswith("vocab_size") and isinstance(v, int)]:
+            setattr(node, key, vocab)  # and per-layer input tables (Gemma 3n's vocab_size_per_layer_input)

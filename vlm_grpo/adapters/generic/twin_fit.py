@@ -83,8 +83,9 @@ def rebind_image_token(model, processor, image_token_id: int, side: int) -> int:
         return image_token_id
     written = matching[0]
     for node in [model.config] + [v for v in vars(model.config).values() if hasattr(v, "to_dict")]:
+        aliased = set(getattr(type(node), "attribute_map", {}).get(k) for k in ("image_token_id", "image_token_index"))
         for key, value in list(vars(node).items()):
-            if value == image_token_id and isinstance(value, int) and "image_token" in key:
+            if value == image_token_id and isinstance(value, int) and ("image_token" in key or key in aliased):
                 setattr(node, key, written)
     return written
 
@@ -115,10 +116,44 @@ def fit_token_counts(model, processor, image_token_id: int, side: int) -> list[s
             if isinstance(value, int) and tokens is not None and 0 <= value + features - tokens <= 2:
                 setattr(owner, name, value + features - tokens)
                 changed.append(f"{type(owner).__name__}.{name} = {value + features - tokens}")
+    changed += _refit_expanded_text(processor, tokens, features) if changed else []
     side_of = round(features ** 0.5)
-    for name in SIDE_NAMES:
-        value = vars(processor).get(name)
+    for owner, name in [(o, n) for o in _owners(processor) for n in SIDE_NAMES]:
+        # on the image processor too: the processor copies it from there when loaded (Cohere2-Vision), so a saved
+        # twin reloads fitted
+        value = getattr(owner, name, None)
         if isinstance(value, int) and tokens and value ** 2 == tokens and side_of ** 2 == features:
-            setattr(processor, name, side_of)
-            changed.append(f"{type(processor).__name__}.{name} = {side_of}")
+            setattr(owner, name, side_of)
+            changed.append(f"{type(owner).__name__}.{name} = {side_of}")
     return changed
+
+
+def _refit_expanded_text(processor, tokens: int | None, features: int) -> list[str]:
+    """Text a processor expanded from its count at construction (Gemma 3n's `full_image_sequence`: the image token
+    written T times) written again with the fitted count."""
+    text = getattr(processor, "image_token", None)
+    if not isinstance(text, str) or not text or not tokens:
+        return []
+    changed = []
+    for name, value in list(vars(processor).items()):
+        if isinstance(value, str) and value.count(text) == tokens and text * tokens in value:
+            setattr(processor, name, value.replace(text * tokens, text * features))
+            changed.append(f"{type(processor).__name__}.{name}: {features} image tokens")
+    return changed
+
+
+def fit_temporal_patch(model, processor) -> list[str]:
+    """An image processor that stacks `temporal_patch_size` frames per patch row (Qwen2-VL's, default 2) feeding a
+    vision tower whose patch embedding is a 2-D convolution over one frame (Dots3 Note's): one frame per row, as the
+    real checkpoints' preprocessor configs set it."""
+    image_processor = getattr(processor, "image_processor", None)
+    frames, patch = getattr(image_processor, "temporal_patch_size", None), getattr(image_processor, "patch_size", None)
+    if not isinstance(frames, int) or frames == 1 or not isinstance(patch, int):
+        return []
+    if any(isinstance(m, torch.nn.Conv3d) for m in model.modules()):
+        return []
+    conv = next((m for m in model.modules() if isinstance(m, torch.nn.Conv2d)), None)
+    if conv is None or conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1] != 3 * patch * patch:
+        return []
+    image_processor.temporal_patch_size = 1
+    return [f"{type(image_processor).__name__}.temporal_patch_size = 1"]

@@ -20,7 +20,7 @@ from vlm_grpo.adapters.generic.twin import (
     set_vision_image_size,
 )
 from vlm_grpo.adapters.generic.support import check_generation, image_token_id, needed_extra
-from vlm_grpo.adapters.generic.twin_fit import fit_token_counts, rebind_image_token
+from vlm_grpo.adapters.generic.twin_fit import fit_temporal_patch, fit_token_counts, rebind_image_token
 from vlm_grpo.adapters.seeding import seeded_model
 
 # a rotary split the modeling code falls back to when the config has none: `rope_parameters.get("mrope_section", [..])`
@@ -31,7 +31,11 @@ def default_config(model_type: str):
     from transformers import CONFIG_MAPPING
 
     try:
-        return CONFIG_MAPPING[model_type]()
+        config = CONFIG_MAPPING[model_type]()
+        # an optional vision sub-config the defaults leave out (Gemma 4 unified): built from its own defaults
+        unset = [name for name in getattr(type(config), "sub_configs_defaults", None) or {}
+                 if "vision" in name and getattr(config, name, 0) is None]
+        return CONFIG_MAPPING[model_type](**{name: {} for name in unset}) if unset else config
     except Exception as err:  # a config class that cannot be built from its defaults
         raise TwinError(f"{model_type}: its default config cannot be built ({type(err).__name__}: "
                         f"{str(err).splitlines()[0][:160]})") from None
@@ -112,6 +116,7 @@ def build_twin(model_type: str, model_class: type, seed: int = 0, dtype: torch.d
         raise TwinError(f"{model_type}: the shrunk config does not build a model ({type(err).__name__}: "
                         f"{str(err).splitlines()[0][:160]})") from None
     check_generation(model_type, model)
+    fit_temporal_patch(model, processor)
     token_id = rebind_image_token(model, processor, image_token_id(model.config, processor, model_type), side)
     fit_token_counts(model, processor, token_id, side)
     tokenizer = processor.tokenizer
