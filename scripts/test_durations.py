@@ -3,7 +3,9 @@
     python -m pytest -n 2 --dist loadfile --junitxml=/tmp/junit.xml && python scripts/test_durations.py /tmp/junit.xml
 
 `make durations` does both. A test missing from the file (a new one) runs in the fast tier until the file is
-refreshed; a test recorded slower than tests/conftest.py's FAST_SECONDS does not.
+refreshed; a test recorded slower than tests/conftest.py's FAST_SECONDS does not. A class- or module-scoped
+fixture is set up by whichever of its tests runs first, so the slowest setup among its tests (tests/conftest.py
+records each test's setup and shared fixtures) is charged to every test that uses it.
 """
 
 from __future__ import annotations
@@ -31,9 +33,18 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__.strip(), file=sys.stderr)
         return 2
-    times = {}
+    times, uses, setup_cost = {}, {}, {}
     for case in ET.parse(argv[0]).getroot().iter("testcase"):
-        times[node_id(case.get("classname", ""), case.get("name", ""))] = round(float(case.get("time", 0)), 3)
+        test = node_id(case.get("classname", ""), case.get("name", ""))
+        times[test] = round(float(case.get("time", 0)), 3)
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        uses[test] = [f for f in (props.get("shared_fixtures") or "").split(",") if f]
+        for fixture in uses[test]:
+            setup_cost[(test.split("::")[0], fixture)] = max(setup_cost.get((test.split("::")[0], fixture), 0.0),
+                                                            float(props.get("setup_seconds") or 0.0))
+    for test, fixtures in uses.items():
+        charged = [setup_cost[(test.split("::")[0], f)] for f in fixtures]
+        times[test] = round(max([times[test], *charged]), 3)
     OUT.write_text(json.dumps(dict(sorted(times.items())), indent=0) + "\n")
     print(f"{OUT.relative_to(ROOT)}: {len(times)} tests, {sum(times.values()):.0f} s in all")
     return 0

@@ -72,6 +72,23 @@ def pytest_addoption(parser):
                      "(tests/durations.json; make durations refreshes it)")
 
 
+SHARED_SCOPES = ("class", "module", "package")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """For `make durations`: each test's setup time and the shared (class/module-scoped) fixtures it uses, as JUnit
+    properties. The first test of a file pays a module fixture's setup; in the fast tier another would, so
+    scripts/test_durations.py charges that setup to every test using the fixture."""
+    yield
+    if call.when == "setup":
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        params = getattr(getattr(item, "callspec", None), "params", {})  # a parametrized fixture: one setup per value
+        shared = sorted(f"{name}[{params[name]}]" if name in params else name
+                        for name, chain in defs.items() if chain and chain[-1].scope in SHARED_SCOPES)
+        item.user_properties += [("setup_seconds", f"{call.duration:.3f}"), ("shared_fixtures", ",".join(shared))]
+
+
 def _slow(items, config) -> list:
     if not config.getoption("--fast") or not DURATIONS.is_file():
         return []
