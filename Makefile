@@ -38,7 +38,7 @@ demo: $(STAMP)
 test: $(REAL_STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not browser"
 
-# The fast tier (under 90 s on 2 cores): tests recorded at <= 0.25 s (tests/durations.json), no training runs;
+# The fast tier (under 90 s on 2 cores): tests recorded at <= 0.15 s (tests/durations.json), no training runs;
 # `make durations` refreshes the record from a whole run.
 test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not browser" --fast

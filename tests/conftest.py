@@ -63,7 +63,7 @@ OPT_IN_MARKERS = ("tools_matrix", "multinode", "generic_matrix", "browser")
 # The fast tier (`make test-fast`, `pytest --fast`): every test recorded (tests/durations.json, `make durations`)
 # as taking at most FAST_SECONDS; a test not recorded yet runs too. Units, contracts and probes on the tiny twins,
 # no training runs.
-FAST_SECONDS = 0.25
+FAST_SECONDS = 0.15
 DURATIONS = Path(__file__).with_name("durations.json")
 
 
