@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 from vlm_grpo.api.callbacks import CallbackBridge
 from vlm_grpo.api.schedule import Schedule
+from vlm_grpo.api.trl_arguments import rows_record
 from vlm_grpo.grpo.evaluate import heldout_metrics
 from vlm_grpo.grpo.parts.checkpoints import Checkpoints
 from vlm_grpo.grpo.parts.evaluation import Evaluation
@@ -89,6 +90,8 @@ class Stage:
             if self.ctx.is_main and isinstance(err, UserCodeError):  # a refusal at the start leaves the folder as it was
                 log_failure(self.ctx.run_dir, err)
             raise
+        if getattr(args, "schedule", {}).get("save_strategy") == "epoch":  # TRL's: a checkpoint at each pass's end
+            cfg.logging.save_every = self.steps_per_epoch
 
     def _assemble(self, inputs: RunInputs) -> None:
         ctx, cfg = self.ctx, self.cfg
@@ -310,14 +313,11 @@ class Stage:
     def evaluate(self, eval_dataset: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Greedy held-out evaluation (the eval section's split and size) of the policy as it is now, on
         `eval_dataset` when given, else the run's (`eval_dataset` of the constructor, or the recipe's split)."""
-        from vlm_grpo.grpo.data.source import remember_rows
-
         history = self.ctx.log_history
         step = history[-1]["step"] if history else 0
         rows = None
         if eval_dataset is not None:  # this evaluation only: the run's own held-out data stays as it was
-            record = eval_dataset if isinstance(eval_dataset, (str, Path)) else remember_rows(eval_dataset, "eval_dataset")
-            rows = self.evaluation.heldout_of(str(record))
+            rows = self.evaluation.heldout_of(str(rows_record(eval_dataset, "eval_dataset")))
         report = self.evaluation.evaluate(step, rows)
         self.evaluation.reports[f"step {step}"] = report  # the model card shows it
         metrics = {f"{metric_key_prefix}_{k.split('/', 1)[1]}": v for k, v in heldout_metrics(report).items()}

@@ -61,8 +61,6 @@ class GRPOTrainer(Stage):
         inputs = RunInputs(recipe=recipe, tools=list(tools or ()), environment_factory=environment_factory,
                            rollout_func=rollout_func, **given)
         self._build(cfg, inputs, args=args, callbacks=callbacks or ())
-        if getattr(args, "schedule", {}).get("save_strategy") == "epoch":  # a checkpoint at each pass's end
-            cfg.logging.save_every = self.steps_per_epoch
 
     # ---------------------------------------------------------------- the parts of GRPO's step
     def _build(self, cfg, inputs, args, callbacks) -> None:
@@ -171,8 +169,6 @@ class SFTTrainer(Stage):
         cfg, recipe, given = settings_of(args, model, reward_funcs, train_dataset, eval_dataset, processing_class,
                                          None, optimizers, peft_config)
         self._build(cfg, RunInputs(recipe=recipe, **given), args=args, callbacks=callbacks or ())
-        if getattr(args, "schedule", {}).get("save_strategy") == "epoch":  # a checkpoint at each pass's end
-            cfg.logging.save_every = self.steps_per_epoch
 
     def _assemble_step(self, inputs: RunInputs) -> list:
         self.supervised_update = SupervisedUpdate(self.ctx, self.policy, self.evaluation)
