@@ -165,3 +165,34 @@ def test_fused_head_equals_autograd_log_softmax(softcap, temperature, bias, froz
     assert len(grads) == len(theirs_all) == (1 if frozen else 2 + bias)
     for mine, theirs in zip(grads, theirs_all):
         assert torch.allclose(mine, theirs, atol=1e-6), (mine - theirs).abs().max()
+
+
+@pytest.mark.parametrize("bias, frozen, entropy", [(False, False, True), (True, False, False), (False, True, True)])
+def test_fused_head_in_bf16_rounds_as_autograd_over_bf16_logits(bias, frozen, entropy):
+    """A head stored in bf16 (mixed_precision bf16): the fused path multiplies in bf16 and reduces in float32, as
+    autograd over the bf16 product upcast to float32 does; its log-probs and gradients (each in the weight's dtype)
+    agree with that reference to bf16's rounding."""
+    torch.manual_seed(1)
+    head = torch.nn.Linear(64, 300, bias=bias).to(torch.bfloat16)
+    hidden = torch.randn(9, 64, dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(300, (9,))
+    weights = torch.linspace(-1.0, 2.0, 9)
+    head.requires_grad_(not frozen)
+    assert lm_head.fusable(head, hidden)
+    got = chunked_scores(head, hidden, targets, temperature=0.8, with_entropy=entropy, chunk_bytes=4 * 300 * 4)
+    assert got[0].dtype == torch.float32
+    (got[0] * weights).sum().backward()
+    tensors = [t for t in (hidden, head.weight, head.bias) if t is not None and t.requires_grad]
+    grads = [t.grad.clone() for t in tensors]
+    assert all(g.dtype == torch.bfloat16 for g in grads)
+    for t in tensors:
+        t.grad = None
+    full = torch.log_softmax(head(hidden).float() / 0.8, -1)
+    want = full.gather(-1, targets[:, None]).squeeze(-1)
+    (want * weights).sum().backward()
+    assert (got[0] - want).abs().max().item() <= 1e-5  # the same bf16 products, the same float32 reductions
+    if entropy:
+        assert torch.allclose(got[1], -(full.exp() * full).sum(-1), atol=1e-4)
+    for mine, t in zip(grads, tensors):
+        theirs = t.grad.float()
+        assert ((mine.float() - theirs).norm() / theirs.norm()).item() <= 2e-2  # bf16 products: 2^-8 per rounding

@@ -109,7 +109,10 @@ class Stage:
         if ctx.is_main:
             check_disk_space(ctx.run_dir, adapter.model)
         self.evaluation = Evaluation(ctx, self.data, self.policy)
-        self.checkpoints.attach(self.policy, self._assemble_step(inputs))
+        kept = self._assemble_step(inputs)
+        if self.policy.masters is not None:  # bf16 weights: their float32 masters travel with every checkpoint
+            kept.append(self.policy.masters)
+        self.checkpoints.attach(self.policy, kept)
 
     # ---------------------------------------------------------------- what a stage supplies
     def _assemble_step(self, inputs: RunInputs) -> list:

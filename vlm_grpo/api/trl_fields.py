@@ -91,7 +91,7 @@ RULES: dict[str, Rule] = {
     "max_grad_norm": _honour("optim.max_grad_norm"),
     "label_smoothing_factor": _none(NOT_IN_GRPO),
     # ------------------------------------------------ precision and speed
-    "bf16": _honour("mixed_precision", "True: bf16 autocast", tr.mixed("bf16", "fp16")),
+    "bf16": _honour("mixed_precision", "True: weights stored in bf16, fp32 master weights in the optimizer", tr.mixed("bf16", "fp16")),
     "fp16": _honour("mixed_precision", "True: fp16 autocast with a loss scaler", tr.mixed("fp16", "bf16")),
     "bf16_full_eval": _refuse("evaluation runs in the run's own precision (mixed_precision)"),
     "fp16_full_eval": _refuse("evaluation runs in the run's own precision (mixed_precision)"),

@@ -12,7 +12,7 @@ import torch
 
 from vlm_grpo.bench.measure import FrameworkResult, describe_device, versions
 from vlm_grpo.bench.runners import build_source, check_frameworks, run_trl, run_vlm_grpo
-from vlm_grpo.bench.settings import DEFAULT_THREADS, BenchSettings
+from vlm_grpo.bench.settings import DEFAULT_THREADS, BenchSettings, precision_on
 
 
 def run_benchmark(settings: BenchSettings) -> dict[str, Any]:
@@ -34,6 +34,7 @@ def run_benchmark(settings: BenchSettings) -> dict[str, Any]:
         "device": describe_device(device, threads),
         "versions": versions(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "precision": precision_on(settings, device),
         "results": {k: v.summary() for k, v in results.items()},
     }
     if "vlm-grpo" in results and "trl" in results:
@@ -58,7 +59,7 @@ def format_report(report: dict[str, Any]) -> str:
             f"{s['steps']} measured step(s) after {s['warmup']} warm-up, "
             f"rollouts by {'vLLM (colocate)' if s.get('engine') == 'vllm' else 'generate()'}"
         ),
-        f"device: {report['device']}",
+        f"device: {report['device']}; precision: {report.get('precision', '?')} in both frameworks",
         "",
         "| framework | step time (s) | rollout (s) | rollout tokens/s | vision calls/step | images encoded/step | peak memory (MiB) "
         "| step CPU time (s) |",

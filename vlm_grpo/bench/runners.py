@@ -19,7 +19,7 @@ import torch
 from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.bench.engine_parts import EngineParts
 from vlm_grpo.bench.measure import FrameworkResult, PeakMemory, sync
-from vlm_grpo.bench.settings import BenchSettings
+from vlm_grpo.bench.settings import BenchSettings, precision_on
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
 from vlm_grpo.grpo.settings.sections import OptimConfig
 from vlm_grpo.grpo.settings.model import LoraSettings
@@ -92,7 +92,7 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
         "--guard.audit_at_start", "false",  # letter_share is a cost stand-in that pays content-free text by design
         "--shared-prefix", str(settings.shared_prefix).lower(),
         "--share-image-features", str(settings.share_image_features).lower(),
-        "--mixed-precision", "bf16" if device.type == "cuda" else "no", "--generation.sampler", settings.sampler,
+        "--mixed-precision", "bf16" if precision_on(settings, device) == "bf16" else "no", "--generation.sampler", settings.sampler,
         "--lora.r", str(settings.lora_r), "--load-in-4bit", str(settings.load_in_4bit).lower(),
         "--rollout.engine", settings.engine,
     ]
@@ -188,7 +188,7 @@ def run_trl(settings: BenchSettings, source: str, device: torch.device, work: Pa
         report_to="none",
         save_strategy="no",
         use_cpu=device.type == "cpu",
-        bf16=device.type == "cuda",
+        bf16=precision_on(settings, device) == "bf16",  # TRL's own bf16: its mixed precision over fp32 weights
         seed=settings.seed,
         dataloader_num_workers=0,
         disable_tqdm=True,

@@ -10,6 +10,18 @@ ENGINES = ("transformers", "vllm")  # what samples the rollouts: generate() or v
 DEFAULT_THREADS = {"preset:qwen2_5_vl_small": 2, "preset:hybrid_vit_heavy": 1}
 
 
+PRECISIONS = ("fp32", "bf16")
+
+
+def precision_on(settings, device) -> str:
+    """The precision both frameworks run in: the asked one, else bf16 on a GPU and fp32 on a CPU."""
+    if settings.precision is None:
+        return "bf16" if device.type == "cuda" else "fp32"
+    if settings.precision not in PRECISIONS:
+        raise ValueError(f"precision {settings.precision!r}: use one of {', '.join(PRECISIONS)}")
+    return settings.precision
+
+
 @dataclass
 class BenchSettings:
     model: str = "preset:qwen2_5_vl_small"  # a --model value (CPU: preset:qwen2_5_vl_small / hybrid_vit_heavy)
@@ -33,4 +45,5 @@ class BenchSettings:
     lora_r: int = 0  # > 0: LoRA of this rank on the language model's projections, in both frameworks
     load_in_4bit: bool = False  # QLoRA: the base loaded in 4 bit (bitsandbytes NF4) in both frameworks; needs lora_r
     device: str | None = None  # default: cuda if available, else cpu
+    precision: str | None = None  # fp32 | bf16 in both frameworks (None: bf16 on a GPU, fp32 on a CPU)
     engine: str = "transformers"  # vllm: vlm-grpo's rollout.engine vllm, TRL's use_vllm (vllm_mode colocate)

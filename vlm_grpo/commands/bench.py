@@ -51,6 +51,9 @@ def add_parser(sub) -> None:
                    help="what samples the rollouts: generate() (transformers), or vLLM in this process (vlm-grpo's "
                    "rollout.engine vllm; TRL's use_vllm with vllm_mode colocate). vllm needs the vllm package "
                    "(README, 'Rollouts with vLLM')")
+    p.add_argument("--precision", default=None, choices=["fp32", "bf16"],
+                   help="both frameworks in this precision: fp32, or bf16 (vlm-grpo's mixed_precision bf16, TRL's own "
+                   "bf16=True). Default: bf16 on a GPU, fp32 on a CPU")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
     p.add_argument("--json", default=None, help="also write the full report (per-step times included) to this file")
     p.set_defaults(func=run)
@@ -100,6 +103,7 @@ def run(args) -> int:
         freeze=tuple(g for g in args.freeze.split(",") if g),
         shared_prefix=args.shared_prefix, share_image_features=args.share_image_features, sampler=args.sampler,
         lora_r=args.lora_r, load_in_4bit=args.load_in_4bit, device=args.device, engine=args.engine,
+        precision=args.precision,
     )
     report = run_benchmark(settings)
     print(format_report(report))

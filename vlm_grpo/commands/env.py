@@ -38,7 +38,11 @@ def _device_lines() -> list[str]:
                          f"{'yes' if torch.cuda.is_bf16_supported() else 'no'}")
         lines.append(f"  mixed precision: bf16, fp16 (CUDA {torch.version.cuda})")
     else:
-        lines.append("  no CUDA device: training runs on the CPU; mixed precision bf16 (CPU autocast), fp16 refused")
+        from vlm_grpo.grpo.training.precision import cpu_bf16_flags
+
+        flags = cpu_bf16_flags()
+        native = f"native: {', '.join(flags)}" if flags else "emulated, slower than float32: no AMX-BF16 or AVX512-BF16"
+        lines.append(f"  no CUDA device: training runs on the CPU; mixed precision bf16 ({native}), fp16 refused")
     return lines
 
 

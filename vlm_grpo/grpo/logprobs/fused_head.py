@@ -14,8 +14,10 @@ chunk, forward and backward, and are reduced in place:
   the two products (hidden-state and weight gradients). A frozen head (LoRA) needs neither: its forward takes
   E_p[W] (one product with the probabilities it holds), and backward is g (W[target] - E_p[W]) / T.
 
-It serves a plain `torch.nn.Linear` head in float32 outside autocast; anything else (a wrapped or quantized head,
-autocast, lower precision) takes the generic path of lm_head.py.
+It serves a plain `torch.nn.Linear` head outside autocast, in float32 or with weights stored in bf16/fp16
+(training/precision.py): there the products run in the weights' dtype through a second buffer of that dtype, and
+every reduction in float32, as the generic path rounds them. Anything else (a wrapped or quantized head, autocast)
+takes the generic path of lm_head.py.
 """
 
 from __future__ import annotations
@@ -27,19 +29,29 @@ def fusable(head: torch.nn.Module, hidden: torch.Tensor) -> bool:
     """Whether `fused_scores` can stand in for the generic path for this head and these hidden states."""
     return (
         type(head) is torch.nn.Linear
-        and head.weight.dtype == torch.float32
-        and hidden.dtype == torch.float32
+        and head.weight.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        and hidden.dtype == head.weight.dtype
         and not torch.is_autocast_enabled(hidden.device.type)
         and type(head.weight) in (torch.Tensor, torch.nn.Parameter)  # not a DTensor or a quantized weight
     )
 
 
-def _logits_into(out: torch.Tensor, hidden, weight, bias, temperature: float, softcap: float | None) -> torch.Tensor:
-    """out <- softcap(hidden @ weight.T + bias) / temperature, in place (the rounding of the generic path)."""
+def _low_buffer(buffer: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """A buffer of the weight's dtype beside the float32 one, for the products of a bf16/fp16 head (None: float32)."""
+    return None if weight.dtype == buffer.dtype else buffer.new_empty(buffer.shape, dtype=weight.dtype)
+
+
+def _logits_into(out: torch.Tensor, hidden, weight, bias, temperature: float, softcap: float | None,
+                 low: torch.Tensor | None = None) -> torch.Tensor:
+    """out (float32) <- softcap(hidden @ weight.T + bias) / temperature, in place (the rounding of the generic path:
+    a bf16/fp16 head's product in its dtype, in `low`, then upcast)."""
+    product = out if low is None else low[: out.shape[0]]
     if bias is None:
-        torch.mm(hidden, weight.t(), out=out)
+        torch.mm(hidden, weight.t(), out=product)
     else:
-        torch.addmm(bias, hidden, weight.t(), out=out)
+        torch.addmm(bias, hidden, weight.t(), out=product)
+    if low is not None:
+        out.copy_(product)
     if softcap:
         out.div_(softcap).tanh_().mul_(softcap)
     if temperature != 1.0:
@@ -51,19 +63,21 @@ class _FusedHeadScores(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature, softcap, with_entropy, with_hits, rows):
         count, vocab = hidden.shape[0], weight.shape[0]
-        logps = hidden.new_empty(count)
-        lse = hidden.new_empty(count)
-        entropy = hidden.new_zeros(count)
+        f32 = dict(dtype=torch.float32)
+        logps = hidden.new_empty(count, **f32)
+        lse = hidden.new_empty(count, **f32)
+        entropy = hidden.new_zeros(count, **f32)
         hits = torch.zeros(count, dtype=torch.bool, device=hidden.device)
-        buffer = hidden.new_empty(min(rows, count), vocab)
-        weights = hidden.new_empty(buffer.shape) if with_entropy else None
+        buffer = hidden.new_empty(min(rows, count), vocab, **f32)
+        low = _low_buffer(buffer, weight)
+        weights = hidden.new_empty(buffer.shape, **f32) if with_entropy else None
         # A frozen head (LoRA, a frozen LM head) needs only d log p(t) / d h = (W[t] - E_p[W]) / T in backward, and
         # the forward holds p: one product with it here instead of recomputing the logits there.
         direct = ctx.needs_input_grad[0] and not any(ctx.needs_input_grad[1:3]) and not softcap
-        expected = hidden.new_empty(count, hidden.shape[1]) if direct else None
+        expected = hidden.new_empty(count, hidden.shape[1], **f32) if direct else None
         for start in range(0, count, rows):
             end = min(count, start + rows)
-            x = _logits_into(buffer[: end - start], hidden[start:end], weight, bias, temperature, softcap)
+            x = _logits_into(buffer[: end - start], hidden[start:end], weight, bias, temperature, softcap, low)
             top = x.amax(dim=-1)
             picked = x.gather(1, targets[start:end, None]).squeeze(1)
             if with_hits:
@@ -83,7 +97,11 @@ class _FusedHeadScores(torch.autograd.Function):
                 e = x.exp_()
                 total = e.sum(-1)
             if direct:  # E_p[W] = (e @ W) / total
-                torch.mm(e, weight, out=expected[start:end]).div_(total[:, None])
+                if low is None:
+                    torch.mm(e, weight, out=expected[start:end]).div_(total[:, None])
+                else:  # the product in the weight's dtype, the division in float32
+                    product = torch.mm(low[: end - start].copy_(e), weight)
+                    expected[start:end] = product.float().div_(total[:, None])
             lse[start:end] = top + total.log()
             logps[start:end] = picked - lse[start:end]
         ctx.save_for_backward(hidden, weight, bias, targets, lse, expected)
@@ -97,18 +115,20 @@ class _FusedHeadScores(torch.autograd.Function):
         temperature, softcap, rows = ctx.options
         want_hidden, want_weight, want_bias = ctx.needs_input_grad[:3]
         if expected is not None:  # a frozen head: the forward took E_p[W]
-            grad_hidden = (weight[targets] - expected).mul_((grad_logps / temperature)[:, None])
+            grad_hidden = (weight[targets].float() - expected).mul_((grad_logps / temperature)[:, None])
+            grad_hidden = grad_hidden.to(hidden.dtype)
             return grad_hidden, None, None, None, None, None, None, None, None
         count, vocab = hidden.shape[0], weight.shape[0]
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
         grad_weight = torch.zeros_like(weight) if want_weight else None
         grad_bias = torch.zeros_like(bias) if want_bias else None
-        buffer = hidden.new_empty(min(rows, count), vocab)
-        capped = hidden.new_empty(buffer.shape) if softcap else None
+        buffer = hidden.new_empty(min(rows, count), vocab, dtype=torch.float32)
+        low = _low_buffer(buffer, weight)
+        capped = hidden.new_empty(buffer.shape, dtype=torch.float32) if softcap else None
         for start in range(0, count, rows):
             end = min(count, start + rows)
             h, g = hidden[start:end], grad_logps[start:end]
-            x = _logits_into(buffer[: end - start], h, weight, bias, temperature, softcap)
+            x = _logits_into(buffer[: end - start], h, weight, bias, temperature, softcap, low)
             if softcap:  # d softcap(l) / d l = 1 - (softcap(l) / softcap)^2
                 capped[: end - start].copy_(x).mul_(temperature / softcap).square_().neg_().add_(1.0)
             # d log p(t) / d x = onehot(t) - softmax(x), times the incoming gradient
@@ -118,12 +138,14 @@ class _FusedHeadScores(torch.autograd.Function):
                 x.div_(temperature)
             if softcap:
                 x.mul_(capped[: end - start])
+            if low is not None:  # the products in the weight's dtype
+                x = low[: end - start].copy_(x)
             if want_hidden:
                 torch.mm(x, weight, out=grad_hidden[start:end])
             if want_weight:
                 grad_weight.addmm_(x.t(), h)
             if want_bias:
-                grad_bias.add_(x.sum(0))
+                grad_bias.add_(x.sum(0, dtype=torch.float32).to(grad_bias.dtype))
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None
 
 

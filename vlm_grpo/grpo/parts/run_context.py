@@ -19,6 +19,7 @@ from vlm_grpo.grpo.run.run_trackers import RunTrackers
 from vlm_grpo.grpo.run.trackers import check_trackers
 from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.settings.sections import TrainConfig
+from vlm_grpo.grpo.training.precision import accelerator_precision
 from vlm_grpo.grpo.training.preflight import check_mixed_precision
 
 
@@ -30,7 +31,7 @@ class RunContext:
         self.cfg = cfg
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),  # lets torchrun-launched CPU processes form a gloo group
-            mixed_precision=cfg.mixed_precision,
+            mixed_precision=accelerator_precision(cfg),  # none where the weights themselves are stored in bf16
             log_with=cfg.logging.report_to or None,
             project_dir=cfg.logging.output_dir,
         )

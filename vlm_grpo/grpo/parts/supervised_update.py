@@ -8,7 +8,6 @@ from typing import Any
 
 from vlm_grpo.grpo.evaluate import heldout_metrics
 from vlm_grpo.grpo.sft import build_sft_batch, completion_nll
-from vlm_grpo.grpo.training.optimizer import update_step
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +26,7 @@ class SupervisedUpdate:
         chunks = [rows[i : i + per] for i in range(0, len(rows), per)]
         # The mean over the step's completion tokens; DDP averages gradients, so scale by the process count.
         tokens = acc.reduce(batch.completion_mask.sum().float(), reduction="sum") / acc.num_processes
-        policy.optimizer.zero_grad(set_to_none=True)
+        policy.zero_grad()
         nll_sum = hit_sum = 0.0
         for k, chunk in enumerate(chunks):
             with policy.accumulating(last=k == len(chunks) - 1):
@@ -35,11 +34,11 @@ class SupervisedUpdate:
                 acc.backward(total / tokens)
             nll_sum += total.item()
             hit_sum += hits.item()
-        grad_norm, was_skipped = update_step(acc, policy.optimizer, cfg.optim)
+        grad_norm, was_skipped = policy.update(cfg.optim)
         if was_skipped:
             log.warning("sft step %d: non-finite gradient norm, update skipped", step)
         policy.scheduler.step()
-        policy.optimizer.zero_grad(set_to_none=True)
+        policy.zero_grad()
         n = batch.completion_mask.sum().item()
         metrics = self.ctx.mean_over_processes({
             "loss": nll_sum / max(n, 1),

@@ -14,7 +14,8 @@ from vlm_grpo.grpo.distributed import fsdp
 from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
 from vlm_grpo.adapters.freeze import apply_freeze
 from vlm_grpo.grpo.training.lora import apply_lora
-from vlm_grpo.grpo.training.optimizer import build_optimizer, build_scheduler, trainable_table
+from vlm_grpo.grpo.training.optimizer import build_optimizer, build_scheduler, trainable_table, update_step
+from vlm_grpo.grpo.training.precision import MasterWeights, stores_bf16, to_bf16
 from vlm_grpo.grpo.training.policy import apply_prompt_settings, check_generation_fields
 from vlm_grpo.loader import apply_cache_policy
 
@@ -40,6 +41,8 @@ class TrainedPolicy:
         if cfg.lora.r > 0:
             apply_lora(adapter, cfg.lora, train_fully=cfg.optim.trainable_patterns)
         apply_freeze(adapter, cfg.optim)  # on the wrapped model too: what trains is final before after_freeze
+        if stores_bf16(cfg):  # before after_freeze: the reference copy is bf16 too
+            to_bf16(adapter.model)
         after_freeze(adapter)
         adapter.model.train(dropout)  # GRPO: no dropout, the ratio compares like with like
         if cfg.perf.gradient_checkpointing:
@@ -47,7 +50,9 @@ class TrainedPolicy:
         if self.sharding != "no":  # before the optimizer: it must hold the shards
             root = fsdp.shard(adapter.model, self.sharding)
             shard_more(self.sharding)
-        optimizer = build_optimizer(adapter, cfg.optim)
+        # float32 masters of the bf16 weights (None: the optimizer steps the weights themselves)
+        self.masters = MasterWeights(adapter.model) if stores_bf16(cfg) else None
+        optimizer = build_optimizer(adapter, cfg.optim, self.masters)
         self.scheduler = build_scheduler(optimizer, cfg.optim, total_steps=scheduler_steps)
         acc = ctx.accelerator
         if self.sharding == "no":
@@ -81,6 +86,21 @@ class TrainedPolicy:
         if last:
             return contextlib.nullcontext()
         return fsdp.no_sync(self.model) if self.sharded else self.ctx.accelerator.no_sync(self.model)
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.masters is not None:
+            self.masters.clear_weight_gradients()
+
+    def update(self, optim_cfg) -> tuple[torch.Tensor, bool]:
+        """Clip and apply one optimizer update from the accumulated gradients: (gradient norm, skipped). bf16
+        weights: their gradients go onto the float32 masters first, and the updated masters back into them."""
+        if self.masters is not None:
+            self.masters.gradients_in()
+        grad_norm, skipped = update_step(self.ctx.accelerator, self.optimizer, optim_cfg)
+        if self.masters is not None and not skipped:
+            self.masters.weights_out()
+        return grad_norm, skipped
 
     def learning_rates(self) -> dict[str, float]:
         return {f"lr/{g['name']}": g["lr"] for g in self.optimizer.param_groups}

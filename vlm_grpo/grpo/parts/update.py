@@ -13,7 +13,6 @@ import torch
 from vlm_grpo.grpo.algorithm import reference_sync
 from vlm_grpo.grpo.algorithm.losses import Collective, EntropyControl, policy_loss
 from vlm_grpo.grpo.algorithm.trajectory import Trajectory
-from vlm_grpo.grpo.training.optimizer import update_step
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +40,7 @@ class PolicyUpdate:
         sums: dict[str, float] = {}
         skipped = 0
         for _ in range(cfg.num_iterations):
-            policy.optimizer.zero_grad(set_to_none=True)
+            policy.zero_grad()
             for k, rows in enumerate(chunks):
                 with policy.accumulating(last=k == len(chunks) - 1):
                     scores = self.scorer.scores(traj, rows, policy.model, with_entropy=True,
@@ -58,12 +57,12 @@ class PolicyUpdate:
                     acc.backward(loss)
                 for key, value in metrics.items():
                     sums[key] = sums.get(key, 0.0) + float(value) * len(rows) / len(traj) / cfg.num_iterations
-            grad_norm, was_skipped = update_step(acc, policy.optimizer, cfg.optim)
+            grad_norm, was_skipped = policy.update(cfg.optim)
             if was_skipped:
                 skipped += 1
                 log.warning("step %d: non-finite gradient norm, update skipped", step)
             policy.scheduler.step()
-            policy.optimizer.zero_grad(set_to_none=True)
+            policy.zero_grad()
             self.entropy_control.end_update(self.collective.reduce_sum)
             if self.entropy_control.enabled:  # TRL logs the coefficient as it stands after the update
                 sums["entropy_coef"] = sums.get("entropy_coef", 0.0) + self.entropy_control.coef / cfg.num_iterations

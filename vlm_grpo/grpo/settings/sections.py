@@ -296,7 +296,9 @@ class TrainConfig:
                                                choices=MULTI_OBJECTIVE)
     num_iterations: int = setting(1, help="optimizer updates per rollout batch", at_least=1)
     gradient_accumulation_steps: int = setting(1, resume="honoured", help="micro-batches per update (whole prompt groups each)", at_least=1)
-    mixed_precision: str = setting("no", help="autocast precision", choices=("no", "bf16", "fp16"))
+    mixed_precision: str = setting("no", help="bf16: weights stored in bfloat16, float32 master weights in the optimizer "
+                                   "(autocast with a 4-bit base or fsdp); fp16: autocast with a loss scaler",
+                                   choices=("no", "bf16", "fp16"))
     fsdp: str = setting("no", resume="fixed", help="shard weights, gradients and optimizer state across processes (torch FSDP2): "
                         "full_shard, or shard_grad_op (blocks keep their weights from forward to backward); also on "
                         "under accelerate launch --use_fsdp --fsdp_version 2", choices=FSDP_MODES,

@@ -43,16 +43,18 @@ def param_groups(adapter, cfg: OptimConfig) -> list[dict]:
     return groups
 
 
-def build_optimizer(adapter, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """Apply the freeze policy, then the optimizer (AdamW by default) over the per-module-group parameter groups."""
+def build_optimizer(adapter, cfg: OptimConfig, masters=None) -> torch.optim.Optimizer:
+    """Apply the freeze policy, then the optimizer (AdamW by default) over the per-module-group parameter groups;
+    with `masters` (training/precision.py MasterWeights) it steps their float32 masters of the bf16 weights."""
     apply_freeze(adapter, cfg)
+    groups = param_groups(adapter, cfg)
+    if masters is not None:
+        groups = masters.param_groups(groups)
     if cfg.optimizer == "adamw_torch":
-        return torch.optim.AdamW(
-            param_groups(adapter, cfg), lr=cfg.learning_rate, betas=cfg.adam_betas, eps=cfg.adam_eps,
-            weight_decay=cfg.weight_decay,
-        )
+        return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=cfg.adam_betas, eps=cfg.adam_eps,
+                                 weight_decay=cfg.weight_decay)
     cls, kwargs = optimizer_class(cfg)
-    return cls(param_groups(adapter, cfg), **kwargs)
+    return cls(groups, **kwargs)
 
 
 def optimizer_class(cfg: OptimConfig) -> tuple[type, dict]:

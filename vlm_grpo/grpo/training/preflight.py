@@ -25,19 +25,21 @@ log = logging.getLogger(__name__)
 def check_mixed_precision(mode: str, device: str | None = None) -> None:
     """Mixed precision the run's device cannot honour, refused naming the setting: accelerate would otherwise train
     in float32 without a word (fp16 on a CPU) or fail inside the first step (bf16 on a GPU without bfloat16).
-    bf16 on a CPU is honoured (torch autocasts CPU matmuls to bfloat16) and accepted."""
+    bf16 on a CPU is honoured, and said to be slow where the CPU has no native bfloat16 (training/precision.py)."""
+    from vlm_grpo.grpo.training.precision import bf16_is_fast
+
     if mode == "no":
         return
     target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if target.type == "cpu" and not torch.cuda.is_available() and mode == "fp16":
         raise SettingError("mixed_precision", "fp16 on a CPU: accelerate runs no fp16 autocast there and would train "
-                           "in float32; use bf16 (CPU autocast) or no")
+                           "in float32; use bf16 or no")
     if target.type == "cuda" and mode == "bf16" and not torch.cuda.is_bf16_supported():
         raise SettingError("mixed_precision", f"bf16: {torch.cuda.get_device_name(target)} has no bfloat16 support; "
                            "use fp16 or no")
-    if target.type == "cpu" and mode == "bf16":  # honoured, but not for free: say so
-        log.warning("mixed_precision bf16 on a CPU: torch's CPU autocast runs matmuls in bfloat16 (fast only on CPUs "
-                    "with native bfloat16, e.g. AVX512-BF16 or AMX; slower than float32 elsewhere)")
+    if target.type == "cpu" and mode == "bf16" and not bf16_is_fast(target):  # honoured, but not for free: say so
+        log.warning("mixed_precision bf16 on a CPU without native bfloat16 (no AMX-BF16 or AVX512-BF16 flag): torch "
+                    "emulates its bfloat16 matmuls there, slower than float32")
 
 
 @dataclass
