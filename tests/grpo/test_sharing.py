@@ -10,7 +10,8 @@ from tests.adapters.samples import mixed_batch, user_turn
 from tests.conftest import families_with, families_without
 from vlm_grpo.adapters.module_groups import vision_module
 from vlm_grpo.adapters.registry import family_class
-from vlm_grpo.adapters.sharing import generate_shared, image_features
+from vlm_grpo.adapters.features import hf_core
+from vlm_grpo.adapters.sharing import empty_static_cache, generate_shared, image_features
 from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
 from vlm_grpo.grpo.logprobs.completions import ScoreOptions, group_scores, token_logprobs_and_entropy
@@ -115,6 +116,29 @@ def test_greedy_shared_prefix_rollout_equals_plain_greedy(family):
     assert diff <= 1e-4
     assert shared.prefill_tokens < int(prompts.repeat(G).attention_mask.sum())
     assert shared.features.counts == adapter.feature_counts(prompts)
+
+
+@pytest.mark.parametrize("family", families_with("shares_prefix"))
+def test_static_cache_rollout_equals_the_dynamic_one(family):
+    """generation.cache_implementation static: the shared prefix is copied into a StaticCache of every row's full
+    length (generate() must not build its own beside it), and greedy decoding gives the dynamic cache's tokens and
+    logits. A model with sliding-window or recurrent layers takes the plain path, where generate() builds its own
+    static cache."""
+    adapter = family_class(family).tiny(seed=0)
+    prompts = _prompts(adapter)
+    settings = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, use_cache=True, output_logits=True)
+    dynamic = generate_shared(adapter, prompts, G, **settings)
+    adapter.model.generation_config.cache_implementation = "static"
+    try:
+        static = generate_shared(adapter, prompts, G, **settings)
+    finally:
+        adapter.model.generation_config.cache_implementation = None
+    copyable = empty_static_cache(hf_core(adapter.model), 8) is not None
+    assert static.shared == copyable
+    length = prompts.input_ids.shape[1]
+    assert torch.equal(dynamic.output.sequences[:, length:], static.output.sequences[:, length:])
+    diff = (torch.stack(dynamic.output.logits, 1) - torch.stack(static.output.logits, 1)).abs().max().item()
+    assert diff <= 1e-4
 
 
 @pytest.mark.parametrize("family", families_without("shares_features"))
@@ -240,3 +264,38 @@ def test_encoding_once_before_the_rollout_gives_the_same_run(tmp_path):
     assert [m["reward"] for m in once] == [m["reward"] for m in twice]  # the same completions
     for name, value in weights_once.items():
         assert torch.allclose(value, weights_twice[name], rtol=0, atol=1e-6), name
+
+
+def test_compile_decode_true_compiles_the_static_decode_on_a_cpu_with_the_same_tokens():
+    """generation.compile_decode true: transformers compiles the decode step over the static cache off a GPU too
+    (inductor), and greedy decoding is unchanged; without a static cache the setting is refused."""
+    from vlm_grpo.grpo.setting_fields import SettingError
+    from vlm_grpo.grpo.settings.sections import GenerationConfig
+    from vlm_grpo.grpo.training.policy import sampling_with
+
+    with pytest.raises(SettingError, match="cache_implementation static"):
+        GenerationConfig(compile_decode="true")
+    adapter = family_class("qwen2_5_vl").tiny(seed=0)
+    prompts = _prompts(adapter)
+    settings = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False, use_cache=True)
+    with sampling_with(adapter.model, GenerationConfig(cache_implementation="static", compile_decode="false")):
+        eager = generate_shared(adapter, prompts, G, **settings)
+    compiled_calls = []
+    forward = type(adapter.model).forward
+    with sampling_with(adapter.model, GenerationConfig(cache_implementation="static", compile_decode="true")):
+        config = adapter.model.generation_config.compile_config
+        assert config._compile_all_devices
+        original = adapter.model.get_compiled_call
+
+        def spy(compile_config):
+            compiled_calls.append(compile_config)
+            return original(compile_config)
+
+        adapter.model.get_compiled_call = spy
+        try:
+            compiled = generate_shared(adapter, prompts, G, **settings)
+        finally:
+            del adapter.model.get_compiled_call
+    assert compiled_calls and compiled_calls[0] == config  # generate() took the compiled decode step (a copy)
+    assert type(adapter.model).forward is forward
+    assert torch.equal(eager.output.sequences, compiled.output.sequences)

@@ -110,13 +110,17 @@ def generate_shared(
     model = adapter.model
     kwargs = adapter.generation_kwargs(**settings)
     length = batch.input_ids.shape[1]
+    core = hf_core(model)
+    # a static cache the prefix can be copied into (None: not asked for, or sliding / recurrent layers, which
+    # generate() fills itself on the plain path)
+    static = empty_static_cache(core, length + kwargs["max_new_tokens"]) if wants_static_cache(model) else None
     if not kwargs["use_cache"] or not adapter.shares_prefix or length < 2 \
+            or (wants_static_cache(model) and static is None) \
             or bool((batch.input_ids[:, -1] == adapter.image_token_id).any()):
         grouped = batch.repeat(num_generations)
         with torch.no_grad():
             out = model.generate(**adapter.model_inputs(grouped), **kwargs)
         return GroupGeneration(out, None, int(grouped.attention_mask.sum()), shared=False)
-    core = hf_core(model)
     prefix = prompt_prefix(text_side(adapter, batch), length - 1)
     with torch.no_grad():
         features = image_features(adapter, batch) if features is None else features
@@ -124,7 +128,12 @@ def generate_shared(
         inputs = embed_with_features(adapter, prefix, features, empty, empty)
         inputs.setdefault("position_ids", generation_positions(inputs["attention_mask"]))
         cache = returned_cache(model(**inputs, use_cache=True, logits_to_keep=1))
-        select_cache_rows(cache, torch.arange(len(batch), device=batch.input_ids.device).repeat_interleave(num_generations))
+        rows = torch.arange(len(batch), device=batch.input_ids.device).repeat_interleave(num_generations)
+        if static is not None:  # the prefix goes into a static cache of every row's full length
+            cache = fill_static(static, cache, rows)
+            kwargs = {**kwargs, "cache_implementation": None}  # the cache is given: generate() must not build one
+        else:
+            select_cache_rows(cache, rows)
         adapter.expand_generation_state(prefix, num_generations, core)
         out = model.generate(
             input_ids=batch.input_ids.repeat_interleave(num_generations, dim=0),
@@ -134,6 +143,37 @@ def generate_shared(
         )
     prefill = int(prefix.attention_mask.sum()) + len(batch) * num_generations  # + each row's last prompt token
     return GroupGeneration(out, features.detach(), prefill, shared=True)
+
+
+def wants_static_cache(model) -> bool:
+    """Whether rollouts decode with a static KV cache (`generation.cache_implementation static`: fixed-shape tensors,
+    which transformers compiles the decode step over: on a GPU by itself, on a CPU with `generation.compile_decode`)."""
+    return getattr(model.generation_config, "cache_implementation", None) == "static"
+
+
+def empty_static_cache(core, max_len: int):
+    """An empty StaticCache of `max_len` positions for the model, if every layer is a plain full-attention one (the
+    prefix copy writes whole rows); None for sliding-window or recurrent layers."""
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticLayer
+
+    try:
+        static = StaticCache(config=core.config, max_cache_len=max_len)
+    except (TypeError, ValueError, AttributeError):  # a config the cache class cannot read its layers from
+        return None
+    return static if static.layers and all(type(layer) is StaticLayer for layer in static.layers) else None
+
+
+def fill_static(static, cache, rows: torch.Tensor):
+    """`static` holding row `rows[k]` of `cache` (a prefilled dynamic cache) as its row k, written through the
+    cache's own `update`."""
+    layers = getattr(cache, "layers", None) or []
+    if len(layers) != len(static.layers) or any(getattr(layer, "keys", None) is None for layer in layers):
+        raise RuntimeError(f"the prefilled cache has {len(layers)} layers, the static cache {len(static.layers)} "
+                           "key/value layers: they cannot be copied one to one")
+    for index, layer in enumerate(layers):
+        static.update(layer.keys.index_select(0, rows), layer.values.index_select(0, rows), index)
+    return static
 
 
 def select_cache_rows(cache, rows: torch.Tensor) -> None:

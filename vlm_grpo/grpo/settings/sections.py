@@ -95,7 +95,11 @@ class GenerationConfig:
     min_p: float | None = setting(None, help="keep tokens whose probability is at least min_p x the top one's "
                                   "(None: off)", at_least=0.0, at_most=1.0)
     cache_implementation: str | None = setting(None, help="generate()'s KV cache class, e.g. static (None: the "
-                                               "model's default)")
+                                               "model's default); static: fixed-shape tensors the decode step can be "
+                                               "compiled over (the shared prompt prefix is copied into it)")
+    compile_decode: str = setting("auto", help="torch.compile the decode step over a static cache: auto (as "
+                                  "transformers does: on a GPU), true (also on a CPU, inductor: pays only where Python "
+                                  "overhead dominates a step) or false", choices=("auto", "true", "false"))
     generation_kwargs: dict[str, Any] = setting(factory=dict, help="more transformers GenerationConfig fields for "
                                                 "rollouts (e.g. {no_repeat_ngram_size: 3}), on the model's "
                                                 "generation config while it samples")
@@ -104,6 +108,9 @@ class GenerationConfig:
         check_fields(self)
         if self.min_new_tokens > self.max_new_tokens:
             raise SettingError("min_new_tokens", f"{self.min_new_tokens} is above max_new_tokens ({self.max_new_tokens})")
+        if self.compile_decode == "true" and self.cache_implementation != "static":
+            raise SettingError("compile_decode", "true compiles the decode step over a static cache: set "
+                               "generation.cache_implementation static too")
 
 
 @dataclass

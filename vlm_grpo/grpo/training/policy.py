@@ -36,9 +36,13 @@ def apply_prompt_settings(adapter, cfg: TrainConfig) -> None:
 
 
 def generation_fields(gen) -> dict:
-    """TRL's repetition_penalty, min_p, cache_implementation and generation_kwargs as GenerationConfig fields (only
-    those set: none at the defaults)."""
+    """TRL's repetition_penalty, min_p, cache_implementation and generation_kwargs, and compile_decode, as
+    GenerationConfig fields (only those set: none at the defaults)."""
     fields = dict(gen.generation_kwargs)
+    if gen.compile_decode == "false":
+        fields["disable_compile"] = True
+    elif gen.compile_decode == "true":
+        fields["compile_config"] = cpu_compile_config()
     if gen.repetition_penalty != 1.0:
         fields["repetition_penalty"] = gen.repetition_penalty
     if gen.min_p is not None:
@@ -46,6 +50,20 @@ def generation_fields(gen) -> dict:
     if gen.cache_implementation is not None:
         fields["cache_implementation"] = gen.cache_implementation
     return fields
+
+
+def cpu_compile_config():
+    """transformers' CompileConfig with its switch to compile generate() on any device (by default only on a GPU)."""
+    from transformers.generation.configuration_utils import CompileConfig
+
+    from vlm_grpo.grpo.setting_fields import SettingError
+
+    config = CompileConfig(fullgraph=False, dynamic=False, mode="default")  # no CUDA graphs off a GPU
+    if not hasattr(config, "_compile_all_devices"):  # the switch moved: say so rather than run uncompiled
+        raise SettingError("compile_decode", "this transformers has no switch to compile generate() off a GPU "
+                           "(CompileConfig._compile_all_devices): use auto")
+    config._compile_all_devices = True
+    return config
 
 
 def check_generation_fields(model, gen) -> None:
