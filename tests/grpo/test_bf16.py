@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 
+from tests.adapters.samples import mixed_batch
 from tests.grpo.test_sharing import _prompts
 from tests.trained import trained
 from vlm_grpo.adapters.registry import family_class
@@ -112,3 +113,24 @@ def test_rollout_logprobs_in_bf16_are_within_tolerance_of_the_trainers(family):
                                torch.ones_like(completion)).logps
     diff = (trainer - sampled).abs()
     assert diff.max().item() <= ROLLOUT_TOLERANCE_MAX and diff.mean().item() <= ROLLOUT_TOLERANCE_MEAN
+
+
+def test_every_family_trains_and_samples_with_bf16_weights(family):
+    """Weights cast as the run casts them (buffers kept, as from_pretrained(dtype=bfloat16) keeps a rotary table in
+    float32): a sampled rollout and a scored, differentiated forward run, and the gradients are bf16."""
+    from vlm_grpo.grpo.training.precision import to_bf16
+
+    adapter = family_class(family).tiny(seed=0)
+    buffers = {n: b.dtype for n, b in adapter.model.named_buffers()}
+    to_bf16(adapter.model)
+    assert all(p.dtype == torch.bfloat16 for p in adapter.model.parameters() if p.is_floating_point())
+    assert {n: b.dtype for n, b in adapter.model.named_buffers()} == buffers
+    prompts = adapter.encode_prompts(*mixed_batch(adapter)).to("cpu", dtype=torch.bfloat16)
+    out = generate_shared(adapter, prompts, 2, max_new_tokens=4, min_new_tokens=4, do_sample=True, use_cache=None)
+    completion = out.output.sequences[:, prompts.input_ids.shape[1]:]
+    scores = group_scores(adapter, prompts, [i for i in range(len(prompts)) for _ in range(2)], completion,
+                          torch.ones_like(completion))
+    assert torch.isfinite(scores.logps).all()
+    scores.logps.sum().backward()
+    grads = [p.grad for p in adapter.model.parameters() if p.grad is not None]
+    assert grads and all(g.dtype == torch.bfloat16 for g in grads)

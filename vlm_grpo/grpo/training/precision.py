@@ -57,8 +57,12 @@ def accelerator_precision(cfg) -> str:
 
 
 def to_bf16(model: torch.nn.Module) -> None:
-    """The model's floating-point weights and buffers in bfloat16 (integer buffers as they are)."""
-    model.to(torch.bfloat16)
+    """The model's floating-point weights in bfloat16, in place (each Parameter kept, so tied weights stay tied).
+    Buffers stay as they are, as `from_pretrained(dtype=bfloat16)` leaves them: a rotary table's inverse
+    frequencies rounded to bf16 would turn far positions by the wrong angle."""
+    for param in model.parameters():
+        if param.is_floating_point() and param.dtype != torch.bfloat16:
+            param.data = param.data.to(torch.bfloat16)
 
 
 class MasterWeights:
