@@ -116,3 +116,37 @@ def test_trl_rolls_out_with_its_use_vllm_colocate_under_engine_vllm(monkeypatch)
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1" and os.environ["VLLM_HOST_IP"] == "127.0.0.1"
     config = GRPOConfig(output_dir="unused", use_cpu=True, report_to="none", **fields)  # TRL takes them as they are
     assert config.use_vllm and config.vllm_mode == "colocate"
+
+
+def test_bench_precision_bf16_runs_both_frameworks_in_bf16(tmp_path, monkeypatch, capsys):
+    """--precision bf16: vlm-grpo's mixed_precision bf16 (weights stored in bf16) and TRL's own bf16=True, and the
+    report prints the precision."""
+    import torch
+    import trl
+
+    from vlm_grpo.api.trainers import GRPOTrainer
+
+    seen = {}
+    ours = GRPOTrainer.from_settings.__func__
+
+    def our_trainer(cls, cfg, **kw):
+        trainer = ours(cls, cfg, **kw)
+        seen["ours"] = {p.dtype for p in trainer.policy.model.parameters()}
+        return trainer
+
+    theirs = trl.GRPOTrainer.__init__
+
+    def their_trainer(self, *a, **kw):
+        seen["trl"] = kw["args"].bf16
+        theirs(self, *a, **kw)
+
+    monkeypatch.setattr(GRPOTrainer, "from_settings", classmethod(our_trainer))
+    monkeypatch.setattr(trl.GRPOTrainer, "__init__", their_trainer)
+    out = tmp_path / "report.json"
+    args = ["bench", "--model", "tiny:qwen2_5_vl", "--batch-size", "2", "--num-generations", "2", "--max-new-tokens", "3",
+            "--image-size", "56", "--steps", "1", "--warmup", "0", "--threads", "1", "--precision", "bf16",
+            "--json", str(out)]
+    assert main(args) == 0
+    assert json.loads(out.read_text())["precision"] == "bf16"
+    assert "precision: bf16 in both frameworks" in capsys.readouterr().out
+    assert seen == {"ours": {torch.bfloat16}, "trl": True}
