@@ -11,5 +11,9 @@ heads >= 32 wide: `preset:qwen2_5_vl_vllm_tiny` or `preset:qwen2_5_vl_small`.
 CPU models are ordinary presets, a few million parameters with 224-px images -> 64 image tokens:
 `preset:qwen2_5_vl_small` (ViT 4 x 192 -> LM 4 x 256) and `preset:hybrid_vit_heavy` (Qwen ViT 8 x 256 feeding
 a 2-layer, 128-wide LM). GPU: the real-size presets (`preset:qwen2_5_vl_3b`, `preset:hybrid_3b_vit_0_5b`,
-`preset:smolvlm_256m`), fp32 master weights with bf16 autocast in both frameworks.
+`preset:smolvlm_256m`).
+
+`precision` (--precision): both frameworks in fp32, or in bf16 (vlm-grpo's mixed_precision bf16, weights stored in
+bf16 with float32 masters; TRL's own bf16=True, its autocast over float32 weights). Default: bf16 on a GPU, fp32 on
+a CPU.
 """
