@@ -23,12 +23,24 @@ from vlm_grpo.grpo.training.precision import accelerator_precision
 from vlm_grpo.grpo.training.preflight import check_mixed_precision
 
 
+def own_precision(mode: str) -> None:
+    """accelerate keeps one AcceleratorState per process and refuses another precision after it: a run after a TRL
+    trainer (or a run) of another precision in the same process would fail at its start. The run resets it, as
+    transformers' TrainingArguments does for each trainer; the processes' group (PartialState) is kept."""
+    from accelerate.state import AcceleratorState
+
+    state = AcceleratorState._shared_state
+    if state and state.get("_mixed_precision", mode) != mode:
+        AcceleratorState._reset_state()
+
+
 class RunContext:
     def __init__(self, cfg: TrainConfig):
         """Checks the trackers and precision, seeds, and locks the run directory (main process)."""
         check_trackers(cfg.logging.report_to)
         check_mixed_precision(cfg.mixed_precision, cfg.model.device)
         self.cfg = cfg
+        own_precision(accelerator_precision(cfg))
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),  # lets torchrun-launched CPU processes form a gloo group
             mixed_precision=accelerator_precision(cfg),  # none where the weights themselves are stored in bf16
