@@ -20,7 +20,7 @@ import torch
 from vlm_grpo.grpo.distributed import sharded_checkpoints as shards
 from vlm_grpo.api.trainers import GRPOTrainer
 from vlm_grpo.grpo.parts import sampler as sampler_module
-from vlm_grpo.grpo.parts import update as update_module
+from vlm_grpo.grpo.parts import trained_policy as update_module  # where the update step is called
 from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.grpo.data.order import batch_indices
 from vlm_grpo.grpo.distributed.fsdp import full_tensor, is_sharded

@@ -154,7 +154,9 @@ def test_a_run_after_another_precision_in_the_same_process_starts(tmp_path):
     """accelerate's process-wide state keeps the first precision it was given (a TRL trainer's bf16 autocast, say):
     a run of another precision in the same process takes it over instead of failing at its start."""
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
 
+    AcceleratorState._reset_state()  # as transformers' TrainingArguments does before a TRL trainer's accelerator
     Accelerator(cpu=True, mixed_precision="bf16")  # what TRL's bf16=True leaves behind
     trainer = GRPOTrainer.from_settings(load_config(overrides=["--output-dir", str(tmp_path), *FAST, "--max-steps", "1"]))
     assert trainer.ctx.accelerator.mixed_precision == "no"  # bf16 weights: no autocast over them
