@@ -113,9 +113,9 @@ def generate_shared(
     core = hf_core(model)
     # a static cache the prefix can be copied into (None: not asked for, or sliding / recurrent layers, which
     # generate() fills itself on the plain path)
-    static = empty_static_cache(core, length + kwargs["max_new_tokens"]) if wants_static_cache(model) else None
-    if not kwargs["use_cache"] or not adapter.shares_prefix or length < 2 \
-            or (wants_static_cache(model) and static is None) \
+    wants_static = wants_static_cache(model)
+    static = empty_static_cache(core, length + kwargs["max_new_tokens"]) if wants_static else None
+    if not kwargs["use_cache"] or not adapter.shares_prefix or length < 2 or (wants_static and static is None) \
             or bool((batch.input_ids[:, -1] == adapter.image_token_id).any()):
         grouped = batch.repeat(num_generations)
         with torch.no_grad():

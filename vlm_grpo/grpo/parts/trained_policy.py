@@ -41,7 +41,8 @@ class TrainedPolicy:
         if cfg.lora.r > 0:
             apply_lora(adapter, cfg.lora, train_fully=cfg.optim.trainable_patterns)
         apply_freeze(adapter, cfg.optim)  # on the wrapped model too: what trains is final before after_freeze
-        if stores_bf16(cfg):  # before after_freeze: the reference copy is bf16 too
+        bf16_weights = stores_bf16(cfg)
+        if bf16_weights:  # before after_freeze: the reference copy is bf16 too
             to_bf16(adapter.model)
         after_freeze(adapter)
         adapter.model.train(dropout)  # GRPO: no dropout, the ratio compares like with like
@@ -51,7 +52,7 @@ class TrainedPolicy:
             root = fsdp.shard(adapter.model, self.sharding)
             shard_more(self.sharding)
         # float32 masters of the bf16 weights (None: the optimizer steps the weights themselves)
-        self.masters = MasterWeights(adapter.model) if stores_bf16(cfg) else None
+        self.masters = MasterWeights(adapter.model) if bf16_weights else None
         optimizer = build_optimizer(adapter, cfg.optim, self.masters)
         self.scheduler = build_scheduler(optimizer, cfg.optim, total_steps=scheduler_steps)
         acc = ctx.accelerator
