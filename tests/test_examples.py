@@ -11,7 +11,13 @@ from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.api.trainers import GRPOTrainer
 from tests.trained import trained
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
+import yaml
+
+ALL = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
+# an experiment (compose, align, sft, grpo, eval sections) runs by `vlm-grpo experiment`: its stages are tested at toy
+# scale in tests/real/test_experiment_pipeline.py; every other example is a `vlm-grpo train` config
+EXPERIMENTS = [p for p in ALL if "compose" in yaml.safe_load(p.read_text())]
+EXAMPLES = [p for p in ALL if p not in EXPERIMENTS]
 SMALL = ["--batch-size", "1", "--num-generations", "2", "--max-new-tokens", "4", "--max-steps", "1",
          "--eval.size", "2", "--logging.progress", "false", "--mixed-precision", "no", "--dtype", "auto"]
 
@@ -31,7 +37,22 @@ def data(tmp_path_factory):
 
 
 def test_there_are_examples():
-    assert len(EXAMPLES) >= 3
+    assert len(EXAMPLES) >= 3 and EXPERIMENTS
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=[p.stem for p in EXPERIMENTS])
+def test_experiment_stages_are_valid_settings(path):
+    """Each training stage's settings load as `vlm-grpo sft/train` would load them (a wrong key fails here, in the
+    fast tier, not after the stages before it ran)."""
+    from vlm_grpo.experiment.plan import TRAINING_STAGES, read_experiment
+    from vlm_grpo.experiment.stages import stage_settings
+    from vlm_grpo.grpo.settings.sources import load_recipe_config
+
+    exp = read_experiment(path)
+    for stage in TRAINING_STAGES:
+        cfg, recipe = load_recipe_config(settings=stage_settings(exp, stage, seed=0))
+        assert cfg.max_steps > 0 and cfg.logging.output_dir == str(exp.stage_dir(stage, 0)), stage
+        assert recipe.name == exp.stages[stage]["data"]["recipe"]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])

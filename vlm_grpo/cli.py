@@ -28,6 +28,7 @@ from vlm_grpo.commands import (
     demo,
     env,
     eval,
+    experiment,
     families,
     generate,
     plot,
@@ -43,7 +44,7 @@ from vlm_grpo.grpo.setting_fields import SettingError
 
 FAILED, REFUSED = 1, 2
 COMMANDS = (
-    train, sft, eval, check, check_cache, audit_rewards, plot, report, attention, completions, generate, compose,
+    train, sft, eval, experiment, check, check_cache, audit_rewards, plot, report, attention, completions, generate, compose,
     convert_gguf, families, demo, bench, verify, env, vllm_serve,
 )
 

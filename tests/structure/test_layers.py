@@ -18,7 +18,8 @@ FLOORS = [
     ("vlm_grpo.compat",),  # version quirks and their probes (use adapters)
     ("vlm_grpo.loader", "vlm_grpo.compose", "vlm_grpo.gguf"),  # the one loader (decides the cache policy); hybrids from donors; GGUF LMs
     ("vlm_grpo.grpo",),  # the shared loop (and SFT, evaluation)
-    ("vlm_grpo.inspect", "vlm_grpo.bench", "vlm_grpo.api"),  # reading runs and models; the benchmark; the Python API
+    ("vlm_grpo.inspect", "vlm_grpo.bench", "vlm_grpo.api",
+     "vlm_grpo.experiment"),  # reading runs and models; the benchmark; the Python API; multi-stage experiments
     ("vlm_grpo.commands",),  # every CLI command
     ("vlm_grpo.cli",),
 ]
@@ -45,9 +46,9 @@ INNER_FLOORS = {
     "vlm_grpo.grpo": [
         ("vlm_grpo.grpo.setting_fields", "vlm_grpo.grpo.yaml_text", "vlm_grpo.grpo.user_code",
          "vlm_grpo.grpo.async_loop", "vlm_grpo.grpo.user_calls",
-         "vlm_grpo.grpo.safe_loading",
+         "vlm_grpo.grpo.safe_loading", "vlm_grpo.grpo.eval_stats",
          "vlm_grpo.grpo.interrupts"),  # how a setting is declared; user modules; checkpoint state read as data; what
-        # interrupts a run (signals, user code that exits)
+        # interrupts a run (signals, user code that exits); an evaluation's statistics
         ("vlm_grpo.grpo.algorithm", "vlm_grpo.grpo.logprobs", "vlm_grpo.grpo.rollout", "vlm_grpo.grpo.rewards",
          "vlm_grpo.grpo.distributed", "vlm_grpo.grpo.data",
          "vlm_grpo.grpo.tools"),  # the algorithm, its inputs (tools: what a multi-turn rollout calls)

@@ -18,7 +18,9 @@ import torch
 from vlm_grpo.grpo.data.source import heldout_build
 from vlm_grpo.grpo.rewards.inputs import RewardInputs, trainer_state
 from vlm_grpo.grpo.rewards.scoring import run_rewards, score
+from vlm_grpo.grpo.eval_stats import accuracy_stats
 from vlm_grpo.grpo.rollout.sampling import mask_after_eos
+from vlm_grpo.grpo.training.image_reliance import blanked
 
 
 def quartile_edges(lengths: Sequence[int], buckets: int = 4) -> list[int]:
@@ -81,12 +83,14 @@ def evaluate(
     global_step: int = 0,
     max_steps: int = 0,
     dataset=None,
+    image_reliance: bool = False,
 ) -> dict[str, Any]:
     """Greedy completions for `size` samples of `split`; every reward component's mean (over the completions it
     applies to), accuracy (share of samples whose `recipe.accuracy_reward` component is > 0), mean completion
     length, accuracy by length bucket, and one record per sample. `rewards` replaces the recipe's (list of
     `Reward`); rewards read `global_step` and `max_steps` off their `trainer_state`, as in training. `dataset`:
-    the split already built (by `recipe.build` with these split, size, seed and options)."""
+    the split already built (by `recipe.build` with these split, size, seed and options). `image_reliance`: answer
+    the samples again with every image blanked, and report the accuracy without the images beside it."""
     if size < 1 or batch_size < 1:
         raise ValueError(f"eval size and batch size must be >= 1, got {size} and {batch_size}")
     rewards = list(recipe.rewards) if rewards is None else list(rewards)
@@ -98,39 +102,74 @@ def evaluate(
     model = adapter.model
     was_training = model.training
     model.eval()
-    param = next(model.parameters())
-    records: list[dict[str, Any]] = []
     try:
-        for start in range(0, len(dataset), batch_size):
-            indices = list(range(start, min(start + batch_size, len(dataset))))
-            samples = [dataset[i] for i in indices]
-            batch = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples],
-                                   [s.videos for s in samples])
-            batch = batch.to(param.device, dtype=param.dtype)
-            out = adapter.generate(batch, max_new_tokens=max_new_tokens, do_sample=False)
-            ids = out.sequences[:, batch.input_ids.shape[1]:]
-            mask = mask_after_eos(ids, adapter.eos_token_ids)
-            texts = adapter.tokenizer.batch_decode(ids * mask + adapter.pad_token_id * (1 - mask), skip_special_tokens=True)
-            stopped = (torch.isin(ids, torch.tensor(adapter.eos_token_ids, device=ids.device)) & mask.bool()).any(1)
-            inputs = RewardInputs.from_samples(samples, 1, texts, ids, mask, trainer_state(global_step, max_steps))
-            total, components = score(rewards, inputs)
-            for row, index in enumerate(indices):
-                parts = {name: v[row].item() for name, v in components.items()}
-                records.append(
-                    {
-                        "index": index,
-                        "prompt": prompt_text(samples[row].prompt),
-                        "completion": texts[row],
-                        "length": int(mask[row].sum().item()),
-                        "truncated": not bool(stopped[row].item()),
-                        "reward": total[row].item(),
-                        "rewards": parts,
-                        "correct": None if accuracy_key is None else parts[accuracy_key] > 0,
-                    }
-                )
+        records = _answer(adapter, dataset, batch_size, max_new_tokens, rewards, accuracy_key, global_step, max_steps)
+        blank = None
+        if image_reliance:  # the same samples with every image blanked: what the answers owe to the image
+            blank = _answer(adapter, BlankedImages(dataset), batch_size, max_new_tokens, rewards, accuracy_key,
+                            global_step, max_steps)
     finally:
         model.train(was_training)
-    return summarize(records, [r.name for r in rewards], accuracy_key, split=split, length_edges=length_edges)
+    report = summarize(records, [r.name for r in rewards], accuracy_key, split=split, length_edges=length_edges)
+    if blank is not None and report["accuracy"] is not None:
+        report["image_reliance"] = reliance_summary(records, blank)
+    return report
+
+
+class BlankedImages:
+    """A split whose samples have each image replaced by its mean colour (image_reliance.blank_image): the prompt's
+    tokens stay the same, the picture's content is gone."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        return blanked([self.dataset[index]])[0]
+
+
+def reliance_summary(records: list[dict[str, Any]], blank: list[dict[str, Any]]) -> dict[str, Any]:
+    """Accuracy with the images and with them blanked, and how many answers the blanking changed."""
+    with_image = sum(bool(r["correct"]) for r in records) / len(records)
+    without = sum(bool(r["correct"]) for r in blank) / len(blank)
+    changed = sum(a["completion"] != b["completion"] for a, b in zip(records, blank)) / len(records)
+    return {"blank_accuracy": without, "accuracy_drop": with_image - without, "answers_changed": changed}
+
+
+def _answer(adapter, dataset, batch_size, max_new_tokens, rewards, accuracy_key, global_step, max_steps):
+    """One greedy completion per sample of `dataset`, scored: a record per sample."""
+    param = next(adapter.model.parameters())
+    records: list[dict[str, Any]] = []
+    for start in range(0, len(dataset), batch_size):
+        indices = list(range(start, min(start + batch_size, len(dataset))))
+        samples = [dataset[i] for i in indices]
+        batch = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples],
+                                       [s.videos for s in samples])
+        batch = batch.to(param.device, dtype=param.dtype)
+        out = adapter.generate(batch, max_new_tokens=max_new_tokens, do_sample=False)
+        ids = out.sequences[:, batch.input_ids.shape[1]:]
+        mask = mask_after_eos(ids, adapter.eos_token_ids)
+        texts = adapter.tokenizer.batch_decode(ids * mask + adapter.pad_token_id * (1 - mask), skip_special_tokens=True)
+        stopped = (torch.isin(ids, torch.tensor(adapter.eos_token_ids, device=ids.device)) & mask.bool()).any(1)
+        inputs = RewardInputs.from_samples(samples, 1, texts, ids, mask, trainer_state(global_step, max_steps))
+        total, components = score(rewards, inputs)
+        for row, index in enumerate(indices):
+            parts = {name: v[row].item() for name, v in components.items()}
+            records.append(
+                {
+                    "index": index,
+                    "prompt": prompt_text(samples[row].prompt),
+                    "completion": texts[row],
+                    "length": int(mask[row].sum().item()),
+                    "truncated": not bool(stopped[row].item()),
+                    "reward": total[row].item(),
+                    "rewards": parts,
+                    "correct": None if accuracy_key is None else parts[accuracy_key] > 0,
+                }
+            )
+    return records
 
 
 def prompt_text(conversation: Sequence[dict[str, Any]]) -> str:
@@ -190,6 +229,7 @@ def evaluate_run(adapter, recipe, cfg, rewards=None, step: int = 0, dataset=None
         global_step=step,
         max_steps=cfg.max_steps,
         dataset=heldout_split(recipe, cfg) if dataset is None else dataset,
+        image_reliance=cfg.eval.image_reliance,
     )
 
 
@@ -221,7 +261,7 @@ def summarize(records: list[dict[str, Any]], reward_names: list[str], accuracy_k
         "reward": _present_mean([r["reward"] for r in records]),
         "rewards": {name: _present_mean([r["rewards"][name] for r in records]) for name in reward_names},
         "accuracy_reward": accuracy_key,
-        "accuracy": None if correct is None else sum(correct) / n,
+        **({"accuracy": None} if correct is None or not n else accuracy_stats(correct)),
         "completion_length": sum(lengths) / n,
         "truncated": sum(r["truncated"] for r in records) / n,
         "length_buckets": buckets,
@@ -237,6 +277,13 @@ def format_report(report: dict[str, Any]) -> str:
 
     lines = [f"split {report['split']}: {report['size']} samples"]
     lines.append(f"  accuracy ({report['accuracy_reward'] or 'n/a'} > 0)  {num(report['accuracy'])}")
+    if report.get("accuracy_se") is not None:
+        low, high = report["accuracy_ci95"]
+        lines.append(f"  accuracy standard error  {report['accuracy_se']:.3f}; 95% interval (Wilson) [{low:.3f}, {high:.3f}]")
+    reliance = report.get("image_reliance")
+    if reliance:
+        lines.append(f"  image reliance: accuracy with the images blanked {reliance['blank_accuracy']:.3f} (drop "
+                     f"{reliance['accuracy_drop']:+.3f}); {100 * reliance['answers_changed']:.0f}% of answers changed")
     lines.append(f"  reward (weighted total)  {num(report['reward'])}")
     for name, value in report["rewards"].items():
         lines.append(f"  rewards/{name}  {num(value)}")

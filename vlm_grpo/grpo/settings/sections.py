@@ -270,6 +270,8 @@ class EvalConfig:
     out: str | None = setting(None, help="JSON report path (None: <output_dir>/eval-<split>.json)")
     data_seed: int | None = setting(None, help="seed of the evaluated samples (None: the run's seed)")
     before_after: bool = setting(False, help="train: evaluate before the first and after the last GRPO step")
+    image_reliance: bool = setting(False, help="answer every sample again with its image blanked; report that accuracy "
+                                   "and the drop (what the answers owe to the image)")
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -1,0 +1,71 @@
+"""An experiment config is checked before anything runs: a wrong key, a missing LM, a setting the experiment owns,
+or an unknown stage is refused with the file and the key named; `--set` overrides reach nested settings."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from vlm_grpo.cli import main
+from vlm_grpo.experiment.plan import ExperimentError, read_experiment
+
+GOOD = """
+name: toy
+output_dir: {out}
+compose: {{llm: smollm2, tower: {{hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,
+          num_attention_heads: 2, image_size: 32, patch_size: 16}}}}
+align: {{data: {{recipe: scene_count}}, max_steps: 2}}
+sft: {{data: {{recipe: scene_count}}, max_steps: 2}}
+grpo: {{data: {{recipe: scene_count}}, max_steps: 2}}
+eval: {{splits: [test, ood], size: 4}}
+"""
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "exp.yaml"
+    path.write_text(textwrap.dedent(text).format(out=tmp_path / "runs"))
+    return path
+
+
+def test_a_good_config_and_overrides(tmp_path):
+    exp = read_experiment(write(tmp_path, GOOD), ["grpo.max_steps=5", "grpo.loss.beta=0.1", "eval.size=9"])
+    assert exp.stages["grpo"]["max_steps"] == 5 and exp.stages["grpo"]["loss"] == {"beta": 0.1}
+    assert exp.eval["size"] == 9 and exp.stages["sft"]["max_steps"] == 2
+    assert exp.stage_dir("align", 3) == exp.base_dir() / "align"  # shared by every seed
+    assert exp.stage_dir("grpo", 3) == tmp_path / "runs" / "seed3" / "grpo"
+
+
+@pytest.mark.parametrize("change,message", [
+    ("stages: {}", "unknown key(s) ['stages']"),
+    ("compose: {llm: smollm2}", "exactly one of vision"),
+    ("compose: {vision: /x, tower: {image_size: 32}, llm: smollm2}", "exactly one of vision"),
+    ("compose: {tower: {image_size: 32}}", "compose.llm is required"),
+    ("sft: {seed: 3}", "['seed'] are set by the experiment"),
+    ("grpo: {model: {name: x}}", "['model'] are set by the experiment"),
+    ("align: {logging: {output_dir: elsewhere}}", "logging.output_dir is set by the experiment"),
+    ("eval: {splitz: [test]}", "eval: unknown key(s) ['splitz']"),
+    ("sft: [1, 2]", "sft must be a mapping"),
+])
+def test_bad_configs_name_the_file_and_the_key(tmp_path, change, message):
+    path = write(tmp_path, GOOD + "\n" + change.replace("{", "{{").replace("}", "}}") + "\n")
+    with pytest.raises(ExperimentError) as err:
+        read_experiment(path)
+    assert message in str(err.value) and str(path) in str(err.value)
+
+
+def test_bad_overrides_and_stages_are_refused_on_the_command_line(tmp_path, capsys):
+    path = write(tmp_path, GOOD)
+    with pytest.raises(ExperimentError, match="write KEY=VALUE"):
+        read_experiment(path, ["grpo.max_steps"])
+    with pytest.raises(ExperimentError, match="max_steps is a value, not a section"):
+        read_experiment(path, ["grpo.max_steps.x=1"])
+    assert main(["experiment", str(path), "--stages", "align,rl"]) != 0
+    assert "unknown stage(s) ['rl']" in capsys.readouterr().err
+    assert main(["experiment", str(tmp_path / "missing.yaml")]) != 0
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_summary_without_finished_seeds_says_what_to_run(tmp_path, capsys):
+    assert main(["experiment", str(write(tmp_path, GOOD)), "--stages", "none", "--summary"]) != 0
+    assert "no seed of toy has all its reports" in capsys.readouterr().err

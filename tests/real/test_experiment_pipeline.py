@@ -1,0 +1,83 @@
+"""The SmolLM2-learns-to-see experiment (examples/smollm2_learns_to_see.yaml, docs/smollm2-learns-to-see.md) run by
+its documented command at toy scale: every stage runs on the real SmolLM2 and the example's tower, a second run
+skips what finished, a stage stopped part-way resumes from its checkpoint, and the summary holds every figure the
+docs page reports."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.real.marks import REAL
+from vlm_grpo.cli import main
+
+pytestmark = REAL
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2_learns_to_see.yaml"
+TOY = [  # a few steps per stage, a few samples, short answers
+    "align.max_steps=2", "align.logging.save_every=1", "sft.max_steps=2", "sft.logging.save_every=1",
+    "grpo.max_steps=2", "grpo.logging.save_every=1", "grpo.logging.keep_checkpoints=2", "grpo.data.batch_size=2", "grpo.data.num_generations=2",
+    "grpo.generation.max_new_tokens=6", "eval.size=3", "eval.eval_batch_size=3", "eval.max_new_tokens=6",
+]
+
+
+def experiment(out: Path, *args: str) -> int:
+    sets = [a for s in [*TOY, f"output_dir={out}"] for a in ("--set", s)]
+    return main(["experiment", str(EXAMPLE), *sets, *args])
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    out = tmp_path_factory.mktemp("experiment") / "run"
+    assert experiment(out, "--seed", "0", "--summary") == 0
+    return out
+
+
+def test_every_stage_ran_and_the_summary_holds_the_table(finished, capsys):
+    base, seed = finished / "base-seed0", finished / "seed0"
+    for stage in (base / "compose", base / "align", seed / "sft", seed / "grpo", seed / "eval"):
+        assert json.loads((stage / "stage.json").read_text())["seconds"] > 0
+    for model in ("sft", "grpo"):
+        assert (seed / model / "final" / "config.json").is_file()
+    summary = json.loads((finished / "summary.json").read_text())
+    assert [r["seed"] for r in summary["seeds"]] == [0]
+    for split in ("test", "ood"):
+        row = summary["seeds"][0]["splits"][split]
+        for model in ("base", "sft", "grpo"):
+            assert row[model]["n"] == 3 and 0 <= row[model]["accuracy"] <= 1
+            low, high = row[model]["ci95"]
+            assert 0 <= low <= row[model]["accuracy"] <= high <= 1
+            assert set(row[model]["image_reliance"]) == {"blank_accuracy", "accuracy_drop", "answers_changed"}
+        assert row["grpo_minus_sft"]["n"] == 3
+    table = (finished / "summary.md").read_text()
+    assert "## test" in table and "## ood" in table and "| 0 |" in table and "GRPO - SFT" in table
+
+
+def test_a_second_run_skips_the_finished_stages(finished, capsys):
+    capsys.readouterr()
+    assert experiment(finished, "--seed", "0") == 0
+    said = capsys.readouterr().out
+    for stage in ("compose", "align", "sft", "grpo"):
+        assert f"[seed 0] {stage}: done earlier" in said
+
+
+def test_a_stage_stopped_part_way_resumes_from_its_checkpoint(finished, capsys):
+    grpo = finished / "seed0" / "grpo"
+    # as a run stopped after its first step leaves it: the step-1 checkpoint, no final model, not marked done
+    (grpo / "stage.json").unlink()
+    shutil.rmtree(grpo / "final")
+    shutil.rmtree(grpo / "checkpoint-2")
+    assert (grpo / "checkpoint-1").is_dir()
+    capsys.readouterr()
+    assert experiment(finished, "--seed", "0", "--stages", "grpo") == 0
+    said = capsys.readouterr().out
+    assert "[seed 0] grpo: 2 steps into" in said and "(resumed)" in said
+    assert (grpo / "final" / "config.json").is_file() and json.loads((grpo / "stage.json").read_text())["resumed"] is True
+
+
+def test_a_stage_before_its_input_names_the_missing_stage(tmp_path, capsys):
+    assert experiment(tmp_path / "empty", "--seed", "0", "--stages", "sft") != 0
+    assert "sft starts from the align stage, which has not finished" in capsys.readouterr().err

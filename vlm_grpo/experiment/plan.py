@@ -1,0 +1,110 @@
+"""An experiment's config: what each stage runs, read from one YAML file plus `--set key=value` overrides, checked
+before anything runs (a wrong key names itself and the file)."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+STAGES = ("compose", "align", "sft", "grpo", "eval")
+TRAINING_STAGES = ("align", "sft", "grpo")
+TOP_KEYS = {"name", "output_dir", "base_seed", "compose", "eval", *TRAINING_STAGES}
+COMPOSE_KEYS = {"llm", "vision", "tower"}
+EVAL_KEYS = {"splits", "size", "eval_batch_size", "data_seed", "max_new_tokens", "image_reliance", "samples"}
+# set by the runner for every training stage: where the model comes from, where the run goes, its seed
+RUNNER_KEYS = {"model", "seed", "resume", "resume_from"}
+
+
+class ExperimentError(ValueError):
+    """A config that cannot run: names the file and the key."""
+
+
+@dataclass
+class Experiment:
+    source: str
+    name: str
+    output_dir: Path
+    base_seed: int
+    compose: dict[str, Any]
+    stages: dict[str, dict[str, Any]]  # align, sft, grpo: settings as `vlm-grpo sft/train --config` reads them
+    eval: dict[str, Any] = field(default_factory=dict)
+
+    def base_dir(self) -> Path:
+        """Compose and align run once, with `base_seed`: the aligned model every seed starts from."""
+        return self.output_dir / f"base-seed{self.base_seed}"
+
+    def seed_dir(self, seed: int) -> Path:
+        return self.output_dir / f"seed{seed}"
+
+    def stage_dir(self, stage: str, seed: int) -> Path:
+        return self.base_dir() / stage if stage in ("compose", "align") else self.seed_dir(seed) / stage
+
+
+def set_value(data: dict[str, Any], assignment: str, source: str) -> None:
+    """`a.b.c=VALUE` (VALUE read as YAML) into `data`, creating the sections on the way."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key.strip():
+        raise ExperimentError(f"{source}: --set {assignment!r}: write KEY=VALUE, e.g. grpo.max_steps=4")
+    parts = key.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ExperimentError(f"{source}: --set {key}: {part} is a value, not a section")
+        node = child
+    node[parts[-1]] = yaml.safe_load(raw)
+
+
+def read_experiment(path: str | Path, overrides: list[str] = ()) -> Experiment:
+    source = str(path)
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ExperimentError(f"experiment config {source} does not exist") from None
+    except yaml.YAMLError as err:
+        raise ExperimentError(f"{source} is not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ExperimentError(f"{source}: the file must hold a mapping of sections ({', '.join(sorted(TOP_KEYS))})")
+    data = copy.deepcopy(data)
+    for assignment in overrides:
+        set_value(data, assignment, source)
+    unknown = sorted(set(data) - TOP_KEYS)
+    if unknown:
+        raise ExperimentError(f"{source}: unknown key(s) {unknown}; known: {', '.join(sorted(TOP_KEYS))}")
+    compose = _section(data, "compose", source)
+    if sorted(set(compose) - COMPOSE_KEYS):
+        raise ExperimentError(f"{source}: compose: unknown key(s) {sorted(set(compose) - COMPOSE_KEYS)}; "
+                              f"known: {', '.join(sorted(COMPOSE_KEYS))}")
+    if not compose.get("llm"):
+        raise ExperimentError(f"{source}: compose.llm is required (a causal LM checkpoint, a .gguf file, or smollm2)")
+    if bool(compose.get("vision")) == bool(compose.get("tower")):
+        raise ExperimentError(f"{source}: compose needs exactly one of vision (a SigLIP/CLIP checkpoint) or tower "
+                              "(the SigLIP vision config of a random tower, trained by the align stage)")
+    stages = {}
+    for stage in TRAINING_STAGES:
+        settings = _section(data, stage, source)
+        taken = sorted(RUNNER_KEYS & set(settings))
+        if taken:
+            raise ExperimentError(f"{source}: {stage}: {taken} are set by the experiment (the model is the previous "
+                                  "stage's, the seed is --seed, resuming is automatic); remove them")
+        if "output_dir" in settings.get("logging", {}):
+            raise ExperimentError(f"{source}: {stage}: logging.output_dir is set by the experiment (OUTPUT_DIR/...)")
+        stages[stage] = settings
+    evaluation = _section(data, "eval", source)
+    if sorted(set(evaluation) - EVAL_KEYS):
+        raise ExperimentError(f"{source}: eval: unknown key(s) {sorted(set(evaluation) - EVAL_KEYS)}; "
+                              f"known: {', '.join(sorted(EVAL_KEYS))}")
+    return Experiment(source=source, name=str(data.get("name") or Path(path).stem),
+                      output_dir=Path(data.get("output_dir") or f"runs/{Path(path).stem}"),
+                      base_seed=int(data.get("base_seed", 0)), compose=compose, stages=stages, eval=evaluation)
+
+
+def _section(data: dict[str, Any], key: str, source: str) -> dict[str, Any]:
+    value = data.get(key) or {}
+    if not isinstance(value, dict):
+        raise ExperimentError(f"{source}: {key} must be a mapping, got {type(value).__name__}")
+    return value

@@ -1,0 +1,183 @@
+"""The stages of an experiment, each resumable: a stage that finished (its `stage.json` written) is skipped, a
+training stage stopped part-way continues from its newest checkpoint, an evaluation keeps the reports it wrote.
+
+- compose: a random SigLIP tower of the config's shape (when no vision checkpoint is named) joined to the LM
+  (vlm_grpo/compose.py), written to a temporary folder and renamed, so a half-written model is never used;
+- align: `vlm-grpo sft` settings, from the composed model (the tower and projector learn; the LM frozen);
+- sft: from align's final model; grpo: from sft's final model (`vlm-grpo train` settings);
+- eval: `vlm-grpo eval` on each split for the aligned base, the SFT model and the GRPO model.
+
+compose and align run once per `base_seed` and are shared by every seed, as a pretrained tower would be.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from vlm_grpo.experiment.plan import STAGES, Experiment
+
+DONE = "stage.json"
+EVALUATED = ("base", "sft", "grpo")  # the models each seed reports, in order
+FINAL_OF = {"base": "align", "sft": "sft", "grpo": "grpo"}
+
+
+def done(path: Path) -> dict[str, Any] | None:
+    marker = path / DONE
+    return json.loads(marker.read_text()) if marker.is_file() else None
+
+
+def mark_done(path: Path, started: float, **facts: Any) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / DONE).write_text(json.dumps({"seconds": round(time.time() - started, 1), **facts}, indent=2))
+
+
+def composed_model(exp: Experiment) -> str:
+    return f"hybrid:{exp.stage_dir('compose', exp.base_seed) / 'model'}"
+
+
+def final_of(exp: Experiment, stage: str, seed: int) -> Path:
+    return exp.stage_dir(stage, seed) / "final"
+
+
+def run_compose(exp: Experiment, seed: int, say: Callable[[str], None]) -> None:
+    out = exp.stage_dir("compose", seed)
+    if done(out):
+        return say(f"compose: done earlier ({out})")
+    started = time.time()
+    work = out / "partial"
+    shutil.rmtree(work, ignore_errors=True)  # a stage cut short left nothing usable: composing takes seconds
+    vision = exp.compose.get("vision")
+    if not vision:
+        vision = str(random_tower(work / "tower", exp.compose["tower"], exp.base_seed))
+    from vlm_grpo.compose import compose
+
+    compose(vision, str(exp.compose["llm"]), str(work / "model"), seed=exp.base_seed)
+    shutil.rmtree(out / "model", ignore_errors=True)
+    (work / "model").rename(out / "model")
+    if (work / "tower").is_dir():
+        shutil.rmtree(out / "tower", ignore_errors=True)
+        (work / "tower").rename(out / "tower")
+    shutil.rmtree(work, ignore_errors=True)
+    mark_done(out, started, vision=exp.compose.get("vision") or "random tower", llm=str(exp.compose["llm"]))
+    say(f"compose: {out / 'model'}")
+
+
+def random_tower(out: Path, shape: dict[str, Any], seed: int) -> Path:
+    """A SigLIP vision tower of `shape` (SiglipVisionConfig's keys), weights from `seed`, with its image processor."""
+    import torch
+    from transformers import SiglipImageProcessor, SiglipVisionConfig, SiglipVisionModel
+
+    try:
+        config = SiglipVisionConfig(**shape)
+    except TypeError as err:
+        raise ValueError(f"compose.tower: {err}") from None
+    torch.manual_seed(seed)
+    SiglipVisionModel(config).save_pretrained(out)
+    size = {"height": config.image_size, "width": config.image_size}
+    SiglipImageProcessor(size=size).save_pretrained(out)
+    return out
+
+
+def stage_settings(exp: Experiment, stage: str, seed: int) -> dict[str, Any]:
+    """The stage's settings with what the experiment decides: the model it starts from, its folder, its seed, resume."""
+    from vlm_grpo.grpo.run.checkpoints import latest_checkpoint
+
+    out = exp.stage_dir(stage, seed)
+    start = {"align": None, "sft": final_of(exp, "align", seed), "grpo": final_of(exp, "sft", seed)}[stage]
+    settings = dict(exp.stages[stage])
+    settings["model"] = {**settings.get("model", {}), "name": composed_model(exp),
+                         "init_from": None if start is None else str(start)}
+    resume = out.is_dir() and latest_checkpoint(out) is not None
+    # a folder without a checkpoint holds only the logs of a start that saved nothing: started again
+    settings["logging"] = {**settings.get("logging", {}), "output_dir": str(out), "overwrite_output_dir": not resume}
+    settings["seed"] = exp.base_seed if stage == "align" else seed
+    settings["resume"] = resume
+    return settings
+
+
+def run_training(stage: str) -> Callable[[Experiment, int, Callable[[str], None]], None]:
+    def run(exp: Experiment, seed: int, say: Callable[[str], None]) -> None:
+        from vlm_grpo.grpo.settings.sources import load_recipe_config
+
+        out = exp.stage_dir(stage, seed)
+        if done(out):
+            return say(f"{stage}: done earlier ({out})")
+        previous = {"align": "compose", "sft": "align", "grpo": "sft"}[stage]
+        if not done(exp.stage_dir(previous, seed)):
+            raise RuntimeError(f"{stage} starts from the {previous} stage, which has not finished ({exp.stage_dir(previous, seed)}); "
+                               f"run it first (--stages {previous},{stage})")
+        settings = stage_settings(exp, stage, seed)
+        started = time.time()
+        cfg, recipe = load_recipe_config(settings=settings)
+        if stage == "grpo":
+            from vlm_grpo.api.trainers import GRPOTrainer as Trainer
+        else:
+            from vlm_grpo.api.trainers import SFTTrainer as Trainer
+        say(f"{stage}: {cfg.max_steps} steps into {out}" + (" (resumed)" if settings["resume"] else ""))
+        trainer = Trainer.from_settings(cfg, recipe=recipe)
+        trainer.train()
+        history = trainer.ctx.log_history  # the run's steps, those before a resume included
+        complete = bool(history) and history[-1]["step"] == cfg.max_steps and final_of(exp, stage, seed).is_dir()
+        if not complete:
+            raise RuntimeError(f"{stage} stopped before its last step ({out}); run the command again to resume it")
+        mark_done(out, started, steps=cfg.max_steps, resumed=settings["resume"])
+    return run
+
+
+def eval_settings(exp: Experiment, model: str, split: str, seed: int) -> dict[str, Any]:
+    """`vlm-grpo eval` settings of one report: the task as the SFT stage reads it (recipe and options), the
+    experiment's eval section."""
+    ev = exp.eval
+    task = exp.stages["sft"].get("data", {})
+    stage = FINAL_OF[model]
+    return {
+        "model": {"name": composed_model(exp), "init_from": str(final_of(exp, stage, seed))},
+        "data": {"recipe": task.get("recipe"), "recipe_options": task.get("recipe_options", {})},
+        "generation": {"max_new_tokens": int(ev.get("max_new_tokens", 64))},
+        "eval": {"split": split, "size": int(ev.get("size", 200)), "eval_batch_size": int(ev.get("eval_batch_size", 32)),
+                 "data_seed": int(ev.get("data_seed", 0)), "image_reliance": bool(ev.get("image_reliance", True))},
+        "seed": seed,
+    }
+
+
+def report_path(exp: Experiment, model: str, split: str, seed: int) -> Path:
+    # the base model is the same for every seed: evaluated once, beside it
+    folder = exp.base_dir() / "eval" if model == "base" else exp.seed_dir(seed) / "eval"
+    return folder / f"{model}-{split}.json"
+
+
+def run_eval(exp: Experiment, seed: int, say: Callable[[str], None]) -> None:
+    from vlm_grpo.grpo.evaluate import evaluate_run, write_report
+    from vlm_grpo.grpo.settings.sources import load_recipe_config
+    from vlm_grpo.grpo.training.policy import load_policy
+
+    started = time.time()
+    for model in EVALUATED:
+        if not done(exp.stage_dir(FINAL_OF[model], seed)):
+            raise RuntimeError(f"eval of the {model} model: its stage ({FINAL_OF[model]}) has not finished; run it first")
+        splits = [s for s in exp.eval.get("splits", ["test"]) if not report_path(exp, model, s, seed).is_file()]
+        if not splits:
+            continue
+        policy = None
+        for split in splits:
+            cfg, recipe = load_recipe_config(settings=eval_settings(exp, model, split, seed))
+            policy = policy or load_policy(cfg)
+            report = evaluate_run(policy, recipe, cfg)
+            report["model"] = cfg.model.init_from
+            write_report(report, report_path(exp, model, split, seed))
+            say(f"eval: {model} on {split}: accuracy {report['accuracy']:.3f} +/- {report['accuracy_se']:.3f}")
+    mark_done(exp.seed_dir(seed) / "eval", started)
+
+
+RUNNERS = {"compose": run_compose, "align": run_training("align"), "sft": run_training("sft"),
+           "grpo": run_training("grpo"), "eval": run_eval}
+
+
+def run_experiment(exp: Experiment, seed: int, stages: tuple[str, ...] = STAGES, say: Callable[[str], None] = print) -> None:
+    for stage in STAGES:
+        if stage in stages:
+            RUNNERS[stage](exp, seed, say)
