@@ -45,6 +45,9 @@ def test_a_good_config_and_overrides(tmp_path):
     ("grpo: {model: {name: x}}", "['model'] are set by the experiment"),
     ("align: {logging: {output_dir: elsewhere}}", "logging.output_dir is set by the experiment"),
     ("eval: {splitz: [test]}", "eval: unknown key(s) ['splitz']"),
+    ("compose: {vision: /x, llm: smollm2, tower_pretrain: {steps: 1, batch_size: 2, learning_rate: 0.1}}",
+     "compose.tower_pretrain pretrains the random tower"),
+    ("compose: {llm: smollm2, tower: {image_size: 32}, tower_pretrain: {steps: 1}}", "takes exactly batch_size"),
     ("sft: [1, 2]", "sft must be a mapping"),
 ])
 def test_bad_configs_name_the_file_and_the_key(tmp_path, change, message):

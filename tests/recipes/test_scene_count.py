@@ -20,19 +20,24 @@ def test_rewards_are_seed_004s():
 
 
 def test_the_reference_answer_is_the_count_the_question_asks_for():
-    data = RECIPE.build(split="train", size=60, seed=4)
+    """Checked against the cell labels (what each grid cell holds), not against the reasoning text."""
+    colours = list(COLOURS)
+    data = RECIPE.build(split="train", size=80, seed=4)
     for i in range(len(data)):
         sample = data[i]
         question = sample.prompt[-1]["content"][-1]["text"]
-        listed = sample.reference.split("<think>")[1].split("</think>")[0].split(", ")
-        assert str(len(listed)) == sample.fields["answer"]
-        for item in listed:
-            colour, kind = item.split(" ")
-            assert colour in COLOURS and kind in KINDS
-            if question.startswith("How many shapes"):
-                continue
+        shapes = [(colours[(v - 1) // 3], KINDS[(v - 1) % 3]) for v in sample.fields["cells"] if v]
+        if question == "How many shapes are in the image?":
+            truth = len(shapes)
+        else:
             asked = question.split("How many ")[1].split(" ")[0]
-            assert asked in (colour, kind + "s")
+            truth = sum(asked in (colour, kind + "s") for colour, kind in shapes)
+        assert sample.fields["answer"] == str(truth) and truth >= 1
+        # the reasoning states the counts the answer is read from
+        thinking = sample.reference.split("<think>")[1].split("</think>")[0]
+        stated = dict(part.rsplit(" ", 1) for part in thinking.split(", so")[0].split(", "))
+        for name, count in stated.items():
+            assert int(count) == sum(name in (colour, kind) for colour, kind in shapes), (name, thinking)
         # the reference earns both of seed 004's rewards
         assert strict_format([sample.reference]) == [0.5]
         assert correctness([sample.reference], [sample.fields["answer"]]) == [2.0]
@@ -64,12 +69,17 @@ def test_the_ood_look_differs_but_asks_the_same_questions():
     assert max(sizes) < min(s.size for s in scene(random.Random(0), ood=False))
 
 
-def test_caption_task_lists_every_shape():
+def test_caption_states_every_colour_and_kind_count():
     sample = RECIPE.build(split="train", size=1, seed=2, task="caption")[0]
-    counted = RECIPE.build(split="train", size=1, seed=2)[0]
     assert sample.reference == sample.fields["answer"] and "<think>" not in sample.reference
-    assert counted.reference.split("<think>")[1].split("</think>")[0] in sample.reference or \
-        set(counted.reference.split("<think>")[1].split("</think>")[0].split(", ")) <= set(sample.reference.split(", "))
+    by_colour, by_kind = sample.reference.split("; ")
+    colours = dict(p.split(" ") for p in by_colour.split(", "))
+    kinds = dict(p.split(" ") for p in by_kind.split(", "))
+    assert list(colours) == list(COLOURS) and list(kinds) == list(KINDS)
+    n = sum(v > 0 for v in sample.fields["cells"])
+    assert sum(map(int, colours.values())) == sum(map(int, kinds.values())) == n
+    # the prompt gives the caption's layout (a frozen LM reads it from the text, not from the image tokens)
+    assert "red N, green N, blue N, yellow N; circle N, square N, triangle N" in sample.prompt[-1]["content"][-1]["text"]
 
 
 @pytest.mark.parametrize("option,value,message", [("split", "val", "choose one of train, test, ood"),

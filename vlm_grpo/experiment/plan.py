@@ -13,7 +13,8 @@ import yaml
 STAGES = ("compose", "align", "sft", "grpo", "eval")
 TRAINING_STAGES = ("align", "sft", "grpo")
 TOP_KEYS = {"name", "output_dir", "base_seed", "compose", "eval", *TRAINING_STAGES}
-COMPOSE_KEYS = {"llm", "vision", "tower"}
+COMPOSE_KEYS = {"llm", "vision", "tower", "tower_pretrain"}
+TOWER_PRETRAIN_KEYS = {"steps", "batch_size", "learning_rate"}
 EVAL_KEYS = {"splits", "size", "eval_batch_size", "data_seed", "max_new_tokens", "image_reliance", "samples"}
 # set by the runner for every training stage: where the model comes from, where the run goes, its seed
 RUNNER_KEYS = {"model", "seed", "resume", "resume_from"}
@@ -84,6 +85,11 @@ def read_experiment(path: str | Path, overrides: list[str] = ()) -> Experiment:
     if bool(compose.get("vision")) == bool(compose.get("tower")):
         raise ExperimentError(f"{source}: compose needs exactly one of vision (a SigLIP/CLIP checkpoint) or tower "
                               "(the SigLIP vision config of a random tower, trained by the align stage)")
+    pretrain = compose.get("tower_pretrain")
+    if pretrain is not None:
+        if not compose.get("tower") or not isinstance(pretrain, dict) or set(pretrain) != TOWER_PRETRAIN_KEYS:
+            raise ExperimentError(f"{source}: compose.tower_pretrain pretrains the random tower (compose.tower) and "
+                                  f"takes exactly {', '.join(sorted(TOWER_PRETRAIN_KEYS))}")
     stages = {}
     for stage in TRAINING_STAGES:
         settings = _section(data, stage, source)

@@ -1,8 +1,9 @@
 """The stages of an experiment, each resumable: a stage that finished (its `stage.json` written) is skipped, a
 training stage stopped part-way continues from its newest checkpoint, an evaluation keeps the reports it wrote.
 
-- compose: a random SigLIP tower of the config's shape (when no vision checkpoint is named) joined to the LM
-  (vlm_grpo/compose.py), written to a temporary folder and renamed, so a half-written model is never used;
+- compose: a random SigLIP tower of the config's shape (when no vision checkpoint is named), pretrained on the
+  align stage's task (tower.py) when the config asks, joined to the LM (vlm_grpo/compose.py); written to a
+  temporary folder and renamed, so a half-written model is never used;
 - align: `vlm-grpo sft` settings, from the composed model (the tower and projector learn; the LM frozen);
 - sft: from align's final model; grpo: from sft's final model (`vlm-grpo train` settings);
 - eval: `vlm-grpo eval` on each split for the aligned base, the SFT model and the GRPO model.
@@ -50,9 +51,17 @@ def run_compose(exp: Experiment, seed: int, say: Callable[[str], None]) -> None:
     started = time.time()
     work = out / "partial"
     shutil.rmtree(work, ignore_errors=True)  # a stage cut short left nothing usable: composing takes seconds
-    vision = exp.compose.get("vision")
+    vision, facts = exp.compose.get("vision"), {}
     if not vision:
         vision = str(random_tower(work / "tower", exp.compose["tower"], exp.base_seed))
+        if exp.compose.get("tower_pretrain"):
+            from vlm_grpo.experiment.tower import pretrain_tower
+            from vlm_grpo.recipes import get_recipe
+
+            task = exp.stages["align"].get("data", {})
+            facts = pretrain_tower(work / "tower", get_recipe(task.get("recipe", "scene_count")),
+                                   dict(task.get("recipe_options") or {}), seed=exp.base_seed, say=say,
+                                   **exp.compose["tower_pretrain"])
     from vlm_grpo.compose import compose
 
     compose(vision, str(exp.compose["llm"]), str(work / "model"), seed=exp.base_seed)
@@ -62,7 +71,7 @@ def run_compose(exp: Experiment, seed: int, say: Callable[[str], None]) -> None:
         shutil.rmtree(out / "tower", ignore_errors=True)
         (work / "tower").rename(out / "tower")
     shutil.rmtree(work, ignore_errors=True)
-    mark_done(out, started, vision=exp.compose.get("vision") or "random tower", llm=str(exp.compose["llm"]))
+    mark_done(out, started, vision=exp.compose.get("vision") or "random tower", llm=str(exp.compose["llm"]), **facts)
     say(f"compose: {out / 'model'}")
 
 

@@ -8,8 +8,11 @@ Splits, each drawn deterministically from (seed, split, index), so nothing is st
   positions (not on the grid), dark outlines. The questions, colours, kinds and counts are the training ones.
 
 Tasks (`task`): `count` (the question; the reference is the reasoning then the answer, seed 004's
-`<think>...</think>\\n<answer>...</answer>`), or `caption` (every shape in reading order: the alignment stage's
-target, which teaches the tower and projector what is where with the LM frozen).
+`<think>...</think>\\n<answer>...</answer>`: the counts of the kind of attribute asked about, then the answer picked
+or summed from them), or `caption` (the scene's counts by colour and by kind: the alignment stage's target, which
+teaches the tower and projector what the scene holds with the LM frozen). Both state counts, not lists in reading
+order: a count is a sum over the image tokens, which a frozen LM reads far sooner than an order (an ordered-list
+caption left the image unused after 100 alignment steps: its loss stayed at the text prior's).
 
 The rewards are the clevr_count recipe's (seed 004's): format 0.5, correctness 2.0.
 """
@@ -33,7 +36,11 @@ MAX_OBJECTS = 8
 SPLITS = ("train", "test", "ood")
 TASKS = ("count", "caption")
 SYSTEM_PROMPT = "Reason inside <think></think>, then give the number inside <answer></answer>."
-CAPTION_PROMPT = "List every shape in the image, row by row."
+# The caption's layout is in the prompt: with the LM frozen, a layout the text does not give would be learnt by the
+# image tokens as a constant soft prompt, at the cost of the image's content (measured: the projected features
+# collapsed to one vector, the same for every image).
+CAPTION_PROMPT = ("Count the shapes in the image by colour and by kind. Answer as: red N, green N, blue N, yellow N; "
+                  "circle N, square N, triangle N")
 
 
 @dataclass(frozen=True)
@@ -92,20 +99,52 @@ def draw(shapes: list[Shape], rng: random.Random, ood: bool) -> Image.Image:
     return img
 
 
-def question(shapes: list[Shape], rng: random.Random) -> tuple[str, list[Shape]]:
-    """A question about a colour, a kind or all shapes (always one that is present), and the shapes it counts."""
+def question(shapes: list[Shape], rng: random.Random) -> tuple[str, str, list[Shape]]:
+    """A question about a colour, a kind or all shapes (always one that is present): its text, what it asks about
+    (colour, kind, all), and the shapes it counts."""
     asked = rng.choice(("all", "colour", "kind"))
     if asked == "colour":
         colour = rng.choice(sorted({s.colour for s in shapes}))
-        return f"How many {colour} shapes are in the image?", [s for s in shapes if s.colour == colour]
+        return f"How many {colour} shapes are in the image?", asked, [s for s in shapes if s.colour == colour]
     if asked == "kind":
         kind = rng.choice(sorted({s.kind for s in shapes}))
-        return f"How many {plural(kind)} are in the image?", [s for s in shapes if s.kind == kind]
-    return "How many shapes are in the image?", list(shapes)
+        return f"How many {plural(kind)} are in the image?", asked, [s for s in shapes if s.kind == kind]
+    return "How many shapes are in the image?", asked, list(shapes)
 
 
-def listing(shapes: list[Shape]) -> str:
-    return ", ".join(f"{s.colour} {s.kind}" for s in shapes)
+def cell_labels(shapes: list[Shape]) -> list[int]:
+    """What each cell of the 4 x 4 grid holds, row by row: 0 empty, else 1 + colour * 3 + kind (the training look
+    only, one shape per cell): the labels a vision tower is pretrained on (vlm_grpo/experiment/tower.py)."""
+    labels = [0] * (GRID * GRID)
+    for s in shapes:
+        labels[(s.y // CELL) * GRID + s.x // CELL] = 1 + list(COLOURS).index(s.colour) * len(KINDS) + KINDS.index(s.kind)
+    return labels
+
+
+CELL_CLASSES = 1 + len(COLOURS) * len(KINDS)
+
+
+def colour_counts(shapes: list[Shape]) -> str:
+    return ", ".join(f"{c} {sum(s.colour == c for s in shapes)}" for c in COLOURS)
+
+
+def kind_counts(shapes: list[Shape]) -> str:
+    return ", ".join(f"{k} {sum(s.kind == k for s in shapes)}" for k in KINDS)
+
+
+def caption(shapes: list[Shape]) -> str:
+    """"red 2, green 0, blue 1, yellow 0; circle 1, square 2, triangle 0"."""
+    return f"{colour_counts(shapes)}; {kind_counts(shapes)}"
+
+
+def reasoning(shapes: list[Shape], asked: str) -> str:
+    """The counts of the attribute asked about; for all shapes, the kinds' counts and their sum."""
+    if asked == "colour":
+        return colour_counts(shapes)
+    if asked == "kind":
+        return kind_counts(shapes)
+    per_kind = [sum(s.kind == k for s in shapes) for k in KINDS]
+    return f"{kind_counts(shapes)}, so {' + '.join(map(str, per_kind))} = {sum(per_kind)}"
 
 
 @dataclass
@@ -128,16 +167,18 @@ class SceneDataset:
         image = draw(shapes, rng, ood)
         if self.image_size != CANVAS:
             image = image.resize((self.image_size, self.image_size), Image.BILINEAR)
+        cells = {} if ood else {"cells": cell_labels(shapes)}
         if self.task == "caption":
-            caption = listing(shapes)
-            return Sample(prompt=user_turn(CAPTION_PROMPT), images=[image], fields={"answer": caption}, reference=caption)
-        text, counted = question(shapes, rng)
+            described = caption(shapes)
+            return Sample(prompt=user_turn(CAPTION_PROMPT), images=[image], fields={"answer": described, **cells},
+                          reference=described)
+        text, asked, counted = question(shapes, rng)
         answer = str(len(counted))
         return Sample(
             prompt=[{"role": "system", "content": SYSTEM_PROMPT}, *user_turn(text)],
             images=[image],
-            fields={"answer": answer},
-            reference=f"<think>{listing(counted)}</think>\n<answer>{answer}</answer>",
+            fields={"answer": answer, **cells},
+            reference=f"<think>{reasoning(shapes, asked)}</think>\n<answer>{answer}</answer>",
         )
 
 
