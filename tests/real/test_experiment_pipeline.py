@@ -18,6 +18,7 @@ pytestmark = REAL
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2_learns_to_see.yaml"
 TOY = [  # a few steps per stage, a few samples, short answers
+    "compose.tower_pretrain.steps=3", "compose.tower_pretrain.batch_size=4",
     "align.max_steps=2", "align.logging.save_every=1", "sft.max_steps=2", "sft.logging.save_every=1",
     "grpo.max_steps=2", "grpo.logging.save_every=1", "grpo.logging.keep_checkpoints=2", "grpo.data.batch_size=2", "grpo.data.num_generations=2",
     "grpo.generation.max_new_tokens=6", "eval.size=3", "eval.eval_batch_size=3", "eval.max_new_tokens=6",
@@ -40,6 +41,10 @@ def test_every_stage_ran_and_the_summary_holds_the_table(finished, capsys):
     base, seed = finished / "base-seed0", finished / "seed0"
     for stage in (base / "compose", base / "align", seed / "sft", seed / "grpo", seed / "eval"):
         assert json.loads((stage / "stage.json").read_text())["seconds"] > 0
+    # the random tower was pretrained on the scenes' cells, then composed
+    composed = json.loads((base / "compose" / "stage.json").read_text())
+    assert 0 <= composed["patch_accuracy_before"] <= 1 and 0 <= composed["patch_accuracy_after"] <= 1
+    assert (base / "compose" / "tower" / "config.json").is_file()
     for model in ("sft", "grpo"):
         assert (seed / model / "final" / "config.json").is_file()
     summary = json.loads((finished / "summary.json").read_text())

@@ -15,9 +15,10 @@ TRAINING_STAGES = ("align", "sft", "grpo")
 TOP_KEYS = {"name", "output_dir", "base_seed", "compose", "eval", *TRAINING_STAGES}
 COMPOSE_KEYS = {"llm", "vision", "tower", "tower_pretrain"}
 TOWER_PRETRAIN_KEYS = {"steps", "batch_size", "learning_rate"}
-EVAL_KEYS = {"splits", "size", "eval_batch_size", "data_seed", "max_new_tokens", "image_reliance", "samples"}
+EVAL_KEYS = {"splits", "size", "eval_batch_size", "data_seed", "max_new_tokens", "image_reliance", "samples", "dtype"}
 # set by the runner for every training stage: where the model comes from, where the run goes, its seed
-RUNNER_KEYS = {"model", "seed", "resume", "resume_from"}
+RUNNER_KEYS = {"seed", "resume", "resume_from"}
+RUNNER_MODEL_KEYS = {"name", "init_from"}  # the rest of the model section (dtype ...) is the stage's own
 
 
 class ExperimentError(ValueError):
@@ -97,6 +98,9 @@ def read_experiment(path: str | Path, overrides: list[str] = ()) -> Experiment:
         if taken:
             raise ExperimentError(f"{source}: {stage}: {taken} are set by the experiment (the model is the previous "
                                   "stage's, the seed is --seed, resuming is automatic); remove them")
+        if RUNNER_MODEL_KEYS & set(settings.get("model") or {}):
+            raise ExperimentError(f"{source}: {stage}: model.name and model.init_from are set by the experiment "
+                                  "(the composed model, the previous stage's final/); remove them")
         if "output_dir" in settings.get("logging", {}):
             raise ExperimentError(f"{source}: {stage}: logging.output_dir is set by the experiment (OUTPUT_DIR/...)")
         stages[stage] = settings

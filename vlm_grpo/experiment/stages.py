@@ -144,7 +144,8 @@ def eval_settings(exp: Experiment, model: str, split: str, seed: int) -> dict[st
     task = exp.stages["sft"].get("data", {})
     stage = FINAL_OF[model]
     return {
-        "model": {"name": composed_model(exp), "init_from": str(final_of(exp, stage, seed))},
+        "model": {"name": composed_model(exp), "init_from": str(final_of(exp, stage, seed)),
+                  "dtype": str(ev.get("dtype", "auto"))},
         "data": {"recipe": task.get("recipe"), "recipe_options": task.get("recipe_options", {})},
         "generation": {"max_new_tokens": int(ev.get("max_new_tokens", 64))},
         "eval": {"split": split, "size": int(ev.get("size", 200)), "eval_batch_size": int(ev.get("eval_batch_size", 32)),
