@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -305,7 +306,7 @@ def format_report(report: dict[str, Any]) -> str:
 def write_report(report: dict[str, Any], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # its own: two processes may write the same report
     tmp.write_text(json.dumps(report, indent=2, default=str))
     tmp.replace(path)
     return path
