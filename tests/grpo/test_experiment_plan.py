@@ -73,3 +73,14 @@ def test_bad_overrides_and_stages_are_refused_on_the_command_line(tmp_path, caps
 def test_summary_without_finished_seeds_says_what_to_run(tmp_path, capsys):
     assert main(["experiment", str(write(tmp_path, GOOD)), "--stages", "none", "--summary"]) != 0
     assert "no seed of toy has all its reports" in capsys.readouterr().err
+
+
+def test_a_resumed_stage_counts_the_time_of_its_stopped_runs(tmp_path):
+    import time
+
+    from vlm_grpo.experiment.stages import done, mark_done, record_spent
+
+    record_spent(tmp_path, time.time() - 30)  # a run stopped after 30 s
+    record_spent(tmp_path, time.time() - 20)  # and another after 20 s
+    mark_done(tmp_path, time.time() - 10)  # the run that finished took 10 s
+    assert done(tmp_path)["seconds"] == pytest.approx(60, abs=1)

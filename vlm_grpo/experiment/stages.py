@@ -31,9 +31,25 @@ def done(path: Path) -> dict[str, Any] | None:
     return json.loads(marker.read_text()) if marker.is_file() else None
 
 
+SPENT = "stage-seconds.json"  # wall time of a stage's earlier, stopped runs: a resumed stage's time counts them too
+
+
+def spent_before(path: Path) -> float:
+    marker = path / SPENT
+    return float(json.loads(marker.read_text())["seconds"]) if marker.is_file() else 0.0
+
+
+def record_spent(path: Path, started: float) -> None:
+    """Add this run's wall time to the stage's tally (called however the run ends)."""
+    path.mkdir(parents=True, exist_ok=True)
+    total = spent_before(path) + time.time() - started
+    (path / SPENT).write_text(json.dumps({"seconds": round(total, 1)}))
+
+
 def mark_done(path: Path, started: float, **facts: Any) -> None:
     path.mkdir(parents=True, exist_ok=True)
-    (path / DONE).write_text(json.dumps({"seconds": round(time.time() - started, 1), **facts}, indent=2))
+    seconds = spent_before(path) + time.time() - started
+    (path / DONE).write_text(json.dumps({"seconds": round(seconds, 1), **facts}, indent=2))
 
 
 def composed_model(exp: Experiment) -> str:
@@ -128,7 +144,11 @@ def run_training(stage: str) -> Callable[[Experiment, int, Callable[[str], None]
             from vlm_grpo.api.trainers import SFTTrainer as Trainer
         say(f"{stage}: {cfg.max_steps} steps into {out}" + (" (resumed)" if settings["resume"] else ""))
         trainer = Trainer.from_settings(cfg, recipe=recipe)
-        trainer.train()
+        try:
+            trainer.train()
+        except BaseException:
+            record_spent(out, started)  # a stopped run's time counts toward the stage's when it resumes
+            raise
         history = trainer.ctx.log_history  # the run's steps, those before a resume included
         complete = bool(history) and history[-1]["step"] == cfg.max_steps and final_of(exp, stage, seed).is_dir()
         if not complete:
