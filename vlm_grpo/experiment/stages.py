@@ -195,7 +195,8 @@ def run_eval(exp: Experiment, seed: int, say: Callable[[str], None]) -> None:
         policy = None
         for split in splits:
             cfg, recipe = load_recipe_config(settings=eval_settings(exp, model, split, seed))
-            policy = policy or load_policy(cfg)
+            if policy is None:  # one load per model, for all its splits
+                policy = load_policy(cfg)
             report = evaluate_run(policy, recipe, cfg)
             report["model"] = cfg.model.init_from
             write_report(report, report_path(exp, model, split, seed))
