@@ -24,6 +24,7 @@ from vlm_grpo.experiment.plan import STAGES, Experiment
 DONE = "stage.json"
 EVALUATED = ("base", "sft", "grpo")  # the models each seed reports, in order
 FINAL_OF = {"base": "align", "sft": "sft", "grpo": "grpo"}
+PREVIOUS = {"align": "compose", "sft": "align", "grpo": "sft"}  # the stage whose output each training stage starts from
 
 
 def done(path: Path) -> dict[str, Any] | None:
@@ -112,7 +113,7 @@ def stage_settings(exp: Experiment, stage: str, seed: int) -> dict[str, Any]:
     from vlm_grpo.grpo.run.checkpoints import latest_checkpoint
 
     out = exp.stage_dir(stage, seed)
-    start = {"align": None, "sft": final_of(exp, "align", seed), "grpo": final_of(exp, "sft", seed)}[stage]
+    start = None if PREVIOUS[stage] == "compose" else final_of(exp, PREVIOUS[stage], seed)
     settings = dict(exp.stages[stage])
     settings["model"] = {**settings.get("model", {}), "name": composed_model(exp),
                          "init_from": None if start is None else str(start)}
@@ -131,7 +132,7 @@ def run_training(stage: str) -> Callable[[Experiment, int, Callable[[str], None]
         out = exp.stage_dir(stage, seed)
         if done(out):
             return say(f"{stage}: done earlier ({out})")
-        previous = {"align": "compose", "sft": "align", "grpo": "sft"}[stage]
+        previous = PREVIOUS[stage]
         if not done(exp.stage_dir(previous, seed)):
             raise RuntimeError(f"{stage} starts from the {previous} stage, which has not finished ({exp.stage_dir(previous, seed)}); "
                                f"run it first (--stages {previous},{stage})")

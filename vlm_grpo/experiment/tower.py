@@ -36,18 +36,17 @@ def pretrain_tower(tower_dir: Path, recipe, recipe_options: dict[str, Any], step
     tower = SiglipVisionModel.from_pretrained(tower_dir)
     processor = SiglipImageProcessor.from_pretrained(tower_dir)
     side = tower.config.image_size // tower.config.patch_size
-    first = recipe.build(split="train", size=1, seed=seed, **recipe_options)[0]
-    if "cells" not in first.fields:
+    train = recipe.build(split="train", size=steps * batch_size, seed=seed, **recipe_options)
+    if "cells" not in train[0].fields:
         raise ValueError(f"tower pretraining needs the recipe to give each sample's cell labels (fields['cells']); "
                          f"{recipe.name} does not")
-    classes = 1 + max(max(recipe.build(split="train", size=256, seed=seed, **recipe_options)[i].fields["cells"])
-                      for i in range(256))
+    probe = recipe.build(split="train", size=256, seed=seed, **recipe_options)  # built once: the classes seen
+    classes = 1 + max(max(probe[i].fields["cells"]) for i in range(len(probe)))
     torch.manual_seed(seed)
     head = torch.nn.Linear(tower.config.hidden_size, classes)
     params = [*tower.parameters(), *head.parameters()]
     optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps)))
-    train = recipe.build(split="train", size=steps * batch_size, seed=seed, **recipe_options)
     heldout = recipe.build(split="test", size=256, seed=seed, **recipe_options)
 
     def batch(data, start, size):
