@@ -43,6 +43,27 @@ def test_the_reference_answer_is_the_count_the_question_asks_for():
         assert correctness([sample.reference], [sample.fields["answer"]]) == [2.0]
 
 
+@pytest.mark.parametrize("split", ["train", "ood"])
+def test_the_question_alone_does_not_give_the_answer(split):
+    """Answers are uniform over 1..8 for each kind of question: the best guess from the question scores about 1 in 8
+    (with scenes drawn first, most colour and kind answers were 1 or 2 and a guess scored 30%)."""
+    from collections import Counter, defaultdict
+
+    data = RECIPE.build(split=split, size=1200, seed=3)
+    by_question: dict[str, Counter] = defaultdict(Counter)
+    for i in range(len(data)):
+        sample = data[i]
+        text = sample.prompt[-1]["content"][-1]["text"]
+        kind = "all" if text == "How many shapes are in the image?" else "colour" if text.split()[2] in COLOURS else "kind"
+        by_question[kind][sample.fields["answer"]] += 1
+    assert set(by_question) == {"all", "colour", "kind"}
+    for kind, answers in by_question.items():
+        assert set(answers) == {str(n) for n in range(1, 9)}, kind
+        assert max(answers.values()) / sum(answers.values()) < 0.2, (kind, answers)
+    best_guess = sum(max(answers.values()) for answers in by_question.values()) / len(data)
+    assert best_guess < 0.2
+
+
 def test_splits_are_reproducible_and_differ():
     a, b = RECIPE.build(split="test", size=5, seed=1), RECIPE.build(split="test", size=5, seed=1)
     assert [a[i].reference for i in range(5)] == [b[i].reference for i in range(5)]
