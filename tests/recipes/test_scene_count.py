@@ -43,6 +43,33 @@ def test_the_reference_answer_is_the_count_the_question_asks_for():
         assert correctness([sample.reference], [sample.fields["answer"]]) == [2.0]
 
 
+def test_the_cell_walk_states_each_cell_and_numbers_what_it_counts():
+    """reasoning=cells: the 16 cells in reading order, checked against the cell labels; the counted shapes are
+    numbered 1..N in that order and N is the answer."""
+    colours = list(COLOURS)
+    data = RECIPE.build(split="train", size=60, seed=5, reasoning="cells")
+    for i in range(len(data)):
+        sample = data[i]
+        question = sample.prompt[-1]["content"][-1]["text"]
+        walk = sample.reference.split("<think>")[1].split("</think>")[0]
+        rows = walk.split("; ")
+        cells = [cell for row in rows for cell in row.split(", ")]
+        assert len(rows) == 4 and len(cells) == 16, walk
+        numbers = []
+        for said, label in zip(cells, sample.fields["cells"]):
+            if not label:
+                assert said == "none", walk
+                continue
+            colour, kind = colours[(label - 1) // 3], KINDS[(label - 1) % 3]
+            assert said.endswith(f"{colour} {kind}"), (said, colour, kind)
+            counted = question == "How many shapes are in the image?" or f" {colour} " in question or f" {kind}s " in question
+            assert said[0].isdigit() == counted, (question, said)
+            if counted:
+                numbers.append(int(said.split(" ")[0]))
+        assert numbers == list(range(1, len(numbers) + 1)) and str(len(numbers)) == sample.fields["answer"]
+        assert correctness([sample.reference], [sample.fields["answer"]]) == [2.0]
+
+
 @pytest.mark.parametrize("split", ["train", "ood"])
 def test_the_question_alone_does_not_give_the_answer(split):
     """Answers are uniform over 1..8 for each kind of question: the best guess from the question scores about 1 in 8
@@ -105,7 +132,8 @@ def test_caption_states_every_colour_and_kind_count():
 
 @pytest.mark.parametrize("option,value,message", [("split", "val", "choose one of train, test, ood"),
                                                   ("task", "vqa", "choose one of count, caption"),
-                                                  ("image_size", 8, "at least 16 pixels")])
+                                                  ("image_size", 8, "at least 16 pixels"),
+                                                  ("reasoning", "prose", "choose one of counts, cells")])
 def test_bad_options_are_refused_by_name(option, value, message):
     with pytest.raises(ValueError, match=message):
         RECIPE.build(**{option: value})

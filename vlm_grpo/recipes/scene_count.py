@@ -14,6 +14,9 @@ teaches the tower and projector what the scene holds with the LM frozen). Both s
 order: a count is a sum over the image tokens, which a frozen LM reads far sooner than an order (an ordered-list
 caption left the image unused after 100 alignment steps: its loss stayed at the text prior's).
 
+The reasoning (`reasoning`): `counts` (seed 004's form, above) or `cells` (each grid cell in reading order, the
+counted shapes numbered as they are reached: `cell_walk`).
+
 Count questions draw their answer first, uniform over 1..8, and build the scene to hold it: the question alone
 gives no better guess than 1 in 8 (`question`). Captions describe scenes drawn as they come.
 
@@ -158,6 +161,26 @@ def reasoning(shapes: list[Shape], asked: str) -> str:
     return f"{kind_counts(shapes)}, so {' + '.join(map(str, per_kind))} = {sum(per_kind)}"
 
 
+def cell_walk(shapes: list[Shape], counted: list[Shape]) -> str:
+    """Every cell of the 4 x 4 grid in reading order ("none" when empty, rows split by ";"), each counted shape
+    numbered as it is reached: "none, 1 red circle, blue square, none; ..."; the last number is the answer. Reading
+    the k-th cell is a fixed step from the k-th image token, and the count is a running number, where stating a
+    total at once asks a 135M LM to count image tokens (measured: off by one or more in 60% of the counts)."""
+    number, cells = 0, [[] for _ in range(GRID * GRID)]
+    for s in shapes:
+        if any(s is c for c in counted):
+            number += 1
+            cells[min(s.y // CELL, GRID - 1) * GRID + min(s.x // CELL, GRID - 1)].append(f"{number} {s.colour} {s.kind}")
+        else:
+            cells[min(s.y // CELL, GRID - 1) * GRID + min(s.x // CELL, GRID - 1)].append(f"{s.colour} {s.kind}")
+    said = [" and ".join(c) or "none" for c in cells]
+    return "; ".join(", ".join(said[r * GRID:(r + 1) * GRID]) for r in range(GRID))
+
+
+REASONING = {"counts": lambda shapes, asked, counted: reasoning(shapes, asked),
+             "cells": lambda shapes, asked, counted: cell_walk(shapes, counted)}
+
+
 @dataclass
 class SceneDataset:
     size: int
@@ -165,6 +188,7 @@ class SceneDataset:
     split: str = "train"
     task: str = "count"
     image_size: int = 64
+    reasoning: str = "counts"
 
     def __len__(self) -> int:
         return self.size
@@ -187,7 +211,7 @@ class SceneDataset:
             prompt=[{"role": "system", "content": SYSTEM_PROMPT}, *user_turn(text)],
             images=[image],
             fields={"answer": answer, **cells},
-            reference=f"<think>{reasoning(shapes, asked)}</think>\n<answer>{answer}</answer>",
+            reference=f"<think>{REASONING[self.reasoning](shapes, asked, counted)}</think>\n<answer>{answer}</answer>",
         )
 
     def picture(self, shapes: list[Shape], rng: random.Random, ood: bool) -> tuple[Image.Image, dict]:
@@ -198,14 +222,18 @@ class SceneDataset:
         return image, ({} if ood else {"cells": cell_labels(shapes)})
 
 
-def build(split: str = "train", size: int = 256, seed: int = 0, task: str = "count", image_size: int = 64):
+def build(split: str = "train", size: int = 256, seed: int = 0, task: str = "count", image_size: int = 64,
+          reasoning: str = "counts"):
     if split not in SPLITS:
         raise ValueError(f"scene_count split {split!r}: choose one of {', '.join(SPLITS)}")
     if task not in TASKS:
         raise ValueError(f"scene_count task {task!r}: choose one of {', '.join(TASKS)}")
     if int(image_size) < 16:
         raise ValueError(f"scene_count image_size {image_size}: at least 16 pixels")
-    return SceneDataset(size=int(size), seed=seed, split=split, task=task, image_size=int(image_size))
+    if reasoning not in REASONING:
+        raise ValueError(f"scene_count reasoning {reasoning!r}: choose one of {', '.join(REASONING)}")
+    return SceneDataset(size=int(size), seed=seed, split=split, task=task, image_size=int(image_size),
+                        reasoning=reasoning)
 
 
 AUDIT = AuditHints(
