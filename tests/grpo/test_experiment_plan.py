@@ -34,6 +34,9 @@ def test_a_good_config_and_overrides(tmp_path):
     assert exp.eval["size"] == 9 and exp.stages["sft"]["max_steps"] == 2
     assert exp.stage_dir("align", 3) == exp.base_dir() / "align"  # shared by every seed
     assert exp.stage_dir("grpo", 3) == tmp_path / "runs" / "seed3" / "grpo"
+    pretrained = GOOD.replace("patch_size: 16}}", "patch_size: 16}}, tower_pretrain: {{steps: 2, batch_size: 2, "
+                              "learning_rate: 0.001, counts: true}}")
+    assert read_experiment(write(tmp_path, pretrained), []).compose["tower_pretrain"]["counts"] is True
 
 
 @pytest.mark.parametrize("change,message", [
@@ -48,7 +51,7 @@ def test_a_good_config_and_overrides(tmp_path):
     ("eval: {splitz: [test]}", "eval: unknown key(s) ['splitz']"),
     ("compose: {vision: /x, llm: smollm2, tower_pretrain: {steps: 1, batch_size: 2, learning_rate: 0.1}}",
      "compose.tower_pretrain pretrains the random tower"),
-    ("compose: {llm: smollm2, tower: {image_size: 32}, tower_pretrain: {steps: 1}}", "takes exactly batch_size"),
+    ("compose: {llm: smollm2, tower: {image_size: 32}, tower_pretrain: {steps: 1}}", "takes batch_size, learning_rate, steps, and optionally counts"),
     ("sft: [1, 2]", "sft must be a mapping"),
 ])
 def test_bad_configs_name_the_file_and_the_key(tmp_path, change, message):

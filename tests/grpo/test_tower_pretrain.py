@@ -52,3 +52,26 @@ def test_a_recipe_without_cell_labels_is_refused(tmp_path):
     tower = random_tower(tmp_path / "tower", TOWER, seed=0)
     with pytest.raises(ValueError, match="cell labels"):
         pretrain_tower(tower, get_recipe("shapes"), {"image_size": 32}, steps=1, batch_size=2, learning_rate=1e-3, seed=0)
+
+
+def test_counts_pretraining_puts_the_image_counts_in_every_patch(tmp_path):
+    """counts=True: every patch learns the whole image's counts (fields['counts']); held-out accuracy of every
+    patch's statement rises above what the most common count gives."""
+    from collections import Counter
+
+    data = get_recipe("scene_count").build(split="test", size=256, seed=0, task="caption", image_size=32)
+    per_count = list(zip(*(data[i].fields["counts"] for i in range(len(data)))))
+    majority = sum(Counter(column).most_common(1)[0][1] for column in per_count) / (len(per_count) * len(data))
+    tower = random_tower(tmp_path / "tower", {**TOWER, "num_hidden_layers": 2}, seed=0)  # one layer cannot pool
+    facts = pretrain_tower(tower, get_recipe("scene_count"), {"image_size": 32, "task": "caption"}, steps=100,
+                           batch_size=32, learning_rate=3e-3, seed=0, counts=True, say=lambda _: None)
+    assert facts["count_accuracy_after"] > majority + 0.04, (facts, majority)  # measured 0.42 against 0.35
+
+
+def test_the_scene_counts_match_the_cells():
+    colours = ["red", "green", "blue", "yellow"]
+    for sample in (get_recipe("scene_count").build(split="train", size=20, seed=2, task=t)[i] for t in ("caption", "count")
+                   for i in range(20)):
+        shapes = [((v - 1) // 3, (v - 1) % 3) for v in sample.fields["cells"] if v]
+        assert sample.fields["counts"] == [sum(c == i for c, _ in shapes) for i in range(len(colours))] + \
+            [sum(k == i for _, k in shapes) for i in range(3)]

@@ -15,6 +15,7 @@ TRAINING_STAGES = ("align", "sft", "grpo")
 TOP_KEYS = {"name", "output_dir", "base_seed", "compose", "eval", *TRAINING_STAGES}
 COMPOSE_KEYS = {"llm", "vision", "tower", "tower_pretrain"}
 TOWER_PRETRAIN_KEYS = {"steps", "batch_size", "learning_rate"}
+TOWER_PRETRAIN_OPTIONAL = {"counts"}
 EVAL_KEYS = {"splits", "size", "eval_batch_size", "data_seed", "max_new_tokens", "image_reliance", "samples", "dtype"}
 # set by the runner for every training stage: where the model comes from, where the run goes, its seed
 RUNNER_KEYS = {"seed", "resume", "resume_from"}
@@ -88,9 +89,11 @@ def read_experiment(path: str | Path, overrides: list[str] = ()) -> Experiment:
                               "(the SigLIP vision config of a random tower, trained by the align stage)")
     pretrain = compose.get("tower_pretrain")
     if pretrain is not None:
-        if not compose.get("tower") or not isinstance(pretrain, dict) or set(pretrain) != TOWER_PRETRAIN_KEYS:
+        if (not compose.get("tower") or not isinstance(pretrain, dict) or not TOWER_PRETRAIN_KEYS <= set(pretrain)
+                or set(pretrain) - TOWER_PRETRAIN_KEYS - TOWER_PRETRAIN_OPTIONAL):
             raise ExperimentError(f"{source}: compose.tower_pretrain pretrains the random tower (compose.tower) and "
-                                  f"takes exactly {', '.join(sorted(TOWER_PRETRAIN_KEYS))}")
+                                  f"takes {', '.join(sorted(TOWER_PRETRAIN_KEYS))}, and optionally "
+                                  f"{', '.join(sorted(TOWER_PRETRAIN_OPTIONAL))}")
     stages = {}
     for stage in TRAINING_STAGES:
         settings = _section(data, stage, source)

@@ -215,11 +215,13 @@ class SceneDataset:
         )
 
     def picture(self, shapes: list[Shape], rng: random.Random, ood: bool) -> tuple[Image.Image, dict]:
-        """The scene drawn at the model's size, and its cell labels (the training look only)."""
+        """The scene drawn at the model's size, its counts by colour then by kind, and its cell labels (the
+        training look only: an OOD cell may hold two shapes)."""
         image = draw(shapes, rng, ood)
         if self.image_size != CANVAS:
             image = image.resize((self.image_size, self.image_size), Image.BILINEAR)
-        return image, ({} if ood else {"cells": cell_labels(shapes)})
+        counts = [sum(s.colour == c for s in shapes) for c in COLOURS] + [sum(s.kind == k for s in shapes) for k in KINDS]
+        return image, {"counts": counts, **({} if ood else {"cells": cell_labels(shapes)})}
 
 
 def build(split: str = "train", size: int = 256, seed: int = 0, task: str = "count", image_size: int = 64,
