@@ -65,7 +65,8 @@ def pretrain_tower(tower_dir: Path, recipe, recipe_options: dict[str, Any], step
         samples = [data[i] for i in range(start, start + size)]
         pixels = processor([s.images[0] for s in samples], return_tensors="pt")["pixel_values"]
         targets = torch.tensor([patch_targets(s.fields["cells"], side) for s in samples])
-        totals = torch.tensor([s.fields["counts"] for s in samples]) if counts else None
+        # counts above the largest seen in the class probe share its class
+        totals = torch.tensor([s.fields["counts"] for s in samples]).clamp(max=most - 1) if counts else None
         return pixels, targets, totals
 
     def count_logits(hidden: torch.Tensor) -> torch.Tensor:  # (batch, patches, counted, 0..most)
@@ -81,7 +82,7 @@ def pretrain_tower(tower_dir: Path, recipe, recipe_options: dict[str, Any], step
         if not counts:
             return patch, None
         stated = count_logits(hidden).argmax(-1)  # every patch's statement of every count
-        return patch, (stated == totals.clamp(max=most - 1)[:, None, :]).float().mean().item()
+        return patch, (stated == totals[:, None, :]).float().mean().item()
 
     (before, _), started = accuracy(), time.time()
     tower.train()
@@ -90,7 +91,7 @@ def pretrain_tower(tower_dir: Path, recipe, recipe_options: dict[str, Any], step
         hidden = tower(pixel_values=pixels).last_hidden_state
         loss = torch.nn.functional.cross_entropy(head(hidden).reshape(-1, classes), targets.reshape(-1))
         if counts:
-            per_patch = totals.clamp(max=most - 1)[:, None, :].expand(-1, hidden.shape[1], -1)
+            per_patch = totals[:, None, :].expand(-1, hidden.shape[1], -1)
             loss = loss + torch.nn.functional.cross_entropy(count_logits(hidden).reshape(-1, most), per_patch.reshape(-1))
         optimizer.zero_grad()
         loss.backward()
