@@ -91,6 +91,55 @@ def test_the_question_alone_does_not_give_the_answer(split):
     assert best_guess < 0.2
 
 
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_the_attribute_answer_is_the_one_shape_the_question_names(split):
+    """Checked against the cell labels: exactly one shape has the kind (or colour) the question names, and the
+    answer is its other attribute; the reference says so and earns both rewards."""
+    colours = list(COLOURS)
+    data = RECIPE.build(split=split, size=120, seed=5, task="attribute")
+    asked_colour = 0
+    for i in range(len(data)):
+        sample = data[i]
+        question = sample.prompt[-1]["content"][-1]["text"]
+        shapes = [(colours[(v - 1) // 3], KINDS[(v - 1) % 3]) for v in sample.fields["cells"] if v]
+        if question.startswith("What colour is the "):
+            asked_colour += 1
+            kind = question.removeprefix("What colour is the ").removesuffix("?")
+            named = [c for c, k in shapes if k == kind]
+        else:
+            colour = question.removeprefix("What shape is the ").removesuffix(" one?")
+            named = [k for c, k in shapes if c == colour]
+        assert len(named) == 1, (question, shapes)
+        assert sample.fields["answer"] == named[0]
+        assert strict_format([sample.reference]) == [0.5]
+        assert correctness([sample.reference], [sample.fields["answer"]]) == [2.0]
+        assert "word" in sample.prompt[0]["content"]
+    assert 30 < asked_colour < 90
+
+
+def test_the_attribute_question_alone_does_not_give_the_answer():
+    """Answers are uniform over the colours (or kinds) for each question, and the other shapes carry the answer's
+    value too: neither the question nor the scene's commonest colour gives it away."""
+    from collections import Counter, defaultdict
+
+    data = RECIPE.build(split="ood", size=1500, seed=3, task="attribute")
+    by_question: dict[str, Counter] = defaultdict(Counter)
+    for i in range(len(data)):
+        sample = data[i]
+        by_question[sample.prompt[-1]["content"][-1]["text"]][sample.fields["answer"]] += 1
+    assert len(by_question) == len(COLOURS) + len(KINDS)
+    best_guess = sum(max(answers.values()) for answers in by_question.values()) / len(data)
+    assert best_guess < 0.36
+    train = RECIPE.build(split="train", size=400, seed=3, task="attribute")
+    commonest_right = 0
+    for i in range(len(train)):
+        sample = train[i]
+        if sample.fields["answer"] in COLOURS:
+            held = Counter(list(COLOURS)[(v - 1) // 3] for v in sample.fields["cells"] if v)
+            commonest_right += held.most_common(1)[0][0] == sample.fields["answer"]
+    assert commonest_right < 0.7 * sum(train[i].fields["answer"] in COLOURS for i in range(len(train)))
+
+
 def test_splits_are_reproducible_and_differ():
     a, b = RECIPE.build(split="test", size=5, seed=1), RECIPE.build(split="test", size=5, seed=1)
     assert [a[i].reference for i in range(5)] == [b[i].reference for i in range(5)]
@@ -131,7 +180,7 @@ def test_caption_states_every_colour_and_kind_count():
 
 
 @pytest.mark.parametrize("option,value,message", [("split", "val", "choose one of train, test, ood"),
-                                                  ("task", "vqa", "choose one of count, caption"),
+                                                  ("task", "vqa", "choose one of count, caption, attribute"),
                                                   ("image_size", 8, "at least 16 pixels"),
                                                   ("reasoning", "prose", "choose one of counts, cells")])
 def test_bad_options_are_refused_by_name(option, value, message):

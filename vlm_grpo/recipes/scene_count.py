@@ -1,24 +1,34 @@
-"""`scene_count`: count the shapes of a colour, of a kind, or all of them, in a generated scene; the task of the
-SmolLM2-learns-to-see experiment (docs/smollm2-learns-to-see.md), built as seed 004 is on CLEVR and SuperCLEVR.
+"""`scene_count`: questions about the shapes of a generated scene (name one shape's colour or kind, or count them);
+the task of the SmolLM2-learns-to-see experiment (docs/smollm2-learns-to-see.md), built as seed 004 is on CLEVR and
+SuperCLEVR.
 
 Splits, each drawn deterministically from (seed, split, index), so nothing is stored:
 - `train` and `test` (held out: the same look, unseen images): shapes on a white canvas, one per cell of a 4 x 4
   grid, each filling most of its cell;
 - `ood` (a different look, as SuperCLEVR is to CLEVR): a tinted, speckled background, smaller shapes at free
   positions (not on the grid), dark outlines. The questions, colours, kinds and counts are the training ones.
+  Cell labels and words (`cells`, `cell_words`) are given for the training look only.
 
-Tasks (`task`): `count` (the question; the reference is the reasoning then the answer, seed 004's
-`<think>...</think>\\n<answer>...</answer>`: the counts of the kind of attribute asked about, then the answer picked
-or summed from them), or `caption` (the scene's counts by colour and by kind: the alignment stage's target, which
-teaches the tower and projector what the scene holds with the LM frozen). Both state counts, not lists in reading
-order: a count is a sum over the image tokens, which a frozen LM reads far sooner than an order (an ordered-list
-caption left the image unused after 100 alignment steps: its loss stayed at the text prior's).
+Tasks (`task`):
+- `attribute` (the experiment's task): "What colour is the triangle?" / "What shape is the red one?" about the one
+  shape of the scene that has the named kind (or colour), among 1-8 shapes; the reference is
+  `<think>the red shape is a triangle</think>\n<answer>red</answer>`. Reading one image token, which a 135M LM
+  does once the token sits at its words (vlm_grpo/experiment/words.py).
+- `count` (seed 004's task): how many shapes of a colour, of a kind, or in all; the reference is the reasoning then
+  the answer, seed 004's `<think>...</think>\n<answer>...</answer>`: the counts of the kind of attribute asked
+  about, then the answer picked or summed from them. A 135M LM stayed at chance on it after SFT
+  (docs/smollm2-learns-to-see.md).
+- `caption` (the scene's counts by colour and by kind): a caption alignment target for the tower and projector
+  with the LM frozen. It states counts, not lists in reading order: a count is a sum over the image tokens, which a
+  frozen LM reads far sooner than an order (an ordered-list caption left the image unused after 100 alignment
+  steps: its loss stayed at the text prior's).
 
 The reasoning (`reasoning`): `counts` (seed 004's form, above) or `cells` (each grid cell in reading order, the
 counted shapes numbered as they are reached: `cell_walk`).
 
 Count questions draw their answer first, uniform over 1..8, and build the scene to hold it: the question alone
-gives no better guess than 1 in 8 (`question`). Captions describe scenes drawn as they come.
+gives no better guess than 1 in 8 (`question`); attribute questions draw theirs uniform over the colours or kinds
+(`attribute_question`). Captions describe scenes drawn as they come.
 
 The rewards are the clevr_count recipe's (seed 004's): format 0.5, correctness 2.0.
 """
@@ -40,8 +50,9 @@ CANVAS, GRID = 256, 4
 CELL = CANVAS // GRID
 MAX_OBJECTS = 8
 SPLITS = ("train", "test", "ood")
-TASKS = ("count", "caption")
+TASKS = ("count", "caption", "attribute")
 SYSTEM_PROMPT = "Reason inside <think></think>, then give the number inside <answer></answer>."
+ATTRIBUTE_PROMPT = "Reason inside <think></think>, then give the word inside <answer></answer>."
 # The caption's layout is in the prompt: with the LM frozen, a layout the text does not give would be learnt by the
 # image tokens as a constant soft prompt, at the cost of the image's content (measured: the projected features
 # collapsed to one vector, the same for every image).
@@ -126,6 +137,26 @@ def question(rng: random.Random, ood: bool) -> tuple[str, str, list[Shape], list
     return text, asked, shapes, [s for s in shapes if getattr(s, field) == target]
 
 
+def attribute_question(rng: random.Random, ood: bool) -> tuple[str, list[Shape], Shape, str]:
+    """A scene in which one shape alone has the kind (or the colour) asked about, and the question for its other
+    attribute: "What colour is the triangle?" or "What shape is the red one?". The text, the scene, the shape asked
+    about and the answer. The answer is drawn first, uniform over the colours (or kinds), and so is the number of
+    shapes (1..MAX_OBJECTS): the question alone is worth 1 in 4 (or 3). The other shapes take every other value at
+    random, the answer's included: the answer is bound to the one shape, not read off the scene's colours."""
+    by_colour = rng.random() < 0.5  # ask for the colour of the only shape of a kind
+    known_field, asked_field = ("kind", "colour") if by_colour else ("colour", "kind")
+    known_values, asked_values = (list(KINDS), list(COLOURS)) if by_colour else (list(COLOURS), list(KINDS))
+    known, answer = rng.choice(known_values), rng.choice(asked_values)
+    shapes = scene(rng, ood)
+    target = rng.randrange(len(shapes))
+    others = [v for v in known_values if v != known]
+    shapes = [replace(s, **({known_field: known, asked_field: answer} if i == target else
+                            {known_field: rng.choice(others), asked_field: rng.choice(asked_values)}))
+              for i, s in enumerate(shapes)]
+    text = f"What colour is the {known}?" if by_colour else f"What shape is the {known} one?"
+    return text, shapes, shapes[target], answer
+
+
 def cell_labels(shapes: list[Shape]) -> list[int]:
     """What each cell of the 4 x 4 grid holds, row by row: 0 empty, else 1 + colour * 3 + kind (the training look
     only, one shape per cell): the labels a vision tower is pretrained on (vlm_grpo/experiment/tower.py)."""
@@ -136,6 +167,13 @@ def cell_labels(shapes: list[Shape]) -> list[int]:
 
 
 CELL_CLASSES = 1 + len(COLOURS) * len(KINDS)
+
+
+def cell_words(shapes: list[Shape]) -> list[str]:
+    """What each cell of the grid holds, row by row, in words: "empty" or "red circle" (the training look only): the
+    words an image token is aligned to (vlm_grpo/experiment/words.py)."""
+    names = ["empty"] + [f"{c} {k}" for c in COLOURS for k in KINDS]
+    return [names[label] for label in cell_labels(shapes)]
 
 
 def colour_counts(shapes: list[Shape]) -> str:
@@ -204,6 +242,15 @@ class SceneDataset:
             described = caption(shapes)
             return Sample(prompt=user_turn(CAPTION_PROMPT), images=[image], fields={"answer": described, **cells},
                           reference=described)
+        if self.task == "attribute":
+            text, shapes, target, answer = attribute_question(rng, ood)
+            image, cells = self.picture(shapes, rng, ood)
+            return Sample(
+                prompt=[{"role": "system", "content": ATTRIBUTE_PROMPT}, *user_turn(text)],
+                images=[image],
+                fields={"answer": answer, **cells},
+                reference=f"<think>the {target.colour} shape is a {target.kind}</think>\n<answer>{answer}</answer>",
+            )
         text, asked, shapes, counted = question(rng, ood)
         image, cells = self.picture(shapes, rng, ood)
         answer = str(len(counted))
@@ -215,13 +262,13 @@ class SceneDataset:
         )
 
     def picture(self, shapes: list[Shape], rng: random.Random, ood: bool) -> tuple[Image.Image, dict]:
-        """The scene drawn at the model's size, its counts by colour then by kind, and its cell labels (the
-        training look only: an OOD cell may hold two shapes)."""
+        """The scene drawn at the model's size, its counts by colour then by kind, and what each cell holds, as a
+        label and in words (the training look only: an OOD cell may hold two shapes)."""
         image = draw(shapes, rng, ood)
         if self.image_size != CANVAS:
             image = image.resize((self.image_size, self.image_size), Image.BILINEAR)
         counts = [sum(s.colour == c for s in shapes) for c in COLOURS] + [sum(s.kind == k for s in shapes) for k in KINDS]
-        return image, {"counts": counts, **({} if ood else {"cells": cell_labels(shapes)})}
+        return image, {"counts": counts, **({} if ood else {"cells": cell_labels(shapes), "cell_words": cell_words(shapes)})}
 
 
 def build(split: str = "train", size: int = 256, seed: int = 0, task: str = "count", image_size: int = 64,
