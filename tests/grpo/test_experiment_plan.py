@@ -37,6 +37,9 @@ def test_a_good_config_and_overrides(tmp_path):
     pretrained = GOOD.replace("patch_size: 16}}", "patch_size: 16}}, tower_pretrain: {{steps: 2, batch_size: 2, "
                               "learning_rate: 0.001, counts: true}}")
     assert read_experiment(write(tmp_path, pretrained), []).compose["tower_pretrain"]["counts"] is True
+    words = GOOD.replace("align: {{data: {{recipe: scene_count}}, max_steps: 2}}",
+                         "align: {{data: {{recipe: scene_count}}, words: {{steps: 2, batch_size: 4, learning_rate: 0.001}}}}")
+    assert read_experiment(write(tmp_path, words), []).stages["align"]["words"]["steps"] == 2
 
 
 @pytest.mark.parametrize("change,message", [
@@ -53,6 +56,10 @@ def test_a_good_config_and_overrides(tmp_path):
      "compose.tower_pretrain pretrains the random tower"),
     ("compose: {llm: smollm2, tower: {image_size: 32}, tower_pretrain: {steps: 1}}", "takes batch_size, learning_rate, steps, and optionally counts"),
     ("sft: [1, 2]", "sft must be a mapping"),
+    ("align: {words: {steps: 1, batch_size: 2}}", "align.words trains the projector to the LM's words and takes exactly"),
+    ("align: {words: {steps: 1, batch_size: 2, learning_rate: 0.1}, max_steps: 3}",
+     "align with words takes only data, words"),
+    ("align: {words: {steps: 0, batch_size: 2, learning_rate: 0.1}}", "must be positive numbers"),
 ])
 def test_bad_configs_name_the_file_and_the_key(tmp_path, change, message):
     path = write(tmp_path, GOOD + "\n" + change.replace("{", "{{").replace("}", "}}") + "\n")

@@ -19,7 +19,7 @@ pytestmark = REAL
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2_learns_to_see.yaml"
 TOY = [  # a few steps per stage, a few samples, short answers
     "compose.tower_pretrain.steps=3", "compose.tower_pretrain.batch_size=4",
-    "align.max_steps=2", "align.logging.save_every=1", "sft.max_steps=2", "sft.logging.save_every=1",
+    "align.words.steps=2", "align.words.batch_size=4", "sft.max_steps=2", "sft.logging.save_every=1",
     "grpo.max_steps=2", "grpo.logging.save_every=1", "grpo.logging.keep_checkpoints=2", "grpo.data.batch_size=2", "grpo.data.num_generations=2",
     "grpo.generation.max_new_tokens=6", "eval.size=3", "eval.eval_batch_size=3", "eval.max_new_tokens=6",
 ]
@@ -45,6 +45,10 @@ def test_every_stage_ran_and_the_summary_holds_the_table(finished, capsys):
     composed = json.loads((base / "compose" / "stage.json").read_text())
     assert 0 <= composed["patch_accuracy_before"] <= 1 and 0 <= composed["patch_accuracy_after"] <= 1
     assert (base / "compose" / "tower" / "config.json").is_file()
+    # the projector was aligned to the LM's words for each cell
+    aligned = json.loads((base / "align" / "stage.json").read_text())
+    assert aligned["method"] == "words" and 0 <= aligned["nearest_words_after"] <= 1
+    assert (base / "align" / "final" / "manifest.json").is_file()
     for model in ("sft", "grpo"):
         assert (seed / model / "final" / "config.json").is_file()
     summary = json.loads((finished / "summary.json").read_text())

@@ -16,6 +16,8 @@ TOP_KEYS = {"name", "output_dir", "base_seed", "compose", "eval", *TRAINING_STAG
 COMPOSE_KEYS = {"llm", "vision", "tower", "tower_pretrain"}
 TOWER_PRETRAIN_KEYS = {"steps", "batch_size", "learning_rate"}
 TOWER_PRETRAIN_OPTIONAL = {"counts"}
+WORDS_KEYS = {"steps", "batch_size", "learning_rate"}  # align.words: the projector trained to the LM's words
+WORDS_ALIGN_KEYS = {"words", "data"}
 EVAL_KEYS = {"splits", "size", "eval_batch_size", "data_seed", "max_new_tokens", "image_reliance", "samples", "dtype"}
 # set by the runner for every training stage: where the model comes from, where the run goes, its seed
 RUNNER_KEYS = {"seed", "resume", "resume_from"}
@@ -35,6 +37,10 @@ class Experiment:
     compose: dict[str, Any]
     stages: dict[str, dict[str, Any]]  # align, sft, grpo: settings as `vlm-grpo sft/train --config` reads them
     eval: dict[str, Any] = field(default_factory=dict)
+
+    def aligns_to_words(self) -> bool:
+        """The align stage trains the projector to the LM's words (words.py), not by `vlm-grpo sft` settings."""
+        return "words" in self.stages["align"]
 
     def base_dir(self) -> Path:
         """Compose and align run once, with `base_seed`: the aligned model every seed starts from."""
@@ -106,6 +112,8 @@ def read_experiment(path: str | Path, overrides: list[str] = ()) -> Experiment:
                                   "(the composed model, the previous stage's final/); remove them")
         if "output_dir" in settings.get("logging", {}):
             raise ExperimentError(f"{source}: {stage}: logging.output_dir is set by the experiment (OUTPUT_DIR/...)")
+        if stage == "align" and "words" in settings:
+            check_words_align(settings, source)
         stages[stage] = settings
     evaluation = _section(data, "eval", source)
     if sorted(set(evaluation) - EVAL_KEYS):
@@ -114,6 +122,18 @@ def read_experiment(path: str | Path, overrides: list[str] = ()) -> Experiment:
     return Experiment(source=source, name=str(data.get("name") or Path(path).stem),
                       output_dir=Path(data.get("output_dir") or f"runs/{Path(path).stem}"),
                       base_seed=int(data.get("base_seed", 0)), compose=compose, stages=stages, eval=evaluation)
+
+
+def check_words_align(settings: dict[str, Any], source: str) -> None:
+    words = settings["words"]
+    if not isinstance(words, dict) or set(words) != WORDS_KEYS:
+        raise ExperimentError(f"{source}: align.words trains the projector to the LM's words and takes exactly "
+                              f"{', '.join(sorted(WORDS_KEYS))}")
+    if sorted(set(settings) - WORDS_ALIGN_KEYS):
+        raise ExperimentError(f"{source}: align with words takes only {', '.join(sorted(WORDS_ALIGN_KEYS))} (data names "
+                              f"the recipe whose cell_words it learns); unknown here: {sorted(set(settings) - WORDS_ALIGN_KEYS)}")
+    if not all(isinstance(words[k], (int, float)) and not isinstance(words[k], bool) and words[k] > 0 for k in WORDS_KEYS):
+        raise ExperimentError(f"{source}: align.words: steps, batch_size and learning_rate must be positive numbers")
 
 
 def _section(data: dict[str, Any], key: str, source: str) -> dict[str, Any]:

@@ -4,7 +4,8 @@ training stage stopped part-way continues from its newest checkpoint, an evaluat
 - compose: a random SigLIP tower of the config's shape (when no vision checkpoint is named), pretrained on the
   align stage's task (tower.py) when the config asks, joined to the LM (vlm_grpo/compose.py); written to a
   temporary folder and renamed, so a half-written model is never used;
-- align: `vlm-grpo sft` settings, from the composed model (the tower and projector learn; the LM frozen);
+- align: `vlm-grpo sft` settings, from the composed model (the tower and projector learn; the LM frozen), or with
+  `words:` the projector alone learns to put each image token at the LM's words for its cell (words.py);
 - sft: from align's final model; grpo: from sft's final model (`vlm-grpo train` settings);
 - eval: `vlm-grpo eval` on each split for the aligned base, the SFT model and the GRPO model.
 
@@ -205,7 +206,35 @@ def run_eval(exp: Experiment, seed: int, say: Callable[[str], None]) -> None:
     mark_done(exp.seed_dir(seed) / "eval", started)
 
 
-RUNNERS = {"compose": run_compose, "align": run_training("align"), "sft": run_training("sft"),
+def run_word_align(exp: Experiment, seed: int, say: Callable[[str], None]) -> None:
+    """The align stage's `words` method: the composed model's projector trained to the LM's words (words.py), saved
+    as the stage's final/ (written aside and renamed, so a half-written model is never used)."""
+    from vlm_grpo.experiment.words import align_to_words
+    from vlm_grpo.recipes import get_recipe
+
+    out = exp.stage_dir("align", seed)
+    if done(out):
+        return say(f"align: done earlier ({out})")
+    if not done(exp.stage_dir("compose", seed)):
+        raise RuntimeError(f"align starts from the compose stage, which has not finished ({exp.stage_dir('compose', seed)}); "
+                           "run it first (--stages compose,align)")
+    started, work = time.time(), out / "partial"
+    shutil.rmtree(work, ignore_errors=True)
+    settings = exp.stages["align"]
+    task = settings.get("data", {})
+    facts = align_to_words(exp.stage_dir("compose", seed) / "model", work, get_recipe(task.get("recipe", "scene_count")),
+                           dict(task.get("recipe_options") or {}), seed=exp.base_seed, say=say, **settings["words"])
+    shutil.rmtree(final_of(exp, "align", seed), ignore_errors=True)
+    work.rename(final_of(exp, "align", seed))
+    mark_done(out, started, method="words", steps=settings["words"]["steps"], **facts)
+
+
+def run_align(exp: Experiment, seed: int, say: Callable[[str], None]) -> None:
+    runner = run_word_align if exp.aligns_to_words() else run_training("align")
+    runner(exp, seed, say)
+
+
+RUNNERS = {"compose": run_compose, "align": run_align, "sft": run_training("sft"),
            "grpo": run_training("grpo"), "eval": run_eval}
 
 
