@@ -18,15 +18,12 @@ import torch
 
 def projected_features(adapter, samples, batch: int = 100) -> torch.Tensor:
     """(samples, tokens, width): the image features as the LM receives them, one row per image token."""
-    from vlm_grpo.adapters.features import flatten_pooled
+    from vlm_grpo.experiment.words import image_tokens
 
     rows = []
     for start in range(0, len(samples), batch):
-        images = [s.images[0] for s in samples[start:start + batch]]
-        pixels = adapter.processor.image_processor(images, return_tensors="pt")["pixel_values"]
         with torch.no_grad():
-            feats = flatten_pooled(adapter.model.get_image_features(pixel_values=pixels, return_dict=True).pooler_output)
-        rows.append(feats.reshape(len(images), -1, feats.shape[-1]).float())
+            rows.append(image_tokens(adapter, [s.images[0] for s in samples[start:start + batch]]).float())
     return torch.cat(rows)
 
 
