@@ -59,7 +59,9 @@ def test_a_good_config_and_overrides(tmp_path):
     ("align: {words: {steps: 1, batch_size: 2}}", "align.words trains the projector to the LM's words and takes exactly"),
     ("align: {words: {steps: 1, batch_size: 2, learning_rate: 0.1}, max_steps: 3}",
      "align with words takes only data, words"),
-    ("align: {words: {steps: 0, batch_size: 2, learning_rate: 0.1}}", "must be positive numbers"),
+    ("align: {words: {steps: 0, batch_size: 2, learning_rate: 0.1}}", "steps and batch_size must be positive integers"),
+    ("align: {words: {steps: 2.5, batch_size: 2, learning_rate: 0.1}}", "steps and batch_size must be positive integers"),
+    ("align: {words: {steps: 2, batch_size: 2, learning_rate: -1}}", "learning_rate a positive number"),
 ])
 def test_bad_configs_name_the_file_and_the_key(tmp_path, change, message):
     path = write(tmp_path, GOOD + "\n" + change.replace("{", "{{").replace("}", "}}") + "\n")

@@ -132,8 +132,11 @@ def check_words_align(settings: dict[str, Any], source: str) -> None:
     if sorted(set(settings) - WORDS_ALIGN_KEYS):
         raise ExperimentError(f"{source}: align with words takes only {', '.join(sorted(WORDS_ALIGN_KEYS))} (data names "
                               f"the recipe whose cell_words it learns); unknown here: {sorted(set(settings) - WORDS_ALIGN_KEYS)}")
-    if not all(isinstance(words[k], (int, float)) and not isinstance(words[k], bool) and words[k] > 0 for k in WORDS_KEYS):
-        raise ExperimentError(f"{source}: align.words: steps, batch_size and learning_rate must be positive numbers")
+    counts_ok = all(isinstance(words[k], int) and not isinstance(words[k], bool) and words[k] > 0 for k in ("steps", "batch_size"))
+    rate = words["learning_rate"]
+    if not counts_ok or isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
+        raise ExperimentError(f"{source}: align.words: steps and batch_size must be positive integers and learning_rate a "
+                              f"positive number (got {words})")
 
 
 def _section(data: dict[str, Any], key: str, source: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ def patch_targets(cells: list[int], patches_per_side: int) -> list[int]:
     """The cell labels on the tower's patch grid: each patch takes the label of the cell it lies in."""
     side = math.isqrt(len(cells))
     if side * side != len(cells) or patches_per_side % side:
-        raise ValueError(f"tower pretraining: {len(cells)} cell labels do not tile the tower's "
+        raise ValueError(f"{len(cells)} cell labels do not tile the tower's "
                          f"{patches_per_side} x {patches_per_side} patches")
     k = patches_per_side // side
     return [cells[(r // k) * side + c // k] for r in range(patches_per_side) for c in range(patches_per_side)]
