@@ -117,6 +117,16 @@ def test_the_attribute_answer_is_the_one_shape_the_question_names(split):
     assert 30 < asked_colour < 90
 
 
+def test_attribute_questions_of_one_kind_only():
+    both = RECIPE.build(split="train", size=60, seed=2, task="attribute")
+    for asks, start in (("colour", "What colour is the "), ("kind", "What shape is the ")):
+        data = RECIPE.build(split="train", size=60, seed=2, task="attribute", asks=asks)
+        assert all(data[i].prompt[-1]["content"][-1]["text"].startswith(start) for i in range(60))
+        assert all(data[i].fields["answer"] in (COLOURS if asks == "colour" else KINDS) for i in range(60))
+    # the default asks both, as before the option existed
+    assert {both[i].prompt[-1]["content"][-1]["text"].split()[1] for i in range(60)} == {"colour", "shape"}
+
+
 def test_the_attribute_question_alone_does_not_give_the_answer():
     """Answers are uniform over the colours (or kinds) for each question, and the other shapes carry the answer's
     value too: neither the question nor the scene's commonest colour gives it away."""
@@ -182,7 +192,8 @@ def test_caption_states_every_colour_and_kind_count():
 @pytest.mark.parametrize("option,value,message", [("split", "val", "choose one of train, test, ood"),
                                                   ("task", "vqa", "choose one of count, caption, attribute"),
                                                   ("image_size", 8, "at least 16 pixels"),
-                                                  ("reasoning", "prose", "choose one of counts, cells")])
+                                                  ("reasoning", "prose", "choose one of counts, cells"),
+                                                  ("asks", "size", "choose one of both, colour, kind")])
 def test_bad_options_are_refused_by_name(option, value, message):
     with pytest.raises(ValueError, match=message):
         RECIPE.build(**{option: value})

@@ -11,7 +11,8 @@ Splits, each drawn deterministically from (seed, split, index), so nothing is st
 
 Tasks (`task`):
 - `attribute` (the experiment's task): "What colour is the triangle?" / "What shape is the red one?" about the one
-  shape of the scene that has the named kind (or colour), among 1-8 shapes; the reference is
+  shape of the scene that has the named kind (or colour), among 1-8 shapes (`asks`: both, or only colour or kind
+  questions); the reference is
   `<think>the red shape is a triangle</think>\n<answer>red</answer>`. Reading one image token, which a 135M LM
   does once the token sits at its words (vlm_grpo/experiment/words.py).
 - `count` (seed 004's task): how many shapes of a colour, of a kind, or in all; the reference is the reasoning then
@@ -51,6 +52,7 @@ CELL = CANVAS // GRID
 MAX_OBJECTS = 8
 SPLITS = ("train", "test", "ood")
 TASKS = ("count", "caption", "attribute")
+ASKS = ("both", "colour", "kind")  # which attribute questions `task: attribute` asks
 SYSTEM_PROMPT = "Reason inside <think></think>, then give the number inside <answer></answer>."
 ATTRIBUTE_PROMPT = "Reason inside <think></think>, then give the word inside <answer></answer>."
 # The caption's layout is in the prompt: with the LM frozen, a layout the text does not give would be learnt by the
@@ -137,13 +139,14 @@ def question(rng: random.Random, ood: bool) -> tuple[str, str, list[Shape], list
     return text, asked, shapes, [s for s in shapes if getattr(s, field) == target]
 
 
-def attribute_question(rng: random.Random, ood: bool) -> tuple[str, list[Shape], Shape, str]:
+def attribute_question(rng: random.Random, ood: bool, asks: str = "both") -> tuple[str, list[Shape], Shape, str]:
     """A scene in which one shape alone has the kind (or the colour) asked about, and the question for its other
     attribute: "What colour is the triangle?" or "What shape is the red one?". The text, the scene, the shape asked
     about and the answer. The answer is drawn first, uniform over the colours (or kinds), and so is the number of
     shapes (1..MAX_OBJECTS): the question alone is worth 1 in 4 (or 3). The other shapes take every other value at
     random, the answer's included: the answer is bound to the one shape, not read off the scene's colours."""
-    by_colour = rng.random() < 0.5  # ask for the colour of the only shape of a kind
+    drawn = rng.random() < 0.5  # drawn whatever `asks`, so that `both` keeps its samples
+    by_colour = {"both": drawn, "colour": True, "kind": False}[asks]  # ask the colour of the only shape of a kind
     known_field, asked_field = ("kind", "colour") if by_colour else ("colour", "kind")
     known_values, asked_values = (list(KINDS), list(COLOURS)) if by_colour else (list(COLOURS), list(KINDS))
     known, answer = rng.choice(known_values), rng.choice(asked_values)
@@ -227,6 +230,7 @@ class SceneDataset:
     task: str = "count"
     image_size: int = 64
     reasoning: str = "counts"
+    asks: str = "both"  # attribute questions: colour, kind or both
 
     def __len__(self) -> int:
         return self.size
@@ -243,7 +247,7 @@ class SceneDataset:
             return Sample(prompt=user_turn(CAPTION_PROMPT), images=[image], fields={"answer": described, **cells},
                           reference=described)
         if self.task == "attribute":
-            text, shapes, target, answer = attribute_question(rng, ood)
+            text, shapes, target, answer = attribute_question(rng, ood, self.asks)
             image, cells = self.picture(shapes, rng, ood)
             return Sample(
                 prompt=[{"role": "system", "content": ATTRIBUTE_PROMPT}, *user_turn(text)],
@@ -272,7 +276,7 @@ class SceneDataset:
 
 
 def build(split: str = "train", size: int = 256, seed: int = 0, task: str = "count", image_size: int = 64,
-          reasoning: str = "counts"):
+          reasoning: str = "counts", asks: str = "both"):
     if split not in SPLITS:
         raise ValueError(f"scene_count split {split!r}: choose one of {', '.join(SPLITS)}")
     if task not in TASKS:
@@ -281,8 +285,10 @@ def build(split: str = "train", size: int = 256, seed: int = 0, task: str = "cou
         raise ValueError(f"scene_count image_size {image_size}: at least 16 pixels")
     if reasoning not in REASONING:
         raise ValueError(f"scene_count reasoning {reasoning!r}: choose one of {', '.join(REASONING)}")
+    if asks not in ASKS:
+        raise ValueError(f"scene_count asks {asks!r}: choose one of {', '.join(ASKS)}")
     return SceneDataset(size=int(size), seed=seed, split=split, task=task, image_size=int(image_size),
-                        reasoning=reasoning)
+                        reasoning=reasoning, asks=asks)
 
 
 AUDIT = AuditHints(
