@@ -16,7 +16,7 @@ TOP_KEYS = {"name", "output_dir", "base_seed", "compose", "eval", *TRAINING_STAG
 COMPOSE_KEYS = {"llm", "vision", "tower", "tower_pretrain"}
 TOWER_PRETRAIN_KEYS = {"steps", "batch_size", "learning_rate"}
 TOWER_PRETRAIN_OPTIONAL = {"counts"}
-WORDS_KEYS = {"steps", "batch_size", "learning_rate"}  # align.words: the projector trained to the LM's words
+WORDS_KEYS = TOWER_PRETRAIN_KEYS  # align.words: the projector trained to the LM's words, a loop of the same shape
 WORDS_ALIGN_KEYS = {"words", "data"}
 EVAL_KEYS = {"splits", "size", "eval_batch_size", "data_seed", "max_new_tokens", "image_reliance", "samples", "dtype"}
 # set by the runner for every training stage: where the model comes from, where the run goes, its seed

@@ -126,6 +126,13 @@ def stage_settings(exp: Experiment, stage: str, seed: int) -> dict[str, Any]:
     return settings
 
 
+def require_previous(exp: Experiment, stage: str, seed: int) -> None:
+    previous = PREVIOUS[stage]
+    if not done(exp.stage_dir(previous, seed)):
+        raise RuntimeError(f"{stage} starts from the {previous} stage, which has not finished ({exp.stage_dir(previous, seed)}); "
+                           f"run it first (--stages {previous},{stage})")
+
+
 def run_training(stage: str) -> Callable[[Experiment, int, Callable[[str], None]], None]:
     def run(exp: Experiment, seed: int, say: Callable[[str], None]) -> None:
         from vlm_grpo.grpo.settings.sources import load_recipe_config
@@ -133,10 +140,7 @@ def run_training(stage: str) -> Callable[[Experiment, int, Callable[[str], None]
         out = exp.stage_dir(stage, seed)
         if done(out):
             return say(f"{stage}: done earlier ({out})")
-        previous = PREVIOUS[stage]
-        if not done(exp.stage_dir(previous, seed)):
-            raise RuntimeError(f"{stage} starts from the {previous} stage, which has not finished ({exp.stage_dir(previous, seed)}); "
-                               f"run it first (--stages {previous},{stage})")
+        require_previous(exp, stage, seed)
         settings = stage_settings(exp, stage, seed)
         started = time.time()
         cfg, recipe = load_recipe_config(settings=settings)
@@ -215,9 +219,7 @@ def run_word_align(exp: Experiment, seed: int, say: Callable[[str], None]) -> No
     out = exp.stage_dir("align", seed)
     if done(out):
         return say(f"align: done earlier ({out})")
-    if not done(exp.stage_dir("compose", seed)):
-        raise RuntimeError(f"align starts from the compose stage, which has not finished ({exp.stage_dir('compose', seed)}); "
-                           "run it first (--stages compose,align)")
+    require_previous(exp, "align", seed)
     started, work = time.time(), out / "partial"
     shutil.rmtree(work, ignore_errors=True)
     settings = exp.stages["align"]

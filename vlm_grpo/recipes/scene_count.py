@@ -169,14 +169,14 @@ def cell_labels(shapes: list[Shape]) -> list[int]:
     return labels
 
 
-CELL_CLASSES = 1 + len(COLOURS) * len(KINDS)
+CELL_WORDS = ["empty"] + [f"{c} {k}" for c in COLOURS for k in KINDS]  # each cell label in words
+CELL_CLASSES = len(CELL_WORDS)
 
 
 def cell_words(shapes: list[Shape]) -> list[str]:
     """What each cell of the grid holds, row by row, in words: "empty" or "red circle" (the training look only): the
     words an image token is aligned to (vlm_grpo/experiment/words.py)."""
-    names = ["empty"] + [f"{c} {k}" for c in COLOURS for k in KINDS]
-    return [names[label] for label in cell_labels(shapes)]
+    return [CELL_WORDS[label] for label in cell_labels(shapes)]
 
 
 def colour_counts(shapes: list[Shape]) -> str:
