@@ -62,6 +62,10 @@ def test_a_good_config_and_overrides(tmp_path):
     ("align: {words: {steps: 0, batch_size: 2, learning_rate: 0.1}}", "steps and batch_size must be positive integers"),
     ("align: {words: {steps: 2.5, batch_size: 2, learning_rate: 0.1}}", "steps and batch_size must be positive integers"),
     ("align: {words: {steps: 2, batch_size: 2, learning_rate: -1}}", "learning_rate a positive number"),
+    ("eval: {data: {recipe_options: {task: attribute}}}", "eval.data names the questions every model is asked"),
+    ("eval: {data: {recipe: scene_count, size: 3}}", "eval.data names the questions every model is asked"),
+    ("eval: {data: [scene_count]}", "eval.data names the questions every model is asked"),
+    ("eval: {data: {recipe: scene_count, recipe_options: [task]}}", "eval.data.recipe_options must be a mapping"),
 ])
 def test_bad_configs_name_the_file_and_the_key(tmp_path, change, message):
     path = write(tmp_path, GOOD + "\n" + change.replace("{", "{{").replace("}", "}}") + "\n")
@@ -96,3 +100,16 @@ def test_a_resumed_stage_counts_the_time_of_its_stopped_runs(tmp_path):
     record_spent(tmp_path, time.time() - 20)  # and another after 20 s
     mark_done(tmp_path, time.time() - 10)  # the run that finished took 10 s
     assert done(tmp_path)["seconds"] == pytest.approx(60, abs=1)
+
+
+def test_eval_asks_the_grpo_stage_questions_unless_eval_names_its_own(tmp_path):
+    """SFT may see part of the task (one kind of question): the models are all asked what GRPO trained on."""
+    from vlm_grpo.experiment.stages import eval_settings
+
+    partial = GOOD.replace("sft: {{data: {{recipe: scene_count}}", "sft: {{data: {{recipe: scene_count, recipe_options: {{task: attribute, asks: colour}}}}")
+    partial = partial.replace("grpo: {{data: {{recipe: scene_count}}", "grpo: {{data: {{recipe: scene_count, recipe_options: {{task: attribute}}}}")
+    exp = read_experiment(write(tmp_path, partial), [])
+    for model in ("base", "sft", "grpo"):
+        assert eval_settings(exp, model, "test", 0)["data"] == {"recipe": "scene_count", "recipe_options": {"task": "attribute"}}
+    exp = read_experiment(write(tmp_path, partial), ["eval.data={recipe: scene_count, recipe_options: {task: count}}"])
+    assert eval_settings(exp, "sft", "ood", 0)["data"] == {"recipe": "scene_count", "recipe_options": {"task": "count"}}

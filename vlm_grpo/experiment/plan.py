@@ -18,7 +18,8 @@ TOWER_PRETRAIN_KEYS = {"steps", "batch_size", "learning_rate"}
 TOWER_PRETRAIN_OPTIONAL = {"counts"}
 WORDS_KEYS = TOWER_PRETRAIN_KEYS  # align.words: the projector trained to the LM's words, a loop of the same shape
 WORDS_ALIGN_KEYS = {"words", "data"}
-EVAL_KEYS = {"splits", "size", "eval_batch_size", "data_seed", "max_new_tokens", "image_reliance", "samples", "dtype"}
+EVAL_KEYS = {"splits", "size", "eval_batch_size", "data_seed", "max_new_tokens", "image_reliance", "samples", "dtype", "data"}
+EVAL_DATA_KEYS = {"recipe", "recipe_options"}  # eval.data: the questions, when not the GRPO stage's
 # set by the runner for every training stage: where the model comes from, where the run goes, its seed
 RUNNER_KEYS = {"seed", "resume", "resume_from"}
 RUNNER_MODEL_KEYS = {"name", "init_from"}  # the rest of the model section (dtype ...) is the stage's own
@@ -119,6 +120,8 @@ def read_experiment(path: str | Path, overrides: list[str] = ()) -> Experiment:
     if sorted(set(evaluation) - EVAL_KEYS):
         raise ExperimentError(f"{source}: eval: unknown key(s) {sorted(set(evaluation) - EVAL_KEYS)}; "
                               f"known: {', '.join(sorted(EVAL_KEYS))}")
+    if "data" in evaluation:
+        check_eval_data(evaluation["data"], source)
     return Experiment(source=source, name=str(data.get("name") or Path(path).stem),
                       output_dir=Path(data.get("output_dir") or f"runs/{Path(path).stem}"),
                       base_seed=int(data.get("base_seed", 0)), compose=compose, stages=stages, eval=evaluation)
@@ -137,6 +140,14 @@ def check_words_align(settings: dict[str, Any], source: str) -> None:
     if not counts_ok or isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
         raise ExperimentError(f"{source}: align.words: steps and batch_size must be positive integers and learning_rate a "
                               f"positive number (got {words})")
+
+
+def check_eval_data(task: Any, source: str) -> None:
+    if not isinstance(task, dict) or not task.get("recipe") or set(task) - EVAL_DATA_KEYS:
+        raise ExperimentError(f"{source}: eval.data names the questions every model is asked: a recipe and, optionally, "
+                              f"its recipe_options (got {task!r}); leave it out to ask the GRPO stage's")
+    if not isinstance(task.get("recipe_options") or {}, dict):
+        raise ExperimentError(f"{source}: eval.data.recipe_options must be a mapping, got {task['recipe_options']!r}")
 
 
 def _section(data: dict[str, Any], key: str, source: str) -> dict[str, Any]:

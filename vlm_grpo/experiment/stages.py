@@ -163,16 +163,21 @@ def run_training(stage: str) -> Callable[[Experiment, int, Callable[[str], None]
     return run
 
 
+def eval_task(exp: Experiment) -> dict[str, Any]:
+    """The questions every model is asked: eval.data where the config names it, else the GRPO stage's task (the last
+    one trained; SFT may have seen only part of it)."""
+    task = exp.eval.get("data") or exp.stages["grpo"].get("data", {})
+    return {"recipe": task.get("recipe"), "recipe_options": dict(task.get("recipe_options") or {})}
+
+
 def eval_settings(exp: Experiment, model: str, split: str, seed: int) -> dict[str, Any]:
-    """`vlm-grpo eval` settings of one report: the task as the SFT stage reads it (recipe and options), the
-    experiment's eval section."""
+    """`vlm-grpo eval` settings of one report: the task of eval_task, the experiment's eval section."""
     ev = exp.eval
-    task = exp.stages["sft"].get("data", {})
     stage = FINAL_OF[model]
     return {
         "model": {"name": composed_model(exp), "init_from": str(final_of(exp, stage, seed)),
                   "dtype": str(ev.get("dtype", "auto"))},
-        "data": {"recipe": task.get("recipe"), "recipe_options": task.get("recipe_options", {})},
+        "data": eval_task(exp),
         "generation": {"max_new_tokens": int(ev.get("max_new_tokens", 64))},
         "eval": {"split": split, "size": int(ev.get("size", 200)), "eval_batch_size": int(ev.get("eval_batch_size", 32)),
                  "data_seed": int(ev.get("data_seed", 0)), "image_reliance": bool(ev.get("image_reliance", True))},
