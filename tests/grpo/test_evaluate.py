@@ -6,7 +6,7 @@ import json
 
 from tests.conftest import tiny_adapter
 from vlm_grpo.cli import main
-from vlm_grpo.grpo.evaluate import evaluate, inverted_u, length_buckets, quartile_edges
+from vlm_grpo.grpo.evaluate import by_question_type, evaluate, format_report, inverted_u, length_buckets, quartile_edges, summarize
 from vlm_grpo.recipes import get_recipe
 from vlm_grpo.recipes.base import Recipe, Reward
 
@@ -94,3 +94,18 @@ def test_eval_command_writes_json(tmp_path, capsys):
     assert main(["eval", "--model", "tiny:smolvlm", "--size", "2", "--max-new-tokens", "4", "--out", str(out),
                  "--length-edges", "2,4", "--data.recipe_options", "{image_size: 56}"]) == 0
     assert [b["bucket"] for b in json.loads(out.read_text())["length_buckets"]] == ["[0, 2)", "[2, 4)", "[4, inf)"]
+
+
+def test_accuracy_by_question_type_where_the_recipe_names_it():
+    """A mean can hide a kind of question never answered: each type's accuracy, counted from the records."""
+    records = [{"index": i, "length": 5, "truncated": False, "reward": 1.0, "rewards": {"ok": 1.0},
+                "correct": correct, "question_type": kind}
+               for i, (kind, correct) in enumerate([("colour", True)] * 6 + [("kind", True)] + [("kind", False)] * 3)]
+    report = summarize(records, ["ok"], "ok", split="test")
+    assert report["accuracy"] == 0.7
+    assert report["by_question_type"]["colour"]["accuracy"] == 1.0 and report["by_question_type"]["colour"]["n"] == 6
+    assert report["by_question_type"]["kind"]["accuracy"] == 0.25 and report["by_question_type"]["kind"]["n"] == 4
+    assert report["by_question_type"]["kind"]["accuracy_se"] > 0
+    assert "accuracy on kind questions  0.250" in format_report(report)
+    untyped = [{k: v for k, v in r.items() if k != "question_type"} for r in records]
+    assert by_question_type(untyped) == {} and summarize(untyped, ["ok"], "ok")["by_question_type"] == {}

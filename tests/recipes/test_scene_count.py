@@ -102,6 +102,7 @@ def test_the_attribute_answer_is_the_one_shape_the_question_names(split):
         sample = data[i]
         question = sample.prompt[-1]["content"][-1]["text"]
         shapes = [(colours[(v - 1) // 3], KINDS[(v - 1) % 3]) for v in sample.fields["cells"] if v]
+        assert sample.fields["question_type"] == ("colour" if question.startswith("What colour") else "kind")
         if question.startswith("What colour is the "):
             asked_colour += 1
             kind = question.removeprefix("What colour is the ").removesuffix("?")

@@ -33,7 +33,7 @@ def seed_result(exp: Experiment, seed: int) -> dict[str, Any]:
             r = reports[(model, split)]
             row[model] = {"accuracy": r["accuracy"], "se": r["accuracy_se"], "ci95": r["accuracy_ci95"],
                           "n": r["size"], "format": r["rewards"].get("format"),
-                          "image_reliance": r.get("image_reliance")}
+                          "image_reliance": r.get("image_reliance"), "by_question_type": r.get("by_question_type") or {}}
         row["grpo_minus_sft"] = paired_difference(reports[("sft", split)], reports[("grpo", split)])
         row["samples"] = _samples(reports[("sft", split)], reports[("grpo", split)], int(exp.eval.get("samples", 4)))
         out["splits"][split] = row
@@ -104,6 +104,7 @@ def markdown(summary: dict[str, Any]) -> str:
         means = " | ".join(pct(pool[m]["accuracy"]) + (f" +/- {pct(pool[m]['se_across_seeds'])}" if pool[m]["se_across_seeds"] is not None else "")
                            for m in EVALUATED)
         lines += [f"| mean of {pool['seeds']} | {means} | | {100 * d['difference']:+.1f} +/- {pct(d['se'])} | {d['z']:.1f} |", ""]
+    lines += by_type_lines(summary)
     lines += ["## Stage times (seconds)", "", "| seed | compose | align | sft | grpo | eval |", "| --- | --- | --- | --- | --- | --- |"]
     for result in summary["seeds"]:
         t = result["seconds"]
@@ -116,6 +117,25 @@ def markdown(summary: dict[str, Any]) -> str:
                       f"  - after SFT ({'right' if s['sft_correct'] else 'wrong'}): `{_one_line(s['sft'])}`",
                       f"  - after GRPO ({'right' if s['grpo_correct'] else 'wrong'}): `{_one_line(s['grpo'])}`"]
     return "\n".join(lines) + "\n"
+
+
+def by_type_lines(summary: dict[str, Any]) -> list[str]:
+    """Accuracy on each kind of question, where the recipe names them: what SFT left to GRPO shows here."""
+    lines = []
+    for split in summary["pooled"]:
+        rows = [(result["seed"], kind) for result in summary["seeds"]
+                for kind in result["splits"][split]["base"]["by_question_type"]]
+        if not rows:
+            continue
+        lines += [f"## {split}: accuracy by question type", "", "| seed | question type | n | base | after SFT | after GRPO |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for seed, kind in rows:
+            row = next(r for r in summary["seeds"] if r["seed"] == seed)["splits"][split]
+            cells = [row[m]["by_question_type"].get(kind) for m in EVALUATED]
+            lines.append(f"| {seed} | {kind} | {cells[0]['n']} | " +
+                         " | ".join("-" if c is None else f"{pct(c['accuracy'])} +/- {pct(c['accuracy_se'])}" for c in cells) + " |")
+        lines.append("")
+    return lines
 
 
 def _one_line(text: str) -> str:

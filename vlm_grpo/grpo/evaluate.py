@@ -168,6 +168,8 @@ def _answer(adapter, dataset, batch_size, max_new_tokens, rewards, accuracy_key,
                     "reward": total[row].item(),
                     "rewards": parts,
                     "correct": None if accuracy_key is None else parts[accuracy_key] > 0,
+                    **({"question_type": str(samples[row].fields["question_type"])}
+                       if "question_type" in samples[row].fields else {}),
                 }
             )
     return records
@@ -267,8 +269,20 @@ def summarize(records: list[dict[str, Any]], reward_names: list[str], accuracy_k
         "truncated": sum(r["truncated"] for r in records) / n,
         "length_buckets": buckets,
         "inverted_u": inverted_u(buckets),
+        "by_question_type": by_question_type(records) if correct is not None else {},
         "samples": records,
     }
+
+
+def by_question_type(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Accuracy of each kind of question, where the recipe names it (a sample's `question_type` field): one mean can
+    hide a kind the model never answers."""
+    kinds = sorted({r["question_type"] for r in records if "question_type" in r})
+    out = {}
+    for kind in kinds:
+        correct = [bool(r["correct"]) for r in records if r.get("question_type") == kind]
+        out[kind] = {"n": len(correct), **accuracy_stats(correct)}
+    return out
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -285,6 +299,8 @@ def format_report(report: dict[str, Any]) -> str:
     if reliance:
         lines.append(f"  image reliance: accuracy with the images blanked {reliance['blank_accuracy']:.3f} (drop "
                      f"{reliance['accuracy_drop']:+.3f}); {100 * reliance['answers_changed']:.0f}% of answers changed")
+    for kind, stats in (report.get("by_question_type") or {}).items():
+        lines.append(f"  accuracy on {kind} questions  {stats['accuracy']:.3f} +/- {stats['accuracy_se']:.3f} (n {stats['n']})")
     lines.append(f"  reward (weighted total)  {num(report['reward'])}")
     for name, value in report["rewards"].items():
         lines.append(f"  rewards/{name}  {num(value)}")

@@ -27,6 +27,9 @@ Tasks (`task`):
 The reasoning (`reasoning`): `counts` (seed 004's form, above) or `cells` (each grid cell in reading order, the
 counted shapes numbered as they are reached: `cell_walk`).
 
+Each question's sample names its `question_type` (colour or kind; count all, count colour or count kind), so the
+evaluation reports accuracy by type.
+
 Count questions draw their answer first, uniform over 1..8, and build the scene to hold it: the question alone
 gives no better guess than 1 in 8 (`question`); attribute questions draw theirs uniform over the colours or kinds
 (`attribute_question`). Captions describe scenes drawn as they come.
@@ -252,7 +255,7 @@ class SceneDataset:
             return Sample(
                 prompt=[{"role": "system", "content": ATTRIBUTE_PROMPT}, *user_turn(text)],
                 images=[image],
-                fields={"answer": answer, **cells},
+                fields={"answer": answer, "question_type": "colour" if answer in COLOURS else "kind", **cells},
                 reference=f"<think>the {target.colour} shape is a {target.kind}</think>\n<answer>{answer}</answer>",
             )
         text, asked, shapes, counted = question(rng, ood)
@@ -261,7 +264,7 @@ class SceneDataset:
         return Sample(
             prompt=[{"role": "system", "content": SYSTEM_PROMPT}, *user_turn(text)],
             images=[image],
-            fields={"answer": answer, **cells},
+            fields={"answer": answer, "question_type": f"count {asked}", **cells},
             reference=f"<think>{REASONING[self.reasoning](shapes, asked, counted)}</think>\n<answer>{answer}</answer>",
         )
 
