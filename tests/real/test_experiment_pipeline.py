@@ -61,8 +61,15 @@ def test_every_stage_ran_and_the_summary_holds_the_table(finished, capsys):
             assert 0 <= low <= row[model]["accuracy"] <= high <= 1
             assert set(row[model]["image_reliance"]) == {"blank_accuracy", "accuracy_drop", "answers_changed"}
         assert row["grpo_minus_sft"]["n"] == 3
+        # every model is asked the GRPO stage's questions (both kinds), though SFT saw colour questions only
+        for model in ("base", "sft", "grpo"):
+            kinds = row[model]["by_question_type"]
+            assert set(kinds) <= {"colour", "kind"} and sum(k["n"] for k in kinds.values()) == 3
     table = (finished / "summary.md").read_text()
     assert "## test" in table and "## ood" in table and "| 0 |" in table and "GRPO - SFT" in table
+    assert "## test: accuracy by question type" in table
+    # the held-out questions (data seed 1) include shape questions, which the SFT stage never saw
+    assert "kind" in summary["seeds"][0]["splits"]["test"]["sft"]["by_question_type"]
 
 
 def test_a_second_run_skips_the_finished_stages(finished, capsys):
