@@ -123,8 +123,8 @@ def by_type_lines(summary: dict[str, Any]) -> list[str]:
     """Accuracy on each kind of question, where the recipe names them: what SFT left to GRPO shows here."""
     lines = []
     for split in summary["pooled"]:
-        rows = [(result["seed"], kind) for result in summary["seeds"]
-                for kind in result["splits"][split]["base"]["by_question_type"]]
+        rows = [(result["seed"], kind) for result in summary["seeds"]  # a report written before types were named has none
+                for kind in sorted({k for m in EVALUATED for k in result["splits"][split][m]["by_question_type"]})]
         if not rows:
             continue
         lines += [f"## {split}: accuracy by question type", "", "| seed | question type | n | base | after SFT | after GRPO |",
@@ -132,7 +132,8 @@ def by_type_lines(summary: dict[str, Any]) -> list[str]:
         for seed, kind in rows:
             row = next(r for r in summary["seeds"] if r["seed"] == seed)["splits"][split]
             cells = [row[m]["by_question_type"].get(kind) for m in EVALUATED]
-            lines.append(f"| {seed} | {kind} | {cells[0]['n']} | " +
+            n = next(c["n"] for c in cells if c is not None)
+            lines.append(f"| {seed} | {kind} | {n} | " +
                          " | ".join("-" if c is None else f"{pct(c['accuracy'])} +/- {pct(c['accuracy_se'])}" for c in cells) + " |")
         lines.append("")
     return lines
