@@ -19,3 +19,20 @@ def test_rows_for_every_type_any_model_names():
     assert "## test: accuracy by question type" in lines and not any("## ood" in line for line in lines)
     assert "| 3 | colour | 10 | - | 100.0 +/- 10.0 | 100.0 +/- 10.0 |" in lines
     assert "| 3 | kind | 10 | - | 10.0 +/- 10.0 | 50.0 +/- 10.0 |" in lines
+
+
+def test_grpo_minus_sft_over_seeds_has_both_standard_errors():
+    """The paired SEs combined see only the images' sampling; the seeds' spread shows a seed that gained nothing."""
+    import math
+    import statistics
+
+    from vlm_grpo.experiment.table import pooled
+
+    diffs, ses = [0.025, 0.175, 0.0], [0.015, 0.029, 0.0]
+    results = [{"splits": {"test": {"base": {"accuracy": 0.0}, "sft": {"accuracy": 0.5}, "grpo": {"accuracy": 0.5 + d},
+                                    "grpo_minus_sft": {"difference": d, "se": se}}}} for d, se in zip(diffs, ses)]
+    d = pooled(results, "test")["grpo_minus_sft"]
+    assert math.isclose(d["difference"], statistics.mean(diffs))
+    assert math.isclose(d["se"], math.sqrt(sum(s * s for s in ses)) / 3)
+    assert math.isclose(d["se_across_seeds"], statistics.stdev(diffs) / math.sqrt(3))
+    assert d["z"] > 2 > d["z_across_seeds"]  # this run's held-out result: significant per image, not per seed

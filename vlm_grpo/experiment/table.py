@@ -51,7 +51,8 @@ def _samples(sft: dict[str, Any], grpo: dict[str, Any], limit: int) -> list[dict
 
 def pooled(results: list[dict[str, Any]], split: str) -> dict[str, Any]:
     """Over seeds: each model's mean accuracy with the standard error across seeds, and the mean paired GRPO - SFT
-    difference with its standard error (the seeds' own errors combined: sqrt(sum se^2) / k)."""
+    difference with two standard errors: the seeds' paired errors combined (sqrt(sum se^2) / k) and the spread of
+    the seeds' differences (sd / sqrt k)."""
     k = len(results)
     out: dict[str, Any] = {"seeds": k}
     for model in EVALUATED:
@@ -59,11 +60,14 @@ def pooled(results: list[dict[str, Any]], split: str) -> dict[str, Any]:
         mean = sum(values) / k
         spread = math.sqrt(sum((v - mean) ** 2 for v in values) / (k - 1)) / math.sqrt(k) if k > 1 else None
         out[model] = {"accuracy": mean, "se_across_seeds": spread}
-    diffs = [r["splits"][split]["grpo_minus_sft"] for r in results]
-    mean = sum(d["difference"] for d in diffs) / k
-    se = math.sqrt(sum(d["se"] ** 2 for d in diffs)) / k
+    diffs = [r["splits"][split]["grpo_minus_sft"]["difference"] for r in results]
+    mean = sum(diffs) / k
+    se = math.sqrt(sum(r["splits"][split]["grpo_minus_sft"]["se"] ** 2 for r in results)) / k
+    # the seeds' own spread: what another seed would give, which the paired errors (same images) do not see
+    spread = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (k - 1)) / math.sqrt(k) if k > 1 else None
     out["grpo_minus_sft"] = {"difference": mean, "se": se, "ci95": [mean - Z95 * se, mean + Z95 * se],
-                             "z": mean / se if se > 0 else 0.0}
+                             "z": mean / se if se > 0 else 0.0, "se_across_seeds": spread,
+                             "z_across_seeds": mean / spread if spread else None}
     return out
 
 
@@ -104,6 +108,11 @@ def markdown(summary: dict[str, Any]) -> str:
         means = " | ".join(pct(pool[m]["accuracy"]) + (f" +/- {pct(pool[m]['se_across_seeds'])}" if pool[m]["se_across_seeds"] is not None else "")
                            for m in EVALUATED)
         lines += [f"| mean of {pool['seeds']} | {means} | | {100 * d['difference']:+.1f} +/- {pct(d['se'])} | {d['z']:.1f} |", ""]
+        if d["se_across_seeds"] is not None:
+            z = "-" if d["z_across_seeds"] is None else f"{d['z_across_seeds']:.1f}"
+            lines += [f"GRPO - SFT across the seeds: {100 * d['difference']:+.1f} +/- {pct(d['se_across_seeds'])} "
+                      f"(z = {z}), the SE of the {pool['seeds']} seeds' differences; the +/- above combines their "
+                      "paired SEs (the images' sampling error only).", ""]
     lines += by_type_lines(summary)
     lines += ["## Stage times (seconds)", "", "| seed | compose | align | sft | grpo | eval |", "| --- | --- | --- | --- | --- | --- |"]
     for result in summary["seeds"]:
