@@ -169,7 +169,7 @@ def _answer(adapter, dataset, batch_size, max_new_tokens, rewards, accuracy_key,
                     "rewards": parts,
                     "correct": None if accuracy_key is None else parts[accuracy_key] > 0,
                     **({"question_type": str(samples[row].fields["question_type"])}
-                       if "question_type" in samples[row].fields else {}),
+                       if samples[row].fields.get("question_type") is not None else {}),
                 }
             )
     return records
