@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,11 @@ def _samples(sft: dict[str, Any], grpo: dict[str, Any], limit: int) -> list[dict
              "grpo": b["completion"], "grpo_correct": b["correct"]} for a, b in changed[:limit]]
 
 
+def se_across(values: list[float]) -> float | None:
+    """The standard error of the seeds' mean (sample SD / sqrt k); None for a single seed."""
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+
+
 def pooled(results: list[dict[str, Any]], split: str) -> dict[str, Any]:
     """Over seeds: each model's mean accuracy with the standard error across seeds, and the mean paired GRPO - SFT
     difference with two standard errors: the seeds' paired errors combined (sqrt(sum se^2) / k) and the spread of
@@ -57,14 +63,12 @@ def pooled(results: list[dict[str, Any]], split: str) -> dict[str, Any]:
     out: dict[str, Any] = {"seeds": k}
     for model in EVALUATED:
         values = [r["splits"][split][model]["accuracy"] for r in results]
-        mean = sum(values) / k
-        spread = math.sqrt(sum((v - mean) ** 2 for v in values) / (k - 1)) / math.sqrt(k) if k > 1 else None
-        out[model] = {"accuracy": mean, "se_across_seeds": spread}
+        out[model] = {"accuracy": statistics.fmean(values), "se_across_seeds": se_across(values)}
     diffs = [r["splits"][split]["grpo_minus_sft"]["difference"] for r in results]
-    mean = sum(diffs) / k
+    mean = statistics.fmean(diffs)
     se = math.sqrt(sum(r["splits"][split]["grpo_minus_sft"]["se"] ** 2 for r in results)) / k
     # the seeds' own spread: what another seed would give, which the paired errors (same images) do not see
-    spread = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (k - 1)) / math.sqrt(k) if k > 1 else None
+    spread = se_across(diffs)
     out["grpo_minus_sft"] = {"difference": mean, "se": se, "ci95": [mean - Z95 * se, mean + Z95 * se],
                              "z": mean / se if se > 0 else 0.0, "se_across_seeds": spread,
                              "z_across_seeds": mean / spread if spread else None}
@@ -132,19 +136,17 @@ def by_type_lines(summary: dict[str, Any]) -> list[str]:
     """Accuracy on each kind of question, where the recipe names them: what SFT left to GRPO shows here."""
     lines = []
     for split in summary["pooled"]:
-        rows = [(result["seed"], kind) for result in summary["seeds"]  # a report written before types were named has none
-                for kind in sorted({k for m in EVALUATED for k in result["splits"][split][m]["by_question_type"]})]
-        if not rows:
-            continue
-        lines += [f"## {split}: accuracy by question type", "", "| seed | question type | n | base | after SFT | after GRPO |",
-                  "| --- | --- | --- | --- | --- | --- |"]
-        for seed, kind in rows:
-            row = next(r for r in summary["seeds"] if r["seed"] == seed)["splits"][split]
-            cells = [row[m]["by_question_type"].get(kind) for m in EVALUATED]
-            n = next(c["n"] for c in cells if c is not None)
-            lines.append(f"| {seed} | {kind} | {n} | " +
-                         " | ".join("-" if c is None else f"{pct(c['accuracy'])} +/- {pct(c['accuracy_se'])}" for c in cells) + " |")
-        lines.append("")
+        rows = []
+        for result in summary["seeds"]:
+            by_model = [result["splits"][split][m]["by_question_type"] for m in EVALUATED]
+            for kind in sorted({k for types in by_model for k in types}):  # an older report without types has none
+                cells = [types.get(kind) for types in by_model]
+                n = next(c["n"] for c in cells if c is not None)
+                rows.append(f"| {result['seed']} | {kind} | {n} | " + " | ".join(
+                    "-" if c is None else f"{pct(c['accuracy'])} +/- {pct(c['accuracy_se'])}" for c in cells) + " |")
+        if rows:
+            lines += [f"## {split}: accuracy by question type", "", "| seed | question type | n | base | after SFT | after GRPO |",
+                      "| --- | --- | --- | --- | --- | --- |", *rows, ""]
     return lines
 
 

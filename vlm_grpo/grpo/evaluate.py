@@ -277,12 +277,11 @@ def summarize(records: list[dict[str, Any]], reward_names: list[str], accuracy_k
 def by_question_type(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Accuracy of each kind of question, where the recipe names it (a sample's `question_type` field): one mean can
     hide a kind the model never answers."""
-    kinds = sorted({r["question_type"] for r in records if "question_type" in r})
-    out = {}
-    for kind in kinds:
-        correct = [bool(r["correct"]) for r in records if r.get("question_type") == kind]
-        out[kind] = {"n": len(correct), **accuracy_stats(correct)}
-    return out
+    by_kind: dict[str, list[bool]] = {}
+    for r in records:
+        if "question_type" in r:
+            by_kind.setdefault(r["question_type"], []).append(bool(r["correct"]))
+    return {kind: {"n": len(correct), **accuracy_stats(correct)} for kind, correct in sorted(by_kind.items())}
 
 
 def format_report(report: dict[str, Any]) -> str:
