@@ -18,7 +18,9 @@ from vlm_grpo import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 from vlm_grpo.grpo.run.logs import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = {"max_steps": 2, "batch_size": 2, "num_generations": 2, "max_completion_length": 4, "progress": False}
+# logging_steps 1 and log_completions: a script that sets them (TRL's defaults are every 10 steps, none)
+FAST = {"max_steps": 2, "batch_size": 2, "num_generations": 2, "max_completion_length": 4, "progress": False,
+        "logging_steps": 1, "log_completions": True}
 COLOURS = ["red", "green", "blue", "orange"]
 
 
@@ -179,7 +181,7 @@ def test_the_config_checks_its_values_and_reads_back_trl_names(tmp_path):
     assert args.train_config.lora.r == 8 and args.beta == 0.04 and args.output_dir == str(tmp_path)
     args.learning_rate = 3e-4
     assert args.train_config.optim.learning_rate == 3e-4 and args.beta == 0.04
-    assert GRPOConfig().output_dir == "runs/latest" and SFTConfig().output_dir == "runs/sft-latest"
+    assert GRPOConfig().output_dir == "trainer_output" and SFTConfig().output_dir == "runs/sft-latest"  # TRL's
     with pytest.raises(ValueError, match=r"setting 'use_vllm': vLLM rollouts: see issue/README"):
         GRPOConfig(per_device_train_batch_size=8, logging_steps=5, use_vllm=True)
     with pytest.raises(ValueError, match=r"setting 'loss.epsilon': 5.0 is out of range"):

@@ -53,8 +53,8 @@ def test_no_effect_fields_warn_once_and_refused_fields_name_what_to_use():
     with pytest.raises(ValueError, match=r"setting 'use_vllm, hub_revision': use_vllm: vLLM rollouts: see "
                                          r"issue/README; hub_revision: 'dev' cannot be honoured"):
         GRPOConfig(use_vllm=True, hub_revision="dev")
-    with pytest.raises(ValueError, match=r"'steps_per_generation'.*set num_iterations"):
-        GRPOConfig(per_device_train_batch_size=4, steps_per_generation=2)
+    with pytest.raises(ValueError, match=r"'steps_per_generation': 3 is not a multiple of gradient_accumulation_steps"):
+        GRPOConfig(per_device_train_batch_size=4, steps_per_generation=3, gradient_accumulation_steps=2)
     with pytest.raises(ValueError, match=r"'model_init_kwargs': trust_remote_code inside model_init_kwargs: give "
                                          r"trust_remote_code=True to GRPOConfig itself"):
         GRPOConfig(model_init_kwargs={"trust_remote_code": True})

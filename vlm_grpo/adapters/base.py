@@ -5,12 +5,11 @@ methods of the first two sections. Everything after them is provided, and the ho
 that a family overrides only where its model differs (M-RoPE positions, extra token-shaped inputs, extra feature
 layers, delimiter tokens; cross-attention: image_routes.py). The loop talks only to this interface and its mixins.
 
-Visual items: a prompt's `{"type": "image"}` and `{"type": "video"}` parts take the sample's images and videos
-(vlm_grpo.videos.Video) in order. A family whose model reads video sets `takes_video` and accepts `videos=` in
-`_run_processor` and `_to_batch`; where frames are laid out as images (same placeholder, same encoder) that is all,
-and where videos have tensors and a token of their own it also names them (`video_keys`, `video_encoder_keys`,
-`video_token_id`) and counts their features (`video_feature_counts`, `video_units`, `video_unit_cells`). Every other
-family refuses a video in one line naming itself.
+Visual items: a prompt's image and video parts take the sample's images and videos (vlm_grpo.videos.Video) in order.
+A family whose model reads video sets `takes_video` and accepts `videos=` in `_run_processor` and `_to_batch`; with
+video tensors and a token of their own it names them (`video_keys`, `video_encoder_keys`, `video_token_id`) and counts
+their features (`video_feature_counts`, `video_units`, `video_unit_cells`). Other families refuse a video, named.
+A text-only family (`reads_images` False) has no vision groups and no placeholder: it refuses an image, named.
 """
 
 from __future__ import annotations
@@ -49,6 +48,11 @@ class VLMAdapter(VideoHooks, ImageRoutes, ABC):
     module_layout: ClassVar[ModuleLayout]  # the module groups: freezing, learning rates, LoRA targets
     tiny_architecture: ClassVar[Architecture]  # the tiny twin's sizes
     presets: ClassVar[dict[str, Architecture]] = {}  # name -> a real-size (or benchmark) architecture
+    reads_images: ClassVar[bool] = True  # False: a text-only model (no vision groups, no placeholder token)
+
+    @classmethod
+    def serves_model_type(cls, model_type: str) -> bool:  # also serves it by a rule beyond `model_types`
+        return False
 
     # ================================================================ MUST implement
     @classmethod
@@ -101,11 +105,8 @@ class VLMAdapter(VideoHooks, ImageRoutes, ABC):
     def load(cls, path: str, *, dtype: torch.dtype | str = "auto", device_map: str | None = None,
              attn_implementation: str | None = None, load_in_4bit: bool = False, trust_remote_code: bool = False,
              allow_pickle_weights: bool = False) -> "VLMAdapter":
-        """A checkpoint from a local directory or a hub id.
-
-        Safe by default: no code shipped with the checkpoint runs, and only safetensors weights load
-        (pickled .bin files can execute code when unpickled) unless `allow_pickle_weights`.
-        """
+        """A checkpoint from a local directory or a hub id. Safe by default: no code shipped with it runs, and only
+        safetensors weights load (unpickling .bin files can run code) unless `allow_pickle_weights`."""
         from transformers import AutoProcessor
 
         kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust_remote_code}
@@ -179,11 +180,8 @@ class VLMAdapter(VideoHooks, ImageRoutes, ABC):
                 raise VideoNotSupported(f"sample {i}: {self.family} cannot take video (its model reads images only); "
                                         "use a family that reads video (vlm-grpo families)")
         self.check_text_rows(images)
-        texts = [
-            self.processor.apply_chat_template(list(conv), add_generation_prompt=True, tokenize=False,
-                                               **getattr(self, "chat_template_kwargs", {}), **({"tools": list(t)} if t else {}))
-            for conv, t in zip(conversations, tools or [None] * len(conversations))
-        ]
+        texts = [self.render_prompt(list(conv), **getattr(self, "chat_template_kwargs", {}), **({"tools": list(t)} if t else {}))
+                 for conv, t in zip(conversations, tools or [None] * len(conversations))]
         images = [[prepare_sample_image(img, i) for img in sample] for i, sample in enumerate(images)]
         if not any(videos):  # the image-only path every family has
             batch = self._to_batch(self._run_processor(texts, images), images)
@@ -194,10 +192,12 @@ class VLMAdapter(VideoHooks, ImageRoutes, ABC):
         self.check_alignment(batch)
         return batch
 
+    def render_prompt(self, messages: Conversation, **options: Any) -> str:  # up to the assistant's answer
+        return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **options)
+
     def encode_turns(self, texts: Sequence[str], images: Sequence[Sequence[Image.Image]]) -> PromptBatch:
-        """Text that continues conversations (a tool turn's rendering, up to the next assistant header) with the
-        images it shows, one sample each: encoded like prompts (the processor expands each image's tokens), without
-        the tokenizer's own special tokens, left-padded and checked for alignment."""
+        """Text continuing conversations (a tool turn, up to the next assistant header) with its images, one sample
+        each: encoded like prompts without the tokenizer's special tokens, left-padded, checked for alignment."""
         images = [[prepare_sample_image(img, i) for img in sample] for i, sample in enumerate(images)]
         batch = self._to_batch(self._run_processor(list(texts), images, add_special_tokens=False), images)
         self.check_alignment(batch)

@@ -62,8 +62,15 @@ def adapter_class(name: str) -> type[VLMAdapter]:
         return MODEL_TYPES[name]
     if name in image_text_types():
         return generic_adapter_class(name)
+    if _serving_family(name) is not None:
+        return _serving_family(name)
     raise ValueError(f"unknown model family {name!r}, nor an image-text-to-text model type of transformers "
                      f"(`vlm-grpo families --all` lists them); families: {', '.join(sorted(FAMILIES))}")
+
+
+def _serving_family(model_type: str) -> type[VLMAdapter] | None:
+    """A family that claims a whole class of model types by rule (`serves_model_type`), e.g. every causal LM."""
+    return next((cls for cls in families().values() if cls.serves_model_type(model_type)), None)
 
 
 def class_for_model_type(model_type: str, where: str = "") -> type[VLMAdapter]:
@@ -72,10 +79,13 @@ def class_for_model_type(model_type: str, where: str = "") -> type[VLMAdapter]:
         return MODEL_TYPES[model_type]
     if model_type in image_text_types():
         return generic_adapter_class(model_type)
+    if _serving_family(model_type) is not None:
+        return _serving_family(model_type)
     raise ValueError(
         f"unsupported model_type {model_type!r}{' in ' + where if where else ''}; "
         f"family files serve: {', '.join(sorted(MODEL_TYPES))}; the generic adapter serves any other "
-        "image-text-to-text model type of transformers (`vlm-grpo families --all`)"
+        "image-text-to-text model type of transformers (`vlm-grpo families --all`), and causal_lm any "
+        "AutoModelForCausalLM type"
     )
 
 

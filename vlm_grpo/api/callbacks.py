@@ -130,5 +130,10 @@ class CallbackBridge:
 
     def end(self, run, summary: dict[str, Any]) -> None:
         self._parts(run)
-        self.log(summary, run)  # the Trainer's last log: runtime and mean loss
+        # the steps since the last log join it, as TRL's log() merges its step metrics; the Trainer's own numbers
+        # (loss, grad_norm, learning_rate) are logged only at logging steps
+        pending = self._averaged() if self.pending else {}
+        for key in ("step", "loss", "grad_norm", "learning_rate"):
+            pending.pop(key, None)
+        self.log({**pending, **summary}, run)  # the Trainer's last log: runtime and mean loss
         self.control = self.handler.on_train_end(self.args, self.state, self.control)

@@ -15,7 +15,8 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from vlm_grpo.api.trl_fields import RULES, translate, trl_defaults
+from vlm_grpo.api.trl_fields import RULES, trl_defaults, trl_run_defaults, translate
+from vlm_grpo.api.trl_translations import BATCH_FIELDS
 from vlm_grpo.grpo.settings.sources import canonical_key, load_config, merge_settings, read_yaml, to_yaml
 
 
@@ -25,11 +26,24 @@ class GRPOConfig:
 
     stage = "grpo"
     default_output_dir = "runs/latest"
+    _trl_defaults = True  # unset TRL fields take TRL's defaults (`of_settings()`: without them)
+
+    @classmethod
+    def of_settings(cls) -> "GRPOConfig":
+        """The arguments of a trainer built from resolved settings (the CLI): no TRL default applies."""
+        bare = type(cls.__name__, (cls,), {"_trl_defaults": False})
+        return bare()
 
     def __init__(self, config: str | Path | None = None, **settings: Any):
         object.__setattr__(self, "config_file", config)
         object.__setattr__(self, "given", dict(settings))  # the keywords as written (TRL's names included)
-        translated = translate(settings)  # TRL's fields with TRL's meaning (api/trl_fields.py)
+        if "audit_rewards" in settings:  # the reward audit before step 1 (off by default from Python, as in TRL)
+            settings["guard.audit_at_start"] = bool(settings.pop("audit_rewards"))
+        # A script's unset TRL fields take TRL's defaults (a settings file, or the CLI's trainer, keeps ours)
+        base = trl_run_defaults() if config is None and self._trl_defaults else {}
+        if any(k in settings for k in ("batch_size", "data.batch_size")):  # our prompt count replaces TRL's batch
+            base = {k: v for k, v in base.items() if k not in BATCH_FIELDS}
+        translated = translate({**base, **settings})  # TRL's fields with TRL's meaning (api/trl_fields.py)
         schedule = {k.removeprefix("trl."): translated.pop(k) for k in list(translated) if k.startswith("trl.")}
         data = merge_settings(read_yaml(config) if config else {}, translated)
         object.__setattr__(self, "settings", data)  # the mapping our parser reads (YAML underneath the keywords)
@@ -50,7 +64,7 @@ class GRPOConfig:
         if name.startswith("_"):
             raise AttributeError(name)
         given = object.__getattribute__(self, "given")
-        if name in given and name in RULES and RULES[name].to is not None:
+        if name in given and (name == "audit_rewards" or (name in RULES and RULES[name].to is not None)):
             return given[name]  # a TRL field whose value was translated: read back as written
         try:
             key, translation = canonical_key(name)
@@ -85,6 +99,7 @@ class SFTConfig(GRPOConfig):
 
     stage = "sft"
     default_output_dir = "runs/sft-latest"
+    _trl_defaults = False  # TRL's SFTConfig defaults differ from its GRPOConfig's: this project's apply
 
 
 __all__ = ["GRPOConfig", "SFTConfig"]

@@ -47,9 +47,12 @@ def adapter_for(model: Any, processing_class: Any = None) -> VLMAdapter:
     if processing_class is None:
         if not model.name_or_path:
             raise ValueError("model: built in Python with no path to load its processor from: give processing_class")
-        from transformers import AutoProcessor
+        from transformers import AutoProcessor, AutoTokenizer
 
-        processing_class = AutoProcessor.from_pretrained(model.name_or_path)
+        loader = AutoProcessor if cls.reads_images else AutoTokenizer
+        processing_class = loader.from_pretrained(model.name_or_path)
+    if not cls.reads_images:  # a text-only model reads its tokenizer (or a processor's)
+        return cls(model, processing_class, source=model_record(model))
     if not hasattr(processing_class, "tokenizer") or not hasattr(processing_class, "image_processor"):
         raise ValueError(f"processing_class: a vision-language model needs its processor (tokenizer and image "
                          f"processor), got {type(processing_class).__name__}")

@@ -70,7 +70,7 @@ class Stage:
     def from_settings(cls, cfg: TrainConfig, **inputs: Any):
         """A trainer of resolved settings (the CLI's way); `inputs`: RunInputs' fields."""
         self = cls.__new__(cls)
-        self._build(cfg, RunInputs(**inputs), args=cls.config_class(), callbacks=())
+        self._build(cfg, RunInputs(**inputs), args=cls.config_class.of_settings(), callbacks=())
         return self
 
     def _build(self, cfg: TrainConfig, inputs: RunInputs, args: Any, callbacks: Sequence[Any]) -> None:
@@ -199,8 +199,9 @@ class Stage:
 
     @property
     def steps_per_epoch(self) -> int:
-        """TRL's count: partial batches dropped."""
-        return max(len(self.data.dataset) // (self.cfg.data.batch_size * self.ctx.accelerator.num_processes), 1)
+        """TRL's count: partial batches dropped; a generation feeds steps_per_generation steps."""
+        batches = max(len(self.data.dataset) // (self.cfg.data.batch_size * self.ctx.accelerator.num_processes), 1)
+        return batches * getattr(self.cfg, "steps_per_generation", 1)
 
     def _run_step(self, step: int) -> dict[str, Any]:
         self.step, self.policy.updated_in_step = step, False
@@ -276,7 +277,23 @@ class Stage:
 
     @property
     def accelerator(self):
-        return self.ctx.accelerator
+        return self.__dict__.get("_accelerator_override") or self.ctx.accelerator
+
+    @accelerator.setter
+    def accelerator(self, value) -> None:
+        """TRL's trainer attribute is plain: scripts and tests replace it (a mock, a stub); what is read through the
+        trainer's surface is then that object, while the run keeps its own."""
+        self.__dict__["_accelerator_override"] = value
+
+    @property
+    def _metrics(self) -> dict[str, dict[str, list]]:
+        """TRL's per-mode lists of the numbers logged since the last log ("train": this run's steps since then)."""
+        pending: dict[str, list] = {}
+        for entry in self.callback_bridge.pending:
+            for key, value in entry.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    pending.setdefault(key, []).append(value)
+        return {"train": pending, "eval": {}}
 
     @property
     def is_main(self) -> bool:

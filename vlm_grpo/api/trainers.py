@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -24,6 +25,7 @@ from vlm_grpo.api.config import GRPOConfig, SFTConfig
 from vlm_grpo.api.stage import RunInputs, Stage
 from vlm_grpo.api.trl_arguments import settings_of
 from vlm_grpo.grpo.algorithm.losses import EntropyControl
+from vlm_grpo.grpo.algorithm.losses.objective import Collective, high_entropy_mask, off_policy_mask
 from vlm_grpo.grpo.algorithm.sampling_correction import weigh_by_engine
 from vlm_grpo.grpo.data.order import step_seed
 from vlm_grpo.grpo.distributed import fsdp
@@ -39,6 +41,25 @@ from vlm_grpo.grpo.tools.toolset import final_message_rewards, run_toolset
 from vlm_grpo.grpo.training.hacking_watch import HackingWatch
 from vlm_grpo.grpo.training.lora import is_lora_wrapped
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
+
+
+@dataclass
+class Generation:
+    """One rollout batch and what its steps share: the prompts, the scored trajectory, the engine's correction
+    metrics, and the shuffled row order its steps split (steps_per_generation parts)."""
+
+    index: int
+    batch: Any
+    scored: Any
+    engine_metrics: dict[str, float]
+    order: list[int]
+    parts: int
+    seconds: float  # time spent sampling and scoring it
+    report: dict[str, float] = field(default_factory=dict)  # its reward and completion metrics, taken once
+
+    def part(self, k: int) -> list[int]:
+        size = len(self.order) // self.parts
+        return self.order[k * size:(k + 1) * size]
 
 
 class GRPOTrainer(Stage):
@@ -68,6 +89,7 @@ class GRPOTrainer(Stage):
         self.reference = None  # the frozen reference copy (None: LoRA's base serves, or no KL term)
         self.entropy_control = EntropyControl(cfg.loss)
         self.timings: dict[str, float] = {}  # seconds of the last step's phases (kept out of the metrics)
+        self._generation: Generation | None = None  # the rollout batch the current steps train on
         super()._build(cfg, inputs, args, callbacks)
 
     def _after_freeze(self, adapter) -> None:
@@ -115,6 +137,35 @@ class GRPOTrainer(Stage):
     def scheduler_steps(self) -> int:
         return self.cfg.max_steps * self.cfg.num_iterations
 
+    # ---------------------------------------------------------------- TRL's GRPOTrainer attributes
+    @property
+    def ref_model(self):
+        """The frozen reference model (None: beta 0, or LoRA's base serves as the reference), TRL's name."""
+        return self.reference
+
+    @property
+    def aux_loss_enabled(self) -> bool:
+        """Whether the MoE routers' load-balancing loss joins the loss (TRL's attribute)."""
+        return self.router_aux_coef > 0
+
+    def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+        """TRL's method: the tokens at or above the `threshold` quantile of the entropies of every process's
+        unmasked tokens."""
+        gather = self.accelerator.gather if self.accelerator.num_processes > 1 else (lambda t: t)
+        return high_entropy_mask(entropies, mask, threshold, Collective(gather=gather))
+
+    @staticmethod
+    def get_off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold):
+        """TRL's method: [N, 1], 0 for a negative-advantage sequence whose mean KL(sampling || policy) over its
+        tokens exceeds the threshold."""
+        return off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold)
+
+    @property
+    def _logs(self) -> dict[str, Any]:
+        """TRL's buffers of the last generation: prompt, completion, rewards (per function), advantages, extra
+        (columns rewards logged with log_extra) and images (with log_multimodal)."""
+        return self.step_log.trl_logs
+
     def progress_postfix(self, metrics: dict[str, Any]) -> dict[str, str]:
         return {"reward": f"{metrics['reward']:.3f}", "kl": f"{metrics.get('kl', 0.0):.2e}"}
 
@@ -123,30 +174,55 @@ class GRPOTrainer(Stage):
 
     # ---------------------------------------------------------------- the GRPO step, top-down
     def train_step(self, step: int) -> dict[str, Any]:
-        """rollout -> rewards -> advantages -> old / reference log-probs -> `num_iterations` updates."""
+        """rollout -> rewards -> advantages -> old / reference log-probs -> `num_iterations` updates. With
+        steps_per_generation k > 1 a rollout batch is sampled every k steps and each step trains on its part."""
         cfg = self.cfg
         started = time.perf_counter()
-        torch.manual_seed(step_seed(cfg.seed, step, self.ctx.accelerator.process_index))
-        batch = self.data.batch(step)
+        k = cfg.steps_per_generation
+        fresh = step % k == 0 or self._generation is None or self._generation.index != step // k
+        if fresh:  # a resumed run in mid-generation samples that generation again, from its own seed
+            self._generation = self._generate(step // k)
+        gen = self._generation
+        traj, scored, batch = gen.scored.trajectory, gen.scored, gen.batch
+        rows = None if k == 1 else gen.part(step % k)
+        rates = self.policy.learning_rates()  # the rates this update uses (the schedule moves on after it)
+        losses = self.policy_update.run(traj, step, rows)
+        self.sampler.after_update()  # the new weights to vLLM every vllm_sync_steps steps
+        if fresh:  # a generation's reward and length numbers: each of its steps reports them
+            gen.report = {**self.step_log.reward_metrics(scored), **self.step_log.trl_metrics(traj, rates, scored.logged)}
+        metrics = self.ctx.mean_over_processes({
+            **losses, **gen.report, **self.step_log.cost_metrics(traj, rates), **gen.engine_metrics,
+            "learning_rate": self.step_log.learning_rate(rates),
+        })
+        if fresh:
+            self.step_log.keep_trl_logs(traj, batch.samples)
+            metrics.update(self.watch.step(step, batch.samples, traj))  # after the update: guards read, never change
+        metrics.update(step=step + 1, step_time=time.perf_counter() - started + (gen.seconds if fresh else 0.0))
+        if fresh:
+            self.step_log.completions(step + 1, traj, batch.samples)
+        return metrics
+
+    def _generate(self, index: int) -> "Generation":
+        """Rollout batch `index`: sampled, scored, with the reference's and (when a later update or step is
+        off-policy, or the engine's ratio needs them) the sampling policy's log-probs."""
+        cfg = self.cfg
+        started = time.perf_counter()
+        first_step = index * cfg.steps_per_generation
+        torch.manual_seed(step_seed(cfg.seed, first_step, self.ctx.accelerator.process_index))
+        batch = self.data.batch(index)
         self.vision_counter.reset()
-        sampled = self.sampler.sample(batch.samples, batch.rows, step)
+        sampled = self.sampler.sample(batch.samples, batch.rows, first_step)
         self.timings = {"rollout": time.perf_counter() - started}
-        scored = self.scoring.score(batch.samples, batch.rows, sampled, step)
+        scored = self.scoring.score(batch.samples, batch.rows, sampled, first_step)
         traj = scored.trajectory
         traj.ref_logps = self.scorer.reference_logps(traj)
         correct = sampled.rollout.sampling_logps is not None and cfg.rollout.vllm_importance_sampling_correction
-        if cfg.num_iterations > 1 or correct:  # later updates are off-policy / the engine's ratio needs the trainer's
-            traj.old_logps = self.scorer.policy_logps(traj)
+        if cfg.num_iterations > 1 or cfg.steps_per_generation > 1 or correct:
+            traj.old_logps = self.scorer.policy_logps(traj)  # later updates are off-policy
         engine_metrics = weigh_by_engine(traj, sampled.rollout.sampling_logps, cfg.rollout) if correct else {}
-        losses = self.policy_update.run(traj, step)
-        self.sampler.after_update()  # the new weights to vLLM every vllm_sync_steps steps
-        metrics = self.ctx.mean_over_processes({
-            **losses, **self.step_log.reward_metrics(scored), **self.step_log.cost_metrics(traj), **engine_metrics,
-        })
-        metrics.update(self.watch.step(step, batch.samples, traj))  # after the update: guards read, never change
-        metrics.update(step=step + 1, step_time=time.perf_counter() - started)
-        self.step_log.completions(step + 1, traj, batch.samples)
-        return metrics
+        order = torch.randperm(len(traj)).tolist()  # TRL shuffles a generation before splitting it into steps
+        return Generation(index, batch, scored, engine_metrics, order, cfg.steps_per_generation,
+                          time.perf_counter() - started)
 
 
 class SFTTrainer(Stage):

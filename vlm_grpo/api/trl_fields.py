@@ -315,6 +315,28 @@ def trl_defaults() -> dict[str, Any]:
     return out
 
 
+TRL_OUTPUT_DIR = "trainer_output"  # transformers' TrainingArguments: output_dir None means this folder
+
+
+def trl_run_defaults() -> dict[str, Any]:
+    """TRL's default of every honoured field, as a GRPOConfig built in Python starts from them: a TRL script that
+    leaves a field unset gets TRL's run (its steps, learning rate and schedule, batch shape, logging moments), not
+    this project's CPU-sized CLI defaults. None (TRL's "unset") leaves ours, except output_dir (TRL's folder) and
+    bf16: TRL's None means bf16 where the GPU supports it; TRL refuses its own default on a CPU without use_cpu, and
+    here a CPU run keeps float32 (bf16 autocast over float32 weights does not pay on a CPU)."""
+    import torch
+
+    defaults = trl_defaults()
+    out = {name: defaults[name] for name, rule in RULES.items()
+           if rule.status == HONOURED and defaults.get(name) is not None}
+    out["output_dir"] = defaults.get("output_dir") or TRL_OUTPUT_DIR
+    out["data.order"] = "trl"  # TRL's RepeatSampler passes (not a GRPOConfig field: how TRL's trainer draws rows)
+    out["guard.audit_at_start"] = False  # TRL never calls a reward before training (audit_rewards=True asks for it)
+    if defaults.get("bf16", False) is None and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        out["bf16"] = True
+    return out
+
+
 def plain(value: Any) -> Any:
     return value.value if isinstance(value, enum.Enum) else value
 

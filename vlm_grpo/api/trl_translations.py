@@ -62,15 +62,17 @@ def batch(given: dict) -> dict:
                                f"({per_device} x {n} processes)")
         spg = gbs // (per_device * n)
     spg = accumulation if spg is None else spg
-    if spg != accumulation:
-        raise SettingError("steps_per_generation", f"{spg} (a generation spread over several optimizer steps) differs "
-                           f"from gradient_accumulation_steps ({accumulation}): here each optimizer step samples its "
-                           "own generation; to reuse one generation for several updates set num_iterations")
+    if spg % accumulation:
+        raise SettingError("steps_per_generation", f"{spg} is not a multiple of gradient_accumulation_steps "
+                           f"({accumulation}): here a generation feeds whole optimizer steps")
     completions = per_device * spg
     if completions % g:
         raise SettingError("per_device_train_batch_size", f"{per_device} x steps_per_generation {spg} = {completions} "
                            f"completions per process is not whole groups of num_generations ({g})")
     prompts = completions // g
+    if spg > accumulation:  # one generation, shuffled, feeds spg / accumulation optimizer steps of `per_device` rows
+        return {"data.batch_size": prompts, "data.num_generations": g, "gradient_accumulation_steps": accumulation,
+                "steps_per_generation": spg // accumulation}
     # micro-batches hold whole prompt groups: as many as divide the prompts (the update is the same, memory differs)
     return {"data.batch_size": prompts, "data.num_generations": g,
             "gradient_accumulation_steps": math.gcd(prompts, accumulation)}

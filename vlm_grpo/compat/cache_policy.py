@@ -21,6 +21,8 @@ def resolve_use_cache(adapter, policy: str = "auto", report: CacheProbeReport | 
         raise ValueError(f"unknown cache policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if policy != "auto":
         return policy == "cache"
+    if not adapter.reads_images:  # the quirks probed here lose images; a text-only model's cache is transformers' own
+        return True
     quirk = known_cache_quirk(adapter, transformers.__version__)
     if quirk is not None:
         log.warning("%s: KV cache off (known quirk, transformers %s): %s", adapter.family, quirk.transformers, quirk.reason)

@@ -16,12 +16,30 @@ def _permutation(size: int, seed: int, epoch: int, shuffle: bool = True) -> tupl
     return tuple(torch.randperm(size, generator=generator).tolist())
 
 
+_TRL_PASSES: dict[tuple[int, int], tuple[torch.Generator, list[tuple[int, ...]]]] = {}
+
+
+def _trl_permutation(size: int, seed: int, epoch: int) -> tuple[int, ...]:
+    """Pass `epoch`'s order as TRL's RepeatSampler draws it: one generator seeded once with `seed`, a new
+    permutation from it at each pass (kept, so any step's rows can be looked up again)."""
+    generator, passes = _TRL_PASSES.setdefault((size, seed), (torch.Generator().manual_seed(seed), []))
+    while len(passes) <= epoch:
+        passes.append(tuple(torch.randperm(size, generator=generator).tolist()))
+    return passes[epoch]
+
+
 def batch_indices(size: int, batch_size: int, step: int, seed: int, process_index: int = 0, num_processes: int = 1,
-                  shuffle: bool = True) -> list[int]:
+                  shuffle: bool = True, order: str = "reseeded") -> list[int]:
     """Sample indices of one process's prompts at `step`; every process gets distinct prompts (`shuffle` false: each
-    pass in row order)."""
+    pass in row order). `order` "trl": TRL's passes, whole batches only (a pass's partial batch is dropped)."""
     if size <= 0:
         raise ValueError("the training set is empty")
+    per_step = batch_size * num_processes
+    if order == "trl" and per_step <= size:
+        epoch, k = divmod(step, size // per_step)
+        rows = _trl_permutation(size, seed, epoch) if shuffle else tuple(range(size))
+        start = k * per_step + process_index * batch_size
+        return list(rows[start:start + batch_size])
     start = step * batch_size * num_processes + process_index * batch_size
     out = []
     for position in range(start, start + batch_size):

@@ -3,7 +3,10 @@ trackers' tables; with log_multimodal, each prompt's images and video frames sav
 
 from __future__ import annotations
 
+from collections import defaultdict, deque
 from typing import Any, Callable
+
+import torch
 
 from vlm_grpo.grpo.algorithm.trajectory import Trajectory
 from vlm_grpo.grpo.rewards.scoring import nan_mean, nan_std
@@ -15,6 +18,13 @@ class StepLog:
         """`flags(row)`: what the guards say of a completion (grpo/training/hacking_watch.py)."""
         self.ctx, self.cfg, self.rewards, self.policy = ctx, ctx.cfg, rewards, policy
         self.vision_counter, self.flags = vision_counter, flags
+        self.eos_ids = list(policy.adapter.eos_token_ids)
+        self.tokens_seen = 0  # TRL's num_tokens: prompt and completion tokens of every step so far
+        # TRL's trainer._logs: the last generation's prompts, completions, rewards, advantages, logged extra columns
+        # and (with logging.log_multimodal) images, as its scripts and tests read them
+        self.trl_logs: dict[str, Any] = {"images": deque(), "prompt": deque(), "completion": deque(),
+                                         "rewards": defaultdict(deque), "advantages": deque(),
+                                         "extra": defaultdict(deque)}
 
     def reward_metrics(self, scored) -> dict[str, float]:
         traj, errors = scored.trajectory, scored.reward_errors
@@ -31,9 +41,60 @@ class StepLog:
                if self.cfg.data.on_reward_error == "zero"},
         }
 
-    def cost_metrics(self, traj: Trajectory) -> dict[str, float]:
+    def keep_trl_logs(self, traj: Trajectory, samples: list) -> None:
+        """The step's rows into TRL's `_logs` buffers (each keeps one generation's rows)."""
+        n, g = len(traj.completions), traj.num_generations
+        logs = self.trl_logs
+        for key in ("images", "prompt", "completion", "advantages"):
+            logs[key] = deque(maxlen=n)
+        logs["rewards"] = defaultdict(lambda: deque(maxlen=n))
+        logs["extra"] = defaultdict(lambda: deque(maxlen=n))
+        logs["prompt"].extend(traj.prompt_texts[i // g] for i in range(n))
+        logs["completion"].extend(traj.completions)
+        for name, values in traj.reward_components.items():
+            logs["rewards"][name].extend(values.tolist())
+        advantages = traj.advantages if traj.advantages.dim() == 1 else traj.advantages[:, 0]
+        logs["advantages"].extend(advantages.tolist())
+        for column, values in traj.extra.items():
+            logs["extra"][column].extend(values)
+        if self.cfg.logging.log_multimodal:
+            logs["images"].extend(list(getattr(samples[i // g], "images", None) or []) for i in range(n))
+
+    def trl_metrics(self, traj: Trajectory, rates: dict[str, float], logged: dict[str, list]) -> dict[str, float]:
+        """TRL's step keys beside ours: the learning rate the update used, each reward's mean and std, the tokens
+        seen so far (prompt and completion, every completion counting its prompt) and completion-length stats
+        (terminated: ended by an end-of-sequence token before the limit; clipped: the rest)."""
+        mask = traj.completion_mask
+        lengths = mask.sum(1).float()
+        ended = lengths < mask.shape[1]
+        last = traj.completion_ids.gather(1, (lengths.long() - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+        ended |= torch.isin(last, torch.tensor(self.eos_ids, device=last.device)) & (lengths > 0)
+        self.tokens_seen += int(traj.prompts.attention_mask.sum()) * traj.num_generations + int(mask.sum())
+        terminated = lengths[ended] if bool(ended.any()) else lengths.new_zeros(1)
         return {
-            **self.policy.learning_rates(),
+            "learning_rate": self.learning_rate(rates),
+            **{f"rewards/{name}/mean": nan_mean(v) for name, v in traj.reward_components.items()},
+            **{f"rewards/{name}/std": nan_std(v) for name, v in traj.reward_components.items()},
+            "num_tokens": float(self.tokens_seen),
+            "completions/mean_length": lengths.mean().item(),
+            "completions/min_length": lengths.min().item(),
+            "completions/max_length": lengths.max().item(),
+            "completions/clipped_ratio": 1.0 - ended.float().mean().item(),
+            "completions/mean_terminated_length": terminated.mean().item(),
+            "completions/min_terminated_length": terminated.min().item(),
+            "completions/max_terminated_length": terminated.max().item(),
+            **{name: sum(v) / len(v) for name, v in logged.items() if v},  # a reward's log_metric, TRL's key
+        }
+
+    @staticmethod
+    def learning_rate(rates: dict[str, float]) -> float:
+        """TRL's single learning_rate: the language model's group (else the first group's)."""
+        return rates.get("lr/language", next(iter(rates.values()), 0.0))
+
+    def cost_metrics(self, traj: Trajectory, rates: dict[str, float]) -> dict[str, float]:
+        """`rates`: the learning rates the step's update used (read before the schedule moved on)."""
+        return {
+            **rates,
             "perf/vision_calls": self.vision_counter.calls,
             "perf/vision_images": self.vision_counter.images,
             "perf/prefill_tokens": traj.stats["prefill_tokens"],

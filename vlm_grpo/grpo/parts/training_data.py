@@ -37,7 +37,7 @@ class TrainingData:
                                      cfg.data.on_bad_sample)
         per_step = cfg.data.batch_size * ctx.accelerator.num_processes
         if cfg.epochs > 0:  # the run's length in passes over the split (TRL's num_train_epochs with max_steps -1)
-            cfg.max_steps = epoch_steps(cfg.epochs, len(self.dataset), per_step)
+            cfg.max_steps = epoch_steps(cfg.epochs, len(self.dataset), per_step) * cfg.steps_per_generation
         note = repeats_note(len(self.dataset), per_step)
         if note and ctx.is_main:
             print(note)
@@ -60,7 +60,7 @@ class TrainingData:
         acc, data = self.ctx.accelerator, self.cfg.data
         seed = self.cfg.seed if data.data_seed is None else data.data_seed
         idx = batch_indices(len(self.dataset), data.batch_size, step, seed, acc.process_index, acc.num_processes,
-                            shuffle=data.shuffle)
+                            shuffle=data.shuffle, order=data.order)
         picked = [self.dataset.pick(i) for i in idx]
         return Batch([sample for _, sample in picked], [i for i, _ in picked])
 

@@ -30,33 +30,41 @@ class PolicyUpdate:
         self.collective = Collective(reduce_sum=lambda x: ctx.accelerator.reduce(x, reduction="sum"),
                                      gather=ctx.gather_tensor)
 
-    def run(self, traj: Trajectory, step: int) -> dict[str, float]:
-        """The metrics averaged over updates and micro-batches."""
+    def run(self, traj: Trajectory, step: int, rows: list[int] | None = None) -> dict[str, float]:
+        """The metrics averaged over updates and micro-batches. `rows`: the part of the trajectory this step trains
+        on (steps_per_generation > 1), split into equal micro-batches; None: all of it, whole prompt groups each."""
         cfg, acc, policy = self.cfg, self.ctx.accelerator, self.policy
-        chunks = traj.micro_batches(cfg.gradient_accumulation_steps)
+        if rows is None:
+            chunks = traj.micro_batches(cfg.gradient_accumulation_steps)
+            mask = traj.loss_mask
+        else:
+            per = len(rows) // cfg.gradient_accumulation_steps
+            chunks = [rows[c * per:(c + 1) * per] for c in range(cfg.gradient_accumulation_steps)]
+            mask = traj.loss_mask[rows]
+        trained = sum(len(c) for c in chunks)
         # the step's training tokens per process (step_tokens losses; DDP averages gradients over processes)
-        tokens = acc.reduce(traj.loss_mask.sum().float(), reduction="sum") / acc.num_processes
+        tokens = acc.reduce(mask.sum().float(), reduction="sum") / acc.num_processes
         coef = self.scorer.router_aux_coef
         sums: dict[str, float] = {}
         skipped = 0
         for _ in range(cfg.num_iterations):
             policy.zero_grad()
-            for k, rows in enumerate(chunks):
+            for k, part in enumerate(chunks):
                 with policy.accumulating(last=k == len(chunks) - 1):
-                    scores = self.scorer.scores(traj, rows, policy.model, with_entropy=True,
+                    scores = self.scorer.scores(traj, part, policy.model, with_entropy=True,
                                                 features=traj.policy_features, router_aux=True)
                     loss, metrics = policy_loss(
-                        scores.logps, _rows(traj.old_logps, rows), _rows(traj.ref_logps, rows), traj.advantages[rows],
-                        traj.loss_mask[rows], cfg.loss, entropy=scores.entropy, normalizer=tokens,
-                        share=len(rows) / len(traj), entropy_control=self.entropy_control, collective=self.collective,
-                        sampling_logps=_rows(traj.sampling_logps, rows), sampling_ratio=_rows(traj.sampling_ratio, rows),
+                        scores.logps, _rows(traj.old_logps, part), _rows(traj.ref_logps, part), traj.advantages[part],
+                        traj.loss_mask[part], cfg.loss, entropy=scores.entropy, normalizer=tokens,
+                        share=len(part) / trained, entropy_control=self.entropy_control, collective=self.collective,
+                        sampling_logps=_rows(traj.sampling_logps, part), sampling_ratio=_rows(traj.sampling_ratio, part),
                     )
                     if scores.aux_loss is not None:  # MoE (TRL's rule): + coef x routers' balancing loss, per micro-batch
                         loss = loss + coef * scores.aux_loss / len(chunks)
                         metrics["aux_loss"] = scores.aux_loss.item()
                     acc.backward(loss)
                 for key, value in metrics.items():
-                    sums[key] = sums.get(key, 0.0) + float(value) * len(rows) / len(traj) / cfg.num_iterations
+                    sums[key] = sums.get(key, 0.0) + float(value) * len(part) / trained / cfg.num_iterations
             grad_norm, was_skipped = policy.update(cfg.optim)
             if was_skipped:
                 skipped += 1

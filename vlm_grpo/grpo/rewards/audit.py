@@ -201,9 +201,10 @@ def _mean(values: list[float]) -> float:
 
 def audit_rewards(rewards: list[Reward], samples: Sequence[Sample], hints: AuditHints | None = None, *,
                   encode: Callable[[str], tuple[str, list[int]]] | None = None, padding_words: int = 120,
-                  max_steps: int = 0) -> AuditReport:
+                  max_steps: int = 0, timeout: float | None = None) -> AuditReport:
     """Score every adversary of every sample with `rewards`; flags per the module's rules. `encode` (from
-    `completion_tokens`) gives the completion token ids rewards may read; without it they get none."""
+    `completion_tokens`) gives the completion token ids rewards may read; without it they get none. `timeout`:
+    seconds each reward call may take (the run's reward_timeout), as in training."""
     hints = hints or DEFAULT_HINTS
     def fits(text: str) -> bool:
         return encode is None or encode(text)[0] == text
@@ -228,7 +229,7 @@ def audit_rewards(rewards: list[Reward], samples: Sequence[Sample], hints: Audit
             conversational=[isinstance(s.data_prompt, list) for s in chosen], state=trainer_state(0, max_steps),
         )
         raised: dict[str, int] = {}
-        total, components = score(rewards, inputs, on_error="zero", errors=raised)
+        total, components = score(rewards, inputs, on_error="zero", errors=raised, timeout=timeout)
         for name, count in raised.items():
             report.errors[name] = report.errors.get(name, 0) + count
             report.raised.setdefault(name, []).append(adversary)

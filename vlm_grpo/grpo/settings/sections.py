@@ -70,6 +70,10 @@ class DataConfig:
     shuffle: bool = setting(True, help="draw the training rows in a new shuffled order each pass (false: in row "
                             "order; TRL's shuffle_dataset)")
     data_seed: int | None = setting(None, help="seed of the training data order (None: the run's seed; TRL's data_seed)")
+    order: str = setting("reseeded", resume="refused", choices=("reseeded", "trl"),
+                         help="how passes are shuffled: reseeded (each pass its own seed; a last partial batch runs "
+                         "on into the next pass) or trl (TRL's RepeatSampler: one generator seeded once draws each "
+                         "pass, a partial batch is dropped; a GRPOConfig built in Python uses it)")
     chat_template_kwargs: dict[str, Any] = setting(factory=dict, help="extra arguments of the processor's "
                                                    "apply_chat_template when prompts are rendered (e.g. "
                                                    "{enable_thinking: false})")
@@ -304,6 +308,10 @@ class TrainConfig:
                                                "scores, or normalise each within its group first (GDPO)",
                                                choices=MULTI_OBJECTIVE)
     num_iterations: int = setting(1, help="optimizer updates per rollout batch", at_least=1)
+    steps_per_generation: int = setting(1, resume="refused", help="optimizer steps one rollout batch feeds: its "
+                                        "completions, shuffled, are split into this many equal parts, one per step, "
+                                        "all but the first off-policy (their old log-probs are taken when sampled; "
+                                        "TRL's steps_per_generation / gradient_accumulation_steps)", at_least=1)
     gradient_accumulation_steps: int = setting(1, resume="honoured", help="micro-batches per update (whole prompt groups each)", at_least=1)
     mixed_precision: str = setting("no", help="bf16: weights stored in bfloat16, float32 master weights in the optimizer "
                                    "(autocast with a 4-bit base or fsdp); fp16: autocast with a loss scaler",
@@ -336,7 +344,12 @@ class TrainConfig:
                                    f"not {type(value).__name__}")
         check_fields(self)
         ADVANTAGES[self.advantage]  # an unknown name, or a path that does not import, is refused here
-        if self.data.batch_size % self.gradient_accumulation_steps:
+        completions = self.data.batch_size * self.data.num_generations
+        if self.steps_per_generation > 1 and completions % (self.steps_per_generation * self.gradient_accumulation_steps):
+            raise SettingError("steps_per_generation", f"{self.steps_per_generation} steps x gradient_accumulation_steps "
+                               f"{self.gradient_accumulation_steps} does not divide the {completions} completions of a "
+                               "rollout batch (data.batch_size x data.num_generations) into equal micro-batches")
+        if self.steps_per_generation == 1 and self.data.batch_size % self.gradient_accumulation_steps:
             raise SettingError("gradient_accumulation_steps", f"{self.gradient_accumulation_steps} does not divide "
                                f"data.batch_size ({self.data.batch_size}): each micro-batch holds whole prompts")
         if self.loss.sync_ref_model and self.lora.r > 0:

@@ -122,7 +122,7 @@ class HackingWatch:
         limit = cfg.generation.max_new_tokens
         encode = completion_tokens(self.adapter.tokenizer, (self.adapter.eos_token_ids or [None])[0], limit)
         report = audit_rewards(data.rewards, samples, self.hints, encode=encode, padding_words=2 * limit,
-                               max_steps=cfg.max_steps)
+                               max_steps=cfg.max_steps, timeout=cfg.data.reward_timeout or None)
         allow = self.cfg.audit_allow
         safe_files.write_run_file(run_dir, AUDIT_FILE, json.dumps(report.to_dict(allow), indent=1, default=float) + "\n")
         for finding in report.flags(allow):

@@ -98,7 +98,7 @@ def check_suppressed(adapter) -> Finding:
     suppressed = adapter.suppressed_token_ids()
     names = adapter.tokenizer.convert_ids_to_tokens(suppressed)
     names = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-    if adapter.image_token_id not in suppressed:
+    if adapter.reads_images and adapter.image_token_id not in suppressed:
         return Finding("suppressed ids", False, f"the image placeholder {adapter.image_token_id} is not suppressed")
     stops = set(adapter.eos_token_ids) & set(suppressed)
     if stops:

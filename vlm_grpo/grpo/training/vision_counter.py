@@ -18,7 +18,7 @@ class VisionCounter:
         self.images = 0
         self._handles = []
         seen = set()
-        for model in models:
+        for model in models if adapter.reads_images else ():  # a text-only model has no tower to count
             module = vision_module(adapter.module_layout, model, adapter.family)
             if id(module) in seen:
                 continue

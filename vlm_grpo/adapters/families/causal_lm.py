@@ -1,0 +1,172 @@
+"""Text-only causal language models: any `AutoModelForCausalLM` type (Qwen2, Llama, Mistral, Qwen3-MoE ...).
+
+The same loop and recipes train them; a prompt carries no images, so the module groups `vision` and `projector`
+are empty, no token is a placeholder, and every multimodal hook has nothing to do. A row with an image is refused
+naming the sample (a recipe with images needs a vision-language model). It is also every VLM experiment's
+text-only baseline: the same recipe without the picture.
+
+The processor is the model's tokenizer. A prompt is written with the tokenizer's chat template; a tokenizer with
+none (a base model) gets the messages' text as it stands, which is what TRL feeds a standard-format prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from PIL import Image
+from transformers import PreTrainedModel
+
+from vlm_grpo.adapters.architecture import Architecture
+from vlm_grpo.adapters.base import VLMAdapter
+from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch
+from vlm_grpo.adapters.module_groups import ModuleLayout
+from vlm_grpo.adapters.seeding import seeded_model
+
+NO_TOKEN = -1  # the placeholder id of a model without images: equal to no token id
+
+# Qwen2's ChatML turns, text parts only
+CHATML_TEXT = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+TINY = Architecture(vision={}, text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                                         tie_word_embeddings=False),
+                    note="a Qwen2 causal LM, shrunk")
+QWEN2_5_0_5B = Architecture(vision={}, text=dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                                 num_attention_heads=14, num_key_value_heads=2,
+                                                 max_position_embeddings=32768, rope_theta=1e6,
+                                                 tie_word_embeddings=True),
+                            vocab_size=151936, note="Qwen/Qwen2.5-0.5B-Instruct")
+
+
+def causal_lm_types() -> set[str]:
+    """Model types transformers can load as a causal LM, less those with an image-text-to-text class."""
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+
+    return set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) - set(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+
+
+class CausalLMAdapter(VLMAdapter):
+    family = "causal_lm"
+    model_types = ()  # every causal-LM type no other family claims (`serves_model_type`)
+    model_class = PreTrainedModel  # any causal LM's class; `load` goes through AutoModelForCausalLM
+    reads_images: ClassVar[bool] = False
+    # every parameter is the language model's, except the output head
+    module_layout = ModuleLayout(vision=(), projector=(), language=(r"(?!lm_head\.)",), head=(r"lm_head\.",))
+    tiny_architecture = TINY
+    presets = {"qwen2_5_0_5b": QWEN2_5_0_5B}
+    shares_features = False  # no image features to share
+    text_rows = "mixed"
+
+    @classmethod
+    def serves_model_type(cls, model_type: str) -> bool:
+        return model_type in causal_lm_types()
+
+    @classmethod
+    def _model_class(cls):
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def build(cls, arch, seed=0, dtype=torch.float32):
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
+
+        tokenizer = build_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], chat_template=CHATML_TEXT,
+                                    eos_token="<|im_end|>", pad_token="<|endoftext|>")
+        config = Qwen2Config(vocab_size=arch.vocab_size or len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                             eos_token_id=tokenizer.eos_token_id, bos_token_id=None, **arch.text)
+        model = seeded_model(Qwen2ForCausalLM, config, seed, dtype)
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        return cls(model, tokenizer, source=f"tiny:{cls.family}")
+
+    @classmethod
+    def load(cls, path: str, *, dtype="auto", device_map=None, attn_implementation=None, load_in_4bit=False,
+             trust_remote_code=False, allow_pickle_weights=False) -> "CausalLMAdapter":
+        """A causal LM and its tokenizer from a local directory or a hub id (safetensors only unless
+        `allow_pickle_weights`; no shipped code runs unless `trust_remote_code`)."""
+        from transformers import AutoTokenizer
+
+        kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+        if not allow_pickle_weights:
+            kwargs["use_safetensors"] = True
+        if attn_implementation:
+            kwargs["attn_implementation"] = attn_implementation
+        if load_in_4bit:
+            from vlm_grpo.adapters.quantization import four_bit_loading, keep_differentiable_layout
+
+            kwargs.update(four_bit_loading(device_map))
+        elif device_map:
+            kwargs["device_map"] = device_map
+        model = cls._model_class().from_pretrained(path, **kwargs)
+        if load_in_4bit:
+            keep_differentiable_layout(model)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        return cls(model.eval(), tokenizer, source=str(path))
+
+    def __init__(self, model, processor, source: str = "", use_cache: bool | None = None):
+        processor = getattr(processor, "tokenizer", processor)  # a processor's tokenizer is what a text model reads
+        processor.padding_side = "left"  # prompts end where generation starts
+        if processor.pad_token_id is None:  # TRL's rule: a tokenizer without one pads with its end-of-sequence token
+            processor.pad_token = processor.eos_token
+        super().__init__(model, processor, source=source, use_cache=use_cache)
+
+    # ---------------------------------------------------------------- tokens
+    @property
+    def tokenizer(self):
+        return self.processor
+
+    @property
+    def image_token_id(self) -> int:
+        return NO_TOKEN
+
+    def suppressed_token_ids(self) -> list[int]:
+        return []  # nothing the model could emit breaks the training forward
+
+    # ---------------------------------------------------------------- encoding
+    def check_text_rows(self, images) -> None:
+        for i, sample in enumerate(images):
+            if sample:
+                raise ImageTokenMismatch(f"sample {i}: {len(sample)} image(s), but {self.family} is a text-only model "
+                                         "(it has no vision tower); use a vision-language model for this data")
+
+    def render_prompt(self, messages: list[dict], **options) -> str:
+        if self.processor.chat_template:
+            return super().render_prompt(messages, **options)
+        return "".join(_text_of(m["content"]) for m in messages)
+
+    def _run_processor(self, texts, images, videos=None, **text_options):
+        return self.processor(text=list(texts), padding=True, return_tensors="pt", **text_options)
+
+    def _to_batch(self, features: Any, images: list[list[Image.Image]], videos=None) -> PromptBatch:
+        return PromptBatch(input_ids=features["input_ids"], attention_mask=features["attention_mask"],
+                           image_spans=[[] for _ in range(features["input_ids"].shape[0])])
+
+    def feature_counts(self, batch: PromptBatch) -> list[int]:
+        return [0] * len(batch)
+
+    def image_token_positions(self, batch, sample, image, image_size=None):
+        raise ValueError(f"{self.family}: a text-only model has no image tokens")
+
+    def layout_facts(self, batch, sample, image):
+        raise ValueError(f"{self.family}: a text-only model has no image layout")
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text") or "" for part in content if part.get("type") == "text")
