@@ -12,7 +12,7 @@ import torch
 from vlm_grpo.adapters.remote_code import check_remote_code
 from vlm_grpo.adapters.base import VLMAdapter
 from vlm_grpo.adapters.model_spec import parse_model_spec
-from vlm_grpo.adapters.model_dirs import read_model_type
+from vlm_grpo.adapters.model_dirs import auto_classes, read_model_type
 from vlm_grpo.adapters.generic.groups import with_overrides
 from vlm_grpo.adapters.registry import adapter_class, all_presets, class_for_model_type
 from vlm_grpo.compat.tested_window import warn_outside_window
@@ -57,7 +57,8 @@ def load_model(
         adapter = all_presets()[parsed.name].preset(parsed.name, seed=seed, dtype=preset_dtype)
     else:
         check_remote_code(parsed.name, trust_remote_code)  # refused without the flag, announced with it: no prompt
-        cls = adapter_class(parsed.family) if parsed.family else class_for_model_type(read_model_type(parsed.name), where=parsed.name)
+        cls = adapter_class(parsed.family) if parsed.family else class_for_model_type(
+            read_model_type(parsed.name), where=parsed.name, auto_classes=auto_classes(parsed.name))
         adapter = cls.load(
             parsed.name, dtype=dtype, device_map=_device_map(device, load_in_4bit),
             attn_implementation=attn_implementation, load_in_4bit=load_in_4bit, trust_remote_code=trust_remote_code,

@@ -198,4 +198,4 @@ def test_the_config_checks_its_values_and_reads_back_trl_names(tmp_path):
 
 def test_what_cannot_be_honoured_is_refused_by_name():
     with pytest.raises(ValueError, match="optimizers: the optimizer is built here"):
-        GRPOTrainer(model="tiny:smolvlm", reward_funcs=[says_colour], optimizers=(object(), None))
+        GRPOTrainer(model="tiny:smolvlm", reward_funcs=[says_colour], optimizers=(object(), None), train_dataset=rows())

@@ -53,6 +53,17 @@ TEXT_MODELS = {
     "tiny-MistralForCausalLM-0.2": ("MistralConfig", "MistralForCausalLM", {}),
     "tiny-Gemma2ForCausalLM": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 8}),
     "tiny-Cohere2ForCausalLM": ("Cohere2Config", "Cohere2ForCausalLM", {}),
+    "tiny-Glm4MoeForCausalLM": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
+                                {"head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+                                 "moe_intermediate_size": 32, "first_k_dense_replace": 1, "n_group": 1,
+                                 "topk_group": 1}),
+    "tiny-GptOssForCausalLM": ("GptOssConfig", "GptOssForCausalLM",
+                               {"head_dim": 8, "num_local_experts": 4, "num_experts_per_tok": 2,
+                                "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16}),
+    "tiny-NemotronHForCausalLM-nano": ("NemotronHConfig", "NemotronHForCausalLM",
+                                       {"head_dim": 8, "hybrid_override_pattern": "M*", "mamba_num_heads": 4,
+                                        "mamba_head_dim": 8, "ssm_state_size": 8, "n_groups": 1,
+                                        "num_hidden_layers": 2}),
     "tiny-Qwen3MoeForCausalLM": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
                                  {"head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                                   "output_router_logits": True}),
@@ -70,6 +81,17 @@ VLM_MODELS = {
     "tiny-Qwen2VLForConditionalGeneration": "qwen2_vl",
 }
 DATASETS = ("zen", "zen-image", "zen-multi-image")
+REMOTE = "tiny-RemoteForCausalLM"  # a model whose own code (config.json's auto_map) defines its classes
+REMOTE_CODE = """from transformers import Qwen2Config, Qwen2ForCausalLM
+
+
+class RemoteConfig(Qwen2Config):
+    model_type = "remote"
+
+
+class RemoteForCausalLM(Qwen2ForCausalLM):
+    config_class = RemoteConfig
+"""
 
 
 def text_tokenizer():
@@ -94,6 +116,17 @@ def build_text_model(name: str, out: Path, seed: int = 0) -> None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+def build_remote(out: Path, seed: int = 0) -> None:
+    """A Qwen2 LM saved under a model type of its own whose classes live in the folder's Python file."""
+    build_text_model("tiny-Qwen2ForCausalLM-2.5", out, seed)
+    (out / "remote_model.py").write_text(REMOTE_CODE)
+    config = json.loads((out / "config.json").read_text())
+    config.update(model_type="remote", architectures=["RemoteForCausalLM"],
+                  auto_map={"AutoConfig": "remote_model.RemoteConfig",
+                            "AutoModelForCausalLM": "remote_model.RemoteForCausalLM"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def build_vlm(name: str, out: Path, seed: int = 0) -> None:
@@ -153,13 +186,15 @@ def _readme(out: Path, configs: dict[str, list[str]], ext: str) -> None:
 
 def build(root: Path, names=None) -> Path:
     """Every stand-in (or those `names`) under `root/trl-internal-testing/`; returns `root`."""
-    names = names or [*TEXT_MODELS, *VLM_MODELS, *DATASETS]
+    names = names or [*TEXT_MODELS, *VLM_MODELS, REMOTE, *DATASETS]
     for name in names:
         out = Path(root) / ORG / name
         if out.is_dir():
             continue
         if name in TEXT_MODELS:
             build_text_model(name, out)
+        elif name == REMOTE:
+            build_remote(out)
         elif name in VLM_MODELS:
             build_vlm(name, out)
         else:

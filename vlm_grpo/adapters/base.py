@@ -51,7 +51,7 @@ class VLMAdapter(VideoHooks, ImageRoutes, ABC):
     reads_images: ClassVar[bool] = True  # False: a text-only model (no vision groups, no placeholder token)
 
     @classmethod
-    def serves_model_type(cls, model_type: str) -> bool:  # also serves it by a rule beyond `model_types`
+    def serves_model_type(cls, model_type: str, auto_classes=()) -> bool:  # beyond `model_types`, by a rule
         return False
 
     # ================================================================ MUST implement

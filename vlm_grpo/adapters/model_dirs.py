@@ -18,6 +18,15 @@ def read_model_type(path: str) -> str:
     return AutoConfig.from_pretrained(path, trust_remote_code=False).model_type  # never a y/N prompt
 
 
+def auto_classes(path: str) -> tuple[str, ...]:
+    """The transformers Auto classes a local checkpoint's own code provides (config.json's `auto_map` keys)."""
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        return ()
+    auto_map = json.loads(config_file.read_text()).get("auto_map") or {}
+    return tuple(auto_map) if isinstance(auto_map, dict) else ()
+
+
 def checkpoint_path(path: str) -> str:
     """A LoRA run's `final/` holds only the adapter: a model is loaded from its merged copy."""
     p = Path(path)

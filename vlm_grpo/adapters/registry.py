@@ -68,19 +68,20 @@ def adapter_class(name: str) -> type[VLMAdapter]:
                      f"(`vlm-grpo families --all` lists them); families: {', '.join(sorted(FAMILIES))}")
 
 
-def _serving_family(model_type: str) -> type[VLMAdapter] | None:
+def _serving_family(model_type: str, auto_classes=()) -> type[VLMAdapter] | None:
     """A family that claims a whole class of model types by rule (`serves_model_type`), e.g. every causal LM."""
-    return next((cls for cls in families().values() if cls.serves_model_type(model_type)), None)
+    return next((cls for cls in families().values() if cls.serves_model_type(model_type, auto_classes)), None)
 
 
-def class_for_model_type(model_type: str, where: str = "") -> type[VLMAdapter]:
+def class_for_model_type(model_type: str, where: str = "", auto_classes=()) -> type[VLMAdapter]:
+    """`auto_classes`: the Auto classes the checkpoint's own code provides (config.json's auto_map)."""
     families()
     if model_type in MODEL_TYPES:
         return MODEL_TYPES[model_type]
     if model_type in image_text_types():
         return generic_adapter_class(model_type)
-    if _serving_family(model_type) is not None:
-        return _serving_family(model_type)
+    if _serving_family(model_type, auto_classes) is not None:
+        return _serving_family(model_type, auto_classes)
     raise ValueError(
         f"unsupported model_type {model_type!r}{' in ' + where if where else ''}; "
         f"family files serve: {', '.join(sorted(MODEL_TYPES))}; the generic adapter serves any other "

@@ -20,6 +20,13 @@ from vlm_grpo.api.trl_translations import BATCH_FIELDS
 from vlm_grpo.grpo.settings.sources import canonical_key, load_config, merge_settings, read_yaml, to_yaml
 
 
+# fields TRL 1.16's GRPOConfig no longer has, with what to write instead
+REMOVED_IN_TRL = {
+    "warmup_ratio": "give warmup_steps a float below 1, a share of the run's steps, as transformers reads it",
+    "overwrite_output_dir": "a run into an output_dir that holds one moves the earlier run into a dated folder there",
+}
+
+
 class GRPOConfig:
     """The settings of a GRPO run (see the module docstring); `GRPOTrainer(args=...)` completes them with the
     model, the data and the rewards it is given."""
@@ -35,6 +42,10 @@ class GRPOConfig:
         return bare()
 
     def __init__(self, config: str | Path | None = None, **settings: Any):
+        for name, instead in REMOVED_IN_TRL.items():  # TRL 1.16's GRPOConfig has no such keyword: refused as it refuses
+            if name in settings:
+                raise TypeError(f"{type(self).__name__}.__init__() got an unexpected keyword argument {name!r} "
+                                f"(TRL 1.16 removed it; {instead})")
         object.__setattr__(self, "config_file", config)
         object.__setattr__(self, "given", dict(settings))  # the keywords as written (TRL's names included)
         if "audit_rewards" in settings:  # the reward audit before step 1 (off by default from Python, as in TRL)
@@ -64,6 +75,12 @@ class GRPOConfig:
         if name.startswith("_"):
             raise AttributeError(name)
         given = object.__getattribute__(self, "given")
+        if name == "accelerator_config":  # transformers' object, as TRL's args hold it; no batches are dispatched
+            from transformers.trainer_pt_utils import AcceleratorConfig
+
+            value = given.get(name) or {}
+            value = value if isinstance(value, dict) else vars(value)
+            return AcceleratorConfig(**{"dispatch_batches": False, **value})
         if name in given and (name == "audit_rewards" or (name in RULES and RULES[name].to is not None)):
             return given[name]  # a TRL field whose value was translated: read back as written
         try:

@@ -35,22 +35,24 @@ def adapter_for(model: Any, processing_class: Any = None) -> VLMAdapter:
         if processing_class is not None:
             model.processor = processing_class
         return model
-    if hasattr(model, "peft_config"):
-        raise ValueError("model: a PEFT-wrapped model; pass the base model and its LoRA as peft_config=LoraConfig(...)")
-    config = getattr(model, "config", None)
+    # a PEFT-wrapped model (TRL takes one): its LoRA trains as given, the base stays frozen; the family and the
+    # processor are the base model's
+    base = model.get_base_model() if hasattr(model, "peft_config") and hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
     if config is None:
         raise ValueError(f"model: expected a model spec, a path or a transformers model, got {type(model).__name__}")
-    cls = class_for_model_type(config.model_type, where=f"the model given ({type(model).__name__})")
-    if not isinstance(model, cls.model_class):
-        raise ValueError(f"model: a {type(model).__name__}; the {cls.family} family trains {cls.model_class.__name__} "
+    cls = class_for_model_type(config.model_type, where=f"the model given ({type(base).__name__})",
+                               auto_classes=tuple(getattr(config, "auto_map", None) or ()))
+    if not isinstance(base, cls.model_class):
+        raise ValueError(f"model: a {type(base).__name__}; the {cls.family} family trains {cls.model_class.__name__} "
                          "(e.g. AutoModelForImageTextToText.from_pretrained)")
     if processing_class is None:
-        if not model.name_or_path:
+        if not base.name_or_path:
             raise ValueError("model: built in Python with no path to load its processor from: give processing_class")
         from transformers import AutoProcessor, AutoTokenizer
 
         loader = AutoProcessor if cls.reads_images else AutoTokenizer
-        processing_class = loader.from_pretrained(model.name_or_path)
+        processing_class = loader.from_pretrained(base.name_or_path)
     if not cls.reads_images:  # a text-only model reads its tokenizer (or a processor's)
         return cls(model, processing_class, source=model_record(model))
     if not hasattr(processing_class, "tokenizer") or not hasattr(processing_class, "image_processor"):
@@ -99,10 +101,20 @@ def reward_part(item: Any, processing_class: Any = None, *, device: Any = None, 
 
 def reward_parts(reward_funcs: Any, processing_classes: Any = None, **kwargs: Any) -> list[tuple[Reward, str, str]]:
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-    classes = list(processing_classes) if isinstance(processing_classes, (list, tuple)) else [processing_classes] * len(funcs)
-    if len(classes) != len(funcs):
-        raise ValueError(f"reward_processing_classes: {len(classes)} for {len(funcs)} reward_funcs; give one per reward")
+    classes = reward_processing_list(processing_classes, len(funcs))
     return [reward_part(item, cls, **kwargs) for item, cls in zip(funcs, classes)]
+
+
+def reward_processing_list(processing_classes: Any, rewards: int) -> list[Any]:
+    """TRL's rule: None is one None per reward; a single processing class stands for a list of one."""
+    if processing_classes is None:
+        return [None] * rewards
+    classes = list(processing_classes) if isinstance(processing_classes, (list, tuple)) else [processing_classes]
+    if len(classes) != rewards:
+        raise ValueError(f"reward_processing_classes: {len(classes)} given for {rewards} reward_funcs: the number of "
+                         "reward processing classes must match the number of reward functions (one per reward, None "
+                         "where a reward needs none)")
+    return classes
 
 
 # ------------------------------------------------------------------ LoRA

@@ -18,10 +18,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from vlm_grpo.api.callbacks import CallbackBridge
 from vlm_grpo.api.schedule import Schedule
+from vlm_grpo.api.trl_surface import TrainerSurface, settable
 from vlm_grpo.api.trl_arguments import rows_record
 from vlm_grpo.grpo.evaluate import heldout_metrics
 from vlm_grpo.grpo.parts.checkpoints import Checkpoints
@@ -59,7 +60,7 @@ class RunInputs:
     rollout_func: Callable | None = None  # TRL's rollout_func(prompts, trainer) (GRPO)
 
 
-class Stage:
+class Stage(TrainerSurface):
     stage = "train"  # names the progress bar and is recorded in checkpoints
     dropout = False  # whether the model trains in train() mode (GRPO: no, the ratio compares like with like)
     needs_rewards = True  # GRPO learns from them; SFT's only score held-out evaluations
@@ -259,11 +260,11 @@ class Stage:
     def adapter(self):
         return self.policy.adapter
 
-    @property
+    @settable
     def model(self):
         return self.policy.adapter.model
 
-    @property
+    @settable
     def processing_class(self):
         return self.policy.adapter.processor
 
@@ -275,25 +276,9 @@ class Stage:
     def lr_scheduler(self):
         return self.policy.scheduler
 
-    @property
+    @settable
     def accelerator(self):
-        return self.__dict__.get("_accelerator_override") or self.ctx.accelerator
-
-    @accelerator.setter
-    def accelerator(self, value) -> None:
-        """TRL's trainer attribute is plain: scripts and tests replace it (a mock, a stub); what is read through the
-        trainer's surface is then that object, while the run keeps its own."""
-        self.__dict__["_accelerator_override"] = value
-
-    @property
-    def _metrics(self) -> dict[str, dict[str, list]]:
-        """TRL's per-mode lists of the numbers logged since the last log ("train": this run's steps since then)."""
-        pending: dict[str, list] = {}
-        for entry in self.callback_bridge.pending:
-            for key, value in entry.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    pending.setdefault(key, []).append(value)
-        return {"train": pending, "eval": {}}
+        return self.ctx.accelerator
 
     @property
     def is_main(self) -> bool:
@@ -307,7 +292,7 @@ class Stage:
     def train_dataset(self):
         return self.data.dataset
 
-    @property
+    @settable
     def state(self):
         return self.callback_bridge.state
 
@@ -331,20 +316,36 @@ class Stage:
         self.callback_bridge.log(logs)
 
     def evaluate(self, eval_dataset: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Greedy held-out evaluation (the eval section's split and size) of the policy as it is now, on
-        `eval_dataset` when given, else the run's (`eval_dataset` of the constructor, or the recipe's split)."""
+        """Held-out evaluation of the policy as it is now: greedy answers (accuracy, rewards) and, for GRPO, sampled
+        completions (eval loss, sampled rewards), on `eval_dataset` when given, else the run's (`eval_dataset` of the
+        constructor, or the recipe's split). A mapping of datasets (dict, DatasetDict) is evaluated one by one, each
+        under `{metric_key_prefix}_{name}_`, as TRL's trainer does."""
         history = self.ctx.log_history
         step = history[-1]["step"] if history else 0
-        rows = None
+        if isinstance(eval_dataset, Mapping):
+            metrics: dict[str, float] = {}
+            for name, data in eval_dataset.items():
+                metrics.update(self._evaluate_on(data, f"{metric_key_prefix}_{name}", step))
+        else:
+            metrics = self._evaluate_on(eval_dataset, metric_key_prefix, step)
+        self.callback_bridge.evaluated(self, metrics)
+        return metrics
+
+    def _evaluate_on(self, eval_dataset: Any, prefix: str, step: int) -> dict[str, float]:
+        rows = self.evaluation.heldout_data
         if eval_dataset is not None:  # this evaluation only: the run's own held-out data stays as it was
             rows = self.evaluation.heldout_of(str(rows_record(eval_dataset, "eval_dataset")))
         report = self.evaluation.evaluate(step, rows)
         self.evaluation.reports[f"step {step}"] = report  # the model card shows it
-        metrics = {f"{metric_key_prefix}_{k.split('/', 1)[1]}": v for k, v in heldout_metrics(report).items()}
-        metrics.update({f"{metric_key_prefix}_rewards/{k}": v for k, v in report["rewards"].items() if v is not None})
+        metrics = {f"{prefix}_{k.split('/', 1)[1]}": v for k, v in heldout_metrics(report).items()}
+        metrics.update({f"{prefix}_rewards/{k}": v for k, v in report["rewards"].items() if v is not None})
+        metrics.update({f"{prefix}_{k}": v for k, v in self.sampled_metrics(rows, step).items()})
         self.last_evaluation = report
-        self.callback_bridge.evaluated(self, metrics)
         return metrics
+
+    def sampled_metrics(self, rows, step: int) -> dict[str, float]:
+        """Metrics of completions sampled on the held-out rows (GRPO: the eval loss); none by default."""
+        return {}
 
     def write_card(self, folder: Path | None = None, title: str | None = None) -> str:
         """The model card (with any held-out results) in `folder` (default final/), its manifest brought up to

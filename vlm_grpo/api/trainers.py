@@ -23,13 +23,16 @@ import torch
 
 from vlm_grpo.api.config import GRPOConfig, SFTConfig
 from vlm_grpo.api.stage import RunInputs, Stage
+from vlm_grpo.api.parts import reward_processing_list
 from vlm_grpo.api.trl_arguments import settings_of
+from vlm_grpo.api.trl_fields import LIGER
+from vlm_grpo.api.trl_surface import GRPOSurface
 from vlm_grpo.grpo.algorithm.losses import EntropyControl
-from vlm_grpo.grpo.algorithm.losses.objective import Collective, high_entropy_mask, off_policy_mask
 from vlm_grpo.grpo.algorithm.sampling_correction import weigh_by_engine
 from vlm_grpo.grpo.data.order import step_seed
 from vlm_grpo.grpo.distributed import fsdp
 from vlm_grpo.grpo.parts.checkpoints import KeptUnder
+from vlm_grpo.grpo.parts.sampled_evaluation import SampledEvaluation
 from vlm_grpo.grpo.parts.sampler import Sampler
 from vlm_grpo.grpo.parts.scoring import Scoring
 from vlm_grpo.grpo.parts.step_log import StepLog
@@ -62,7 +65,7 @@ class Generation:
         return self.order[k * size:(k + 1) * size]
 
 
-class GRPOTrainer(Stage):
+class GRPOTrainer(GRPOSurface, Stage):
     """TRL's `GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
     reward_processing_classes, callbacks, optimizers, peft_config, tools, environment_factory, rollout_func)`;
     `tools` are typed functions with Google-style docstrings (sync or async), `environment_factory` a class whose
@@ -77,6 +80,21 @@ class GRPOTrainer(Stage):
                  callbacks: Sequence[Any] | None = None, optimizers: tuple = (None, None), peft_config: Any = None,
                  tools: Sequence[Any] | None = None, environment_factory: Any = None, rollout_func: Any = None):
         args = args if args is not None else self.config_class()
+        if getattr(args, "schedule", {}).get("use_liger_kernel"):
+            raise ValueError(f"use_liger_kernel=True: {LIGER}")
+        if train_dataset is None and environment_factory is None and not _names_data(args):
+            raise ValueError("`train_dataset` is required: give the prompts as train_dataset (a datasets.Dataset or "
+                             "a list of dicts), or name them in the settings (data.recipe, data.dataset)")
+        if _streams(train_dataset):  # TRL's rules for an iterable train_dataset
+            if args.accelerator_config.dispatch_batches:
+                raise ValueError("Iterable datasets require `dispatch_batches=False` (accelerator_config): each "
+                                 "process reads its own share of the stream")
+            if args.dataloader_num_workers:  # workers would interleave the stream and split the prompt groups
+                args.dataloader_num_workers = 0
+        funcs = reward_funcs if reward_funcs is None or isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        self.reward_processing_classes = reward_processing_list(reward_processing_classes, len(funcs or []))
+        self.eval_dataset = eval_dataset  # as given (TRL's attribute); the run reads it through the settings
+        self.train_dataset_given, self.rollout_func = train_dataset, rollout_func
         cfg, recipe, given = settings_of(args, model, reward_funcs, train_dataset, eval_dataset, processing_class,
                                          reward_processing_classes, optimizers, peft_config)
         inputs = RunInputs(recipe=recipe, tools=list(tools or ()), environment_factory=environment_factory,
@@ -129,6 +147,7 @@ class GRPOTrainer(Stage):
         self.scoring = Scoring(ctx, data.rewards, self.scorer)
         self.policy_update = PolicyUpdate(ctx, policy, self.scorer, self.entropy_control, self.reference)
         self.step_log = StepLog(ctx, data.rewards, policy, self.vision_counter, self.watch.flags)
+        self.sampled_evaluation = SampledEvaluation(ctx, self.sampler, self.scoring, self.scorer)
         if cfg.rollout.uses_vllm and self.toolset.enabled:
             raise ValueError("rollout.engine vllm samples one turn; this run has tools (the recipe's or yours): use "
                              "rollout.engine transformers, or tools.recipe_tools false")
@@ -137,34 +156,8 @@ class GRPOTrainer(Stage):
     def scheduler_steps(self) -> int:
         return self.cfg.max_steps * self.cfg.num_iterations
 
-    # ---------------------------------------------------------------- TRL's GRPOTrainer attributes
-    @property
-    def ref_model(self):
-        """The frozen reference model (None: beta 0, or LoRA's base serves as the reference), TRL's name."""
-        return self.reference
-
-    @property
-    def aux_loss_enabled(self) -> bool:
-        """Whether the MoE routers' load-balancing loss joins the loss (TRL's attribute)."""
-        return self.router_aux_coef > 0
-
-    def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
-        """TRL's method: the tokens at or above the `threshold` quantile of the entropies of every process's
-        unmasked tokens."""
-        gather = self.accelerator.gather if self.accelerator.num_processes > 1 else (lambda t: t)
-        return high_entropy_mask(entropies, mask, threshold, Collective(gather=gather))
-
-    @staticmethod
-    def get_off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold):
-        """TRL's method: [N, 1], 0 for a negative-advantage sequence whose mean KL(sampling || policy) over its
-        tokens exceeds the threshold."""
-        return off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold)
-
-    @property
-    def _logs(self) -> dict[str, Any]:
-        """TRL's buffers of the last generation: prompt, completion, rewards (per function), advantages, extra
-        (columns rewards logged with log_extra) and images (with log_multimodal)."""
-        return self.step_log.trl_logs
+    def sampled_metrics(self, rows, step: int) -> dict[str, float]:
+        return self.sampled_evaluation.run(rows, step)  # sampled and scored as a training step's rollout is
 
     def progress_postfix(self, metrics: dict[str, Any]) -> dict[str, str]:
         return {"reward": f"{metrics['reward']:.3f}", "kl": f"{metrics.get('kl', 0.0):.2e}"}
@@ -181,7 +174,7 @@ class GRPOTrainer(Stage):
         k = cfg.steps_per_generation
         fresh = step % k == 0 or self._generation is None or self._generation.index != step // k
         if fresh:  # a resumed run in mid-generation samples that generation again, from its own seed
-            self._generation = self._generate(step // k)
+            self._generation = self._rollout_batch(step // k)
         gen = self._generation
         traj, scored, batch = gen.scored.trajectory, gen.scored, gen.batch
         rows = None if k == 1 else gen.part(step % k)
@@ -202,7 +195,7 @@ class GRPOTrainer(Stage):
             self.step_log.completions(step + 1, traj, batch.samples)
         return metrics
 
-    def _generate(self, index: int) -> "Generation":
+    def _rollout_batch(self, index: int) -> "Generation":
         """Rollout batch `index`: sampled, scored, with the reference's and (when a later update or step is
         off-policy, or the engine's ratio needs them) the sampling policy's log-probs."""
         cfg = self.cfg
@@ -223,6 +216,29 @@ class GRPOTrainer(Stage):
         order = torch.randperm(len(traj)).tolist()  # TRL shuffles a generation before splitting it into steps
         return Generation(index, batch, scored, engine_metrics, order, cfg.steps_per_generation,
                           time.perf_counter() - started)
+
+
+def _streams(data: Any) -> bool:
+    """An iterable (streaming) dataset: no length, rows read in order."""
+    from datasets import IterableDataset
+
+    return isinstance(data, IterableDataset)
+
+
+def _names_data(args) -> bool:
+    """Whether the settings name the training prompts (a recipe or a dataset) without a train_dataset argument."""
+    data = args.train_config.data
+    given = getattr(args, "settings", {})
+    return data.dataset is not None or any("recipe" in str(k) for k in _flat_keys(given))
+
+
+def _flat_keys(mapping: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key, value in mapping.items():
+        out.append(prefix + str(key))
+        if isinstance(value, dict):
+            out.extend(_flat_keys(value, f"{prefix}{key}."))
+    return out
 
 
 class SFTTrainer(Stage):

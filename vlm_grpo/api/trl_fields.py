@@ -50,6 +50,10 @@ def _refuse(note: str, setting: str = "") -> Rule:
     return Rule(REFUSED, setting, note)
 
 
+LIGER = ("liger-kernel's fused GRPO loss is not wired in (it needs a GPU and the package, and reads lm_head.weight "
+         "directly); the LM head (lm_head) is already scored chunk by chunk here (perf.logprob_chunk_mb): leave "
+         "use_liger_kernel False. Refused when the trainer is built, as TRL checks its Liger options there")
+
 # ------------------------------------------------------------------ the table: every field of TRL 1.16's GRPOConfig
 LOG_ONLY = "changes what is printed or logged, not the run"
 NOT_IN_GRPO = "TRL's GRPOTrainer does not use it either (it computes its own loss and batches)"
@@ -108,8 +112,7 @@ RULES: dict[str, Rule] = {
     "torch_compile": _none("the policy runs eagerly here; compiling changes speed, not what is computed"),
     "torch_compile_backend": _none("see torch_compile"),
     "torch_compile_mode": _none("see torch_compile"),
-    "use_liger_kernel": _refuse("liger-kernel's fused GRPO loss is not wired in (it needs a GPU and the package); "
-                                "the LM head is already scored chunk by chunk (perf.logprob_chunk_mb)"),
+    "use_liger_kernel": Rule(REFUSED, "", LIGER, tr.schedule("use_liger_kernel")),
     "liger_kernel_config": _none("see use_liger_kernel"),
     "use_cache": _none("generation decides its KV cache by model.cache_policy; training forwards keep none"),
     "neftune_noise_alpha": _refuse("NEFTune embedding noise is not applied here"),
@@ -152,8 +155,9 @@ RULES: dict[str, Rule] = {
     "eval_accumulation_steps": _none(NOT_IN_GRPO),
     "include_for_metrics": _none(NOT_IN_GRPO),
     "batch_eval_metrics": _none(NOT_IN_GRPO),
-    "num_generations_eval": _refuse("held-out evaluation here is greedy, one answer per prompt (accuracy and "
-                                    "rewards of that answer)"),
+    "num_generations_eval": _honour("eval.sampled_generations", "completions sampled per held-out prompt for the eval "
+                                    "loss and sampled rewards (None: num_generations); the greedy answers are "
+                                    "reported beside them", tr.same("eval.sampled_generations")),
     # ------------------------------------------------ saving and the hub
     "save_only_model": _none("checkpoints always hold the optimizer and RNG state too (resume needs them); "
                              "the model files are the same"),
@@ -182,7 +186,10 @@ RULES: dict[str, Rule] = {
     "seed": _honour("seed"),
     "data_seed": _honour("data.data_seed", "seed of the training data order (None: seed)"),
     "use_cpu": _honour("model.device", "", lambda v, _: {"model.device": "cpu"} if v else {}),
-    "accelerator_config": _refuse("configure accelerate with `accelerate launch` / `accelerate config`"),
+    "accelerator_config": _honour("(read back)", "no dataloader is dispatched here (each process reads its own "
+                                  "rows): dispatch_batches is False; True is refused with an iterable train_dataset, "
+                                  "as TRL refuses it; configure processes with `accelerate launch`",
+                                  tr.schedule("accelerator_config")),
     "parallelism_config": _refuse("tensor/context parallelism is not supported; FSDP: fsdp"),
     "dataloader_drop_last": _none("no dataloader here: steps draw whole prompt batches (TRL's sampler drops a "
                                   "partial one too)"),
@@ -282,7 +289,8 @@ RULES: dict[str, Rule] = {
     "use_bias_correction_kl": _honour("loss.use_bias_correction_kl"),
     # ------------------------------------------------ completions logging (issue 40 owns their output)
     "log_completions": _honour("logging.log_completions", "completions.jsonl (every completion with its rewards)"),
-    "log_multimodal": _none(LOG_ONLY),
+    "log_multimodal": _honour("logging.log_multimodal", "with log_completions: each prompt's images saved beside "
+                              "completions.jsonl, and in trainer._logs['images']"),
     "num_completions_to_print": _none(LOG_ONLY + "; completions.jsonl holds every completion"),
     "log_unique_prompts": _none(LOG_ONLY),
     "log_completions_hub_repo": _none(HUB_OFFLINE),
@@ -332,6 +340,8 @@ def trl_run_defaults() -> dict[str, Any]:
     out["output_dir"] = defaults.get("output_dir") or TRL_OUTPUT_DIR
     out["data.order"] = "trl"  # TRL's RepeatSampler passes (not a GRPOConfig field: how TRL's trainer draws rows)
     out["guard.audit_at_start"] = False  # TRL never calls a reward before training (audit_rewards=True asks for it)
+    out["logging.keep_earlier_run"] = True  # a script run twice into one output_dir: the first run is kept aside
+    out["logging.final_at_end"] = False  # TRL saves the model when the script calls save_model()
     if defaults.get("bf16", False) is None and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
         out["bf16"] = True
     return out
@@ -362,9 +372,9 @@ def translate(given: dict[str, Any]) -> dict[str, Any]:
             out[name] = value
             continue
         if rule.status == REFUSED:
-            if rule.to is not None:
+            if rule.to is not None:  # refused by its own check (or later, by the trainer that reads what it keeps)
                 try:
-                    rule.to(value, given)
+                    out.update(rule.to(value, given))
                 except SettingError as err:
                     refused.append((name, err.problem))
             elif not is_default(name, value, defaults) and value not in (None, False):

@@ -69,8 +69,10 @@ class CausalLMAdapter(VLMAdapter):
     text_rows = "mixed"
 
     @classmethod
-    def serves_model_type(cls, model_type: str) -> bool:
-        return model_type in causal_lm_types()
+    def serves_model_type(cls, model_type: str, auto_classes=()) -> bool:
+        """Any causal-LM type of transformers, and a checkpoint whose own code provides an AutoModelForCausalLM
+        (loaded only with trust_remote_code)."""
+        return model_type in causal_lm_types() or "AutoModelForCausalLM" in auto_classes
 
     @classmethod
     def _model_class(cls):

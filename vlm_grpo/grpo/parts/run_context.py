@@ -62,7 +62,8 @@ class RunContext:
         self.lock = None  # the run directory's lock, held by the main process until the run ends
         if self.is_main:
             self.lock = prepare_run_dir(self.run_dir, resume=cfg.resume or cfg.resume_from is not None,
-                                        overwrite=cfg.logging.overwrite_output_dir)
+                                        overwrite=cfg.logging.overwrite_output_dir,
+                                        keep_earlier=cfg.logging.keep_earlier_run)
         self.log: RunLog | None = None
 
     def open_log(self) -> RunLog:

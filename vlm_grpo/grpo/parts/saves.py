@@ -45,15 +45,18 @@ class Saves:
               "once the cause is fixed", file=sys.stderr)
 
     def at_end(self, last: int | None, stop) -> None:
-        """The last step run (None: none ran) saved as a checkpoint (logging.checkpoint_at_end), and final/."""
+        """The last step run (None: none ran) saved as a checkpoint (logging.checkpoint_at_end), and final/
+        (logging.final_at_end, or to push it)."""
         cfg = self.cfg
         with stop.saving_checkpoint():
             if cfg.logging.checkpoint_at_end and (last is not None or not ckpt.latest_checkpoint(self.ctx.run_dir)):
                 self.checkpoints.save(cfg.max_steps if last is None else last)
-            self.checkpoints.save_final()
+            final = cfg.logging.final_at_end or cfg.logging.push_to_hub
+            if final:
+                self.checkpoints.save_final()
         signum = self.ctx.agreed_stop(stop.signum)
         if signum:
-            self.stopped(signum, cfg.max_steps if last is None else last, "final/ is saved too; ")
+            self.stopped(signum, cfg.max_steps if last is None else last, "final/ is saved too; " if final else "")
 
     def stopped(self, signum: int, step: int, also: str = "") -> None:
         name = StopSignal(signum, "").name

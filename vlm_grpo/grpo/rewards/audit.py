@@ -229,7 +229,8 @@ def audit_rewards(rewards: list[Reward], samples: Sequence[Sample], hints: Audit
             conversational=[isinstance(s.data_prompt, list) for s in chosen], state=trainer_state(0, max_steps),
         )
         raised: dict[str, int] = {}
-        total, components = score(rewards, inputs, on_error="zero", errors=raised, timeout=timeout)
+        total, components = score(rewards, inputs, on_error="zero", errors=raised, timeout=timeout,
+                                  warn_unscored=False)
         for name, count in raised.items():
             report.errors[name] = report.errors.get(name, 0) + count
             report.raised.setdefault(name, []).append(adversary)

@@ -62,7 +62,7 @@ class RewardModel:
             if not getattr(model, "name_or_path", ""):
                 raise ValueError(f"reward model {self.source}: give its tokenizer (reward_processing_classes)")
             tokenizer = AutoTokenizer.from_pretrained(model.name_or_path, trust_remote_code=trust_remote_code)
-        if tokenizer.pad_token is None:  # as TRL: padding needs an id, and the model must find each row's last token
+        if tokenizer.pad_token_id is None:  # as TRL: padding needs an id, and the model must find each row's last token
             tokenizer.pad_token = tokenizer.eos_token
         model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
         self.model = model.eval().requires_grad_(False)

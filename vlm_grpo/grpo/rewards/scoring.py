@@ -15,6 +15,7 @@ on_error says); one that times out counts as failed.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 from typing import Any, Sequence
@@ -26,6 +27,8 @@ from vlm_grpo.grpo.rewards.values import BadScore, checked_score, score_list
 from vlm_grpo.grpo.user_calls import UserCodeError, call, settle_all
 from vlm_grpo.grpo.user_code import load_object
 from vlm_grpo.recipes.base import Reward
+
+log = logging.getLogger(__name__)
 
 
 def load_reward_function(spec: str):
@@ -47,7 +50,7 @@ def run_rewards(recipe, specs: list[str], weights: list[float] | None = None, mo
     ]
     rewards += [model_reward(spec, explicit_weights=bool(weights), **(model_options or {})) for spec in models]
     if not rewards and required:
-        raise ValueError(f"recipe {recipe.name!r} has no rewards of its own: name at least one with "
+        raise ValueError(f"No reward source provided: recipe {recipe.name!r} has no rewards of its own: name at least one with "
                          "--reward module:function, --reward file.py:function or --reward-model MODEL")
     return weighed(rewards, weights)
 
@@ -246,6 +249,7 @@ def score(
     on_error: str = "raise",
     errors: dict[str, int] | None = None,
     timeout: float | None = None,
+    warn_unscored: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Total weighted reward [N] and each component's raw scores [N] (NaN where a reward returned None).
 
@@ -275,7 +279,15 @@ def score(
         return torch.zeros(len(inputs)), components
     stacked = torch.stack(weighted)
     total = torch.nansum(stacked, dim=0)
-    total[torch.isnan(stacked).all(dim=0)] = math.nan  # no reward applies: unscorable, not 0
+    unscored = torch.isnan(stacked).all(dim=0)
+    total[unscored] = math.nan  # no reward applies: unscorable, not 0
+    if warn_unscored and bool(unscored.any()):
+        i = int(unscored.nonzero()[0])
+        row = {"prompt": (inputs.prompts or [None] * len(inputs))[i], "completion": inputs.completions[i],
+               **{k: v[i] for k, v in inputs.fields.items() if k != "images"}}
+        log.warning("All reward functions returned None for the following kwargs: %s (%d of %d completions); such a "
+                    "completion gets no advantage. Make at least one reward return a number for it.",
+                    repr(row)[:500], int(unscored.sum()), len(inputs))
     return total, components
 
 

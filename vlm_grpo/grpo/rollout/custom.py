@@ -29,15 +29,20 @@ def _padded(rows: list[list[int]], pad: int, device) -> torch.Tensor:
     return out
 
 
-def custom_rollout(rollout_func: Callable, trainer: Any, adapter, samples, prompts: PromptBatch,
-                   num_generations: int) -> Rollout:
-    entries = [s.data_prompt if s.data_prompt is not None else s.prompt for s in samples for _ in range(num_generations)]
-    output = rollout_func(entries, trainer)
+def checked_output(output: Any) -> dict:
+    """A rollout_func's result, refused in one line unless it is a dict with the keys TRL requires."""
     if not isinstance(output, dict):
         raise ValueError(f"rollout_func must return a dict with {', '.join(REQUIRED)}; got {type(output).__name__}")
     missing = [k for k in REQUIRED if k not in output]
     if missing:
         raise ValueError(f"rollout_func must return keys {missing} in its output dict")
+    return output
+
+
+def custom_rollout(rollout_func: Callable, trainer: Any, adapter, samples, prompts: PromptBatch,
+                   num_generations: int) -> Rollout:
+    entries = [s.data_prompt if s.data_prompt is not None else s.prompt for s in samples for _ in range(num_generations)]
+    output = checked_output(rollout_func(entries, trainer))
     completion_ids = [list(map(int, ids)) for ids in output["completion_ids"]]
     if len(completion_ids) != len(entries):
         raise ValueError(f"rollout_func returned {len(completion_ids)} completions for {len(entries)} prompt entries "

@@ -88,6 +88,10 @@ def rollout(
     (the shared-prefix path then runs no encoder)."""
     prompts = encode(adapter, samples, device) if prompts is None else prompts
     sampling = sampling_settings(gen, use_cache, gen.max_new_tokens, gen.min_new_tokens)
+    if (getattr(adapter.model.generation_config, "num_beams", 1) or 1) > 1:
+        # beam-search sampling (generation_kwargs num_beams) keeps num_beams rows per completion: each completion
+        # runs its own generate(), with generate()'s own draw, as TRL's does
+        shared_prefix, sampling["sampler"] = False, "multinomial"
     if shared_prefix:
         result = generate_shared(adapter, prompts, num_generations, features=features, **sampling)
         out, features, prefill = result.output, result.features, result.prefill_tokens

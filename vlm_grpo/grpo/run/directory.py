@@ -113,9 +113,12 @@ def _names(paths: list[Path], most: int = 4) -> str:
     return ", ".join(p.name for p in paths[:most]) + (" ..." if len(paths) > most else "")
 
 
-def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> RunLock:
+def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, keep_earlier: bool = False) -> RunLock:
     """Create `run_dir`, check it holds no links where run files go, lock it, check it can be written; refuse to mix
-    a new run into an old one or into a user's folder. Returns the held lock (released by the caller at the end)."""
+    a new run into an old one or into a user's folder (`keep_earlier`: the earlier run's files are moved into a dated
+    folder inside it instead, and a folder of the user's own files is written into, none of them touched). Returns
+    the held lock (released by the caller at the end)."""
+    overwrite = overwrite or keep_earlier  # what is not the run's own is never touched either way
     run_dir.mkdir(parents=True, exist_ok=True)
     refuse_links(run_dir)  # before the lock file is opened: a symlinked .run.lock would be written through
     listed = CreatedFiles(run_dir)
@@ -147,11 +150,15 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> RunLock:
             elif not overwrite and not scratch:
                 raise SettingError("logging.output_dir", f"{run_dir} already holds a run ({_names(old)}): --resume "
                                    "continues it, --overwrite-output-dir replaces it, or choose another --output-dir")
+            elif keep_earlier:
+                kept = _move_aside(run_dir, old)
+                notes.append(f"moved the earlier run in {run_dir} to {kept} ({_names(old)}): nothing was removed")
+                old = []
             else:
                 notes.append(f"replaced the earlier run in {run_dir}")
             for path in old:
                 safe_files.remove(path)
-            created -= {p.name for p in old}
+            created = {n for n in created if (run_dir / n).exists()}
         listed.save(created)
         for note in filter(None, notes):
             print(note)
@@ -160,6 +167,22 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> RunLock:
         lock.release()
         raise
     return lock
+
+
+def _move_aside(run_dir: Path, paths: list[Path]) -> Path:
+    """The earlier run's files, moved (renamed, never copied) into `earlier-<UTC time of its last write>/`."""
+    import datetime
+
+    last = max(p.stat().st_mtime for p in paths)
+    stamp = datetime.datetime.fromtimestamp(last, datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    target, n = run_dir / f"earlier-{stamp}", 1
+    while os.path.lexists(target):
+        n += 1
+        target = run_dir / f"earlier-{stamp}-{n}"
+    target.mkdir()
+    for path in paths:
+        path.rename(target / path.name)
+    return target
 
 
 def _refuse_foreign(run_dir: Path, created: set[str]) -> None:

@@ -242,6 +242,12 @@ class LoggingConfig:
     hub_private: bool = setting(False, help="create the hub repo private")
     overwrite_output_dir: bool = setting(False, help="replace the run already in output_dir (its logs, checkpoints, "
                                          "final model); other files stay")
+    final_at_end: bool = setting(True, help="save the trained model (or LoRA adapter) with its card in "
+                                 "output_dir/final at the end (False: only when save_model() is called, as in TRL; a "
+                                 "GRPOConfig built in Python does this)")
+    keep_earlier_run: bool = setting(False, help="a run already in output_dir is moved into output_dir/earlier-<UTC "
+                                     "time>/ (nothing removed) and the new run starts there, as a TRL script run twice "
+                                     "expects (a GRPOConfig built in Python does this)")
     shared_dir_timeout: float = setting(30.0, help="several processes: seconds each one waits to see a file the main "
                                         "process wrote in output_dir before the run is refused as not shared by every "
                                         "machine (network filesystems can show new files late)", at_least=0)
@@ -276,6 +282,9 @@ class EvalConfig:
     before_after: bool = setting(False, help="train: evaluate before the first and after the last GRPO step")
     image_reliance: bool = setting(False, help="answer every sample again with its image blanked; report that accuracy "
                                    "and the drop (what the answers owe to the image)")
+    sampled_generations: int = setting(0, help="GRPO runs' evaluate(): completions sampled per held-out prompt, as in "
+                                   "training, for the eval loss and sampled rewards beside the greedy answers (0: "
+                                   "data.num_generations; TRL's num_generations_eval)", at_least=0)
 
     def __post_init__(self) -> None:
         check_fields(self)

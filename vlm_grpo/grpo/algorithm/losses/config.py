@@ -8,7 +8,7 @@ YAML, the command line and `--help` with nothing else edited.
 from __future__ import annotations
 
 import dataclasses
-import warnings
+import logging
 
 from vlm_grpo.grpo.algorithm.losses.base import LOSSES
 from vlm_grpo.grpo.setting_fields import SettingError, check_fields, setting
@@ -92,12 +92,10 @@ def _post_init(self) -> None:
     LOSSES[self.loss_type].check(self)  # an unknown name, or a path that does not import, is refused here
     if self.importance_sampling_level == "sequence" and self.loss_type in SEQUENCE_LEVEL_SUMS:
         # TRL 1.16 allows this combination and only warns; so do we.
-        warnings.warn(
+        logging.getLogger(__name__).warning(
             f"With importance_sampling_level='sequence', the {self.loss_type!r} loss sums per-token "
             "contributions, which weights each sequence by its completion length instead of optimizing the "
-            "per-sequence objective. The GSPO paper's setup is loss_type='grpo'.",
-            stacklevel=3,
-        )
+            "per-sequence objective. The GSPO paper's setup is loss_type='grpo'.")
 
 
 LossConfig = dataclasses.make_dataclass(
