@@ -17,11 +17,12 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 from vlm_grpo.adapters.generic.status import generic_types  # noqa: E402
-from vlm_grpo.adapters.registry import adapter_class, families, is_generic_type  # noqa: E402
+from vlm_grpo.adapters.registry import adapter_class, families, image_families, is_generic_type  # noqa: E402
 
 
 def _families() -> list[str]:
-    return sorted(families())
+    """The families the image contract runs on (the text-only family has its own tests, tests/api)."""
+    return sorted(image_families())
 
 
 def contract_types() -> list[str]:

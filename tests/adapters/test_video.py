@@ -12,7 +12,7 @@ from PIL import Image
 from tests.adapters.samples import picture
 from tests.conftest import tiny_adapter
 from vlm_grpo.adapters.base import VideoNotSupported
-from vlm_grpo.adapters.registry import families
+from vlm_grpo.adapters.registry import families, image_families
 from vlm_grpo.adapters.sharing import embed_with_features, generate_shared, image_features, text_side
 from vlm_grpo.adapters.teacher_forcing import completion_logits
 from vlm_grpo.compat.cache_probe import probe_cache
@@ -22,7 +22,7 @@ from vlm_grpo.grpo.training.vision_counter import VisionCounter
 from vlm_grpo.videos import Video
 
 VIDEO_FAMILIES = sorted(name for name, cls in families().items() if cls.takes_video)
-NO_VIDEO_FAMILIES = sorted(name for name, cls in families().items() if not cls.takes_video)
+NO_VIDEO_FAMILIES = sorted(name for name, cls in image_families().items() if not cls.takes_video)
 FRAMES = 4
 
 

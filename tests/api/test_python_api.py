@@ -71,13 +71,17 @@ def test_an_eval_dataset_run_evaluates_on_it(tmp_path):
     after = json.loads((tmp_path / "run" / "eval-after.json").read_text())
     assert [s["prompt"] for s in after["samples"]] == [f"Held-out square {i}: which colour?" for i in range(3)]
     metrics = trainer.evaluate()
-    assert set(metrics) == {"eval_completion_length", "eval_reward", "eval_rewards/says_colour"}
+    # greedy answers (this project's) beside TRL's sampled evaluation (eval_loss, eval_reward, per-reward mean/std)
+    assert set(metrics) == {"eval_completion_length", "eval_greedy_reward", "eval_rewards/says_colour", "eval_loss",
+                            "eval_reward", "eval_reward_std", "eval_rewards/says_colour/mean",
+                            "eval_rewards/says_colour/std"}
     assert trainer.last_evaluation["size"] == 3
     other = trainer.evaluate(eval_dataset=rows("Another {i}?")[:2])
     assert [s["prompt"] for s in trainer.last_evaluation["samples"]] == ["Another 0?", "Another 1?"] and other
     assert trainer.cfg.data.eval_dataset.endswith("rows=3)")  # that evaluation's data was for it alone
     settings = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert settings["data"]["eval_dataset"].startswith("memory:Dataset(") and "rows=3" in settings["data"]["eval_dataset"]
+    trainer.save_model()
     metric_names = [m.metric_name for m in card_of(tmp_path / "run" / "final").data.eval_results]
     assert metric_names == ["reward", "rewards/says_colour"]  # the held-out results as model-index metrics
 
@@ -89,6 +93,7 @@ def test_a_peft_config_run_saves_a_lora_adapter_and_pushes_it(tmp_path, monkeypa
     trainer = GRPOTrainer(model="tiny:smolvlm", reward_funcs=[says_colour], train_dataset=rows(), peft_config=lora,
                           args=GRPOConfig(output_dir=str(tmp_path / "run"), **FAST))
     output = trainer.train()
+    trainer.save_model()  # final/, as a TRL script saves it
     assert output.global_step == 2 and "train_runtime" in output.metrics
     final = tmp_path / "run" / "final"
     adapter = json.loads((final / "adapter_config.json").read_text())
@@ -127,6 +132,7 @@ def test_a_model_object_trains_and_its_card_names_its_base(tmp_path):
                           args=GRPOConfig(output_dir=str(tmp_path / "run"), **FAST))
     assert trainer.model is model
     trainer.train()
+    trainer.save_model()
     card = card_of(tmp_path / "run" / "final")
     assert card.data.base_model == "someone/tiny-vlm" and card.data.license == "apache-2.0"
     assert f"from `{base}` (smolvlm family)" in card.text
@@ -159,6 +165,7 @@ def test_callbacks_see_each_step_and_can_stop_the_run(tmp_path):
     trainer = GRPOTrainer(model="tiny:smolvlm", reward_funcs=[says_colour], train_dataset=rows(), callbacks=[Stopper],
                           args=GRPOConfig(output_dir=str(tmp_path / "run"), **{**FAST, "max_steps": 5}))
     trainer.train()
+    trainer.save_model()
     # the Trainer's last log (runtime, mean loss) comes before on_train_end, as in transformers
     assert seen == [("begin", 5, 4), ("log", 1, True), ("log", 2, True), ("log", 2, False), ("end", 2, 3)]
     assert (tmp_path / "run" / "final").is_dir()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.adapters.samples import picture, user_turn
-from vlm_grpo.adapters.registry import families, family_class
+from vlm_grpo.adapters.registry import family_class, image_families
 from vlm_grpo.grpo.logprobs.completions import completion_logprobs
 from vlm_grpo.grpo.training.lora import (
     DEFAULT_TARGETS,
@@ -23,7 +23,7 @@ from vlm_grpo.grpo.settings.sections import LoraSettings, OptimConfig
 from vlm_grpo.adapters.freeze import is_lora_param
 from vlm_grpo.grpo.training.optimizer import build_optimizer, param_groups
 
-ALL_FAMILIES = sorted(families())
+ALL_FAMILIES = sorted(image_families())
 
 
 def fresh(family: str):

@@ -117,7 +117,7 @@ def test_prompts_follow_the_global_rank(step):
         acc = SimpleNamespace(process_index=rank, local_process_index=local, num_processes=4)
         data = TrainingData.__new__(TrainingData)  # the batch order alone: no recipe, no model
         data.ctx, data.dataset = SimpleNamespace(accelerator=acc), _Rows(range(100))
-        data.cfg = SimpleNamespace(data=SimpleNamespace(batch_size=3, data_seed=None, shuffle=True), seed=5)
+        data.cfg = SimpleNamespace(data=SimpleNamespace(batch_size=3, data_seed=None, shuffle=True, order="reseeded"), seed=5)
         batch = data.batch(step)
         assert batch.samples == batch.rows
         return batch.rows

@@ -15,7 +15,7 @@ from tests.adapters.samples import picture, user_turn
 from vlm_grpo.adapters.module_groups import GROUP_NAMES, MODULE_GROUPS, SUB_GROUPS
 from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.families.qwen2_5_vl import TINY_PIXELS, TINY_TEXT, TINY_VISION, Qwen2_5_VLAdapter
-from vlm_grpo.adapters.registry import families, family_class
+from vlm_grpo.adapters.registry import family_class, image_families
 from vlm_grpo.grpo.settings.sections import OptimConfig
 from vlm_grpo.adapters.freeze import FREEZE_PRESETS, apply_freeze
 from vlm_grpo.grpo.training.optimizer import (
@@ -26,7 +26,7 @@ from vlm_grpo.grpo.training.optimizer import (
     trainable_table,
 )
 
-ALL_FAMILIES = sorted(families())
+ALL_FAMILIES = sorted(image_families())
 LRS = dict(learning_rate=1e-3, vision_lr=1e-2, projector_lr=2e-2, language_lr=3e-2, head_lr=4e-2)
 
 

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from tests.grpo.tool_scripts import call_text, script_first_turns
-from vlm_grpo.adapters.registry import families
+from vlm_grpo.adapters.registry import image_families
 from vlm_grpo.adapters.sharing import image_features
 from vlm_grpo.grpo.run.logs import read_jsonl
 from vlm_grpo.grpo.settings.sources import load_config
@@ -29,7 +29,7 @@ OPTIONS = {"zoom": "{canvas: 256, digits: 2, digit_height: 12, view_size: 56, zo
            "count_price": "{image_size: 56}"}
 FAST = {("qwen2_5_vl", "zoom"), ("idefics3", "zoom"), ("gemma3", "count_price")}
 CASES = [pytest.param(f, r, marks=() if (f, r) in FAST else pytest.mark.tools_matrix)
-         for f in sorted(families()) for r in ("zoom", "count_price")]
+         for f in sorted(image_families()) for r in ("zoom", "count_price")]
 
 
 def _units(adapter, size: int) -> int:

@@ -65,9 +65,9 @@ def every_family(fast=FAST_FAMILIES):
     """Every registered family; those outside `fast` only under `pytest -m tools_matrix`."""
     import pytest
 
-    from vlm_grpo.adapters.registry import families
+    from vlm_grpo.adapters.registry import image_families
 
-    return [pytest.param(f, marks=() if f in fast else pytest.mark.tools_matrix) for f in sorted(families())]
+    return [pytest.param(f, marks=() if f in fast else pytest.mark.tools_matrix) for f in sorted(image_families())]
 
 
 class CropEnvironment:

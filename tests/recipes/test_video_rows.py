@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import tiny_adapter
 from tests.recipes.helpers import save_image, write_clip, write_jsonl
-from vlm_grpo.adapters.registry import families
+from vlm_grpo.adapters.registry import families, image_families
 from vlm_grpo.recipes.checked import CheckedSource
 from vlm_grpo.recipes.trl_format import build
 from vlm_grpo.videos import Video, read_video_file
@@ -75,7 +75,7 @@ def test_a_bad_video_names_source_row_and_field(tmp_path, row, field, problem):
 
 def test_a_video_row_for_a_family_without_video_is_a_named_bad_row(tmp_path):
     path = write_jsonl(tmp_path / "v.jsonl", rows(tmp_path)[:1] + [{"prompt": "Colour?", "image": "f0.png"}])
-    no_video = next(name for name, cls in families().items() if not cls.takes_video)
+    no_video = next(name for name, cls in image_families().items() if not cls.takes_video)
     data = CheckedSource(build(path=str(path)), "error").for_adapter(tiny_adapter(no_video))
     with pytest.raises(ValueError, match=rf"row 0: field 'videos': {no_video} cannot take video"):
         data[0]

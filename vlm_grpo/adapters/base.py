@@ -49,6 +49,9 @@ class VLMAdapter(VideoHooks, ImageRoutes, ABC):
     tiny_architecture: ClassVar[Architecture]  # the tiny twin's sizes
     presets: ClassVar[dict[str, Architecture]] = {}  # name -> a real-size (or benchmark) architecture
     reads_images: ClassVar[bool] = True  # False: a text-only model (no vision groups, no placeholder token)
+    # the families table's words where `model_types` is empty or `model_class` is a base class
+    model_types_note: ClassVar[str] = ""
+    model_class_note: ClassVar[str] = ""
 
     @classmethod
     def serves_model_type(cls, model_type: str, auto_classes=()) -> bool:  # beyond `model_types`, by a rule

@@ -17,8 +17,8 @@ def families_table() -> str:
         rows.append(
             [
                 f"`{family}`",
-                ", ".join(cls.model_types) or "(via `hybrid:DIR`)",
-                cls.model_class.__name__,
+                ", ".join(cls.model_types) or cls.model_types_note,
+                cls.model_class_note or cls.model_class.__name__,
                 *(_patterns(cls, g) for g in MODULE_GROUPS),
                 ", ".join(f"`{p}`" for p in sorted(cls.presets)) or "-",
             ]

@@ -33,6 +33,11 @@ def families() -> dict[str, type[VLMAdapter]]:
     return FAMILIES
 
 
+def image_families() -> dict[str, type[VLMAdapter]]:
+    """The families whose models read images (every one but the text-only causal LMs)."""
+    return {name: cls for name, cls in families().items() if cls.reads_images}
+
+
 def _register(adapter_cls: type[VLMAdapter]) -> None:
     if adapter_cls.family in FAMILIES:
         raise ValueError(f"two adapters declare family {adapter_cls.family!r}")

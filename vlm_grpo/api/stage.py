@@ -20,9 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+import torch
+
 from vlm_grpo.api.callbacks import CallbackBridge
 from vlm_grpo.api.schedule import Schedule
-from vlm_grpo.api.trl_surface import TrainerSurface, settable
+from vlm_grpo.api.trl_surface import LoaderRows, as_list, settable
 from vlm_grpo.api.trl_arguments import rows_record
 from vlm_grpo.grpo.evaluate import heldout_metrics
 from vlm_grpo.grpo.parts.checkpoints import Checkpoints
@@ -60,7 +62,7 @@ class RunInputs:
     rollout_func: Callable | None = None  # TRL's rollout_func(prompts, trainer) (GRPO)
 
 
-class Stage(TrainerSurface):
+class Stage:
     stage = "train"  # names the progress bar and is recorded in checkpoints
     dropout = False  # whether the model trains in train() mode (GRPO: no, the ratio compares like with like)
     needs_rewards = True  # GRPO learns from them; SFT's only score held-out evaluations
@@ -300,6 +302,39 @@ class Stage(TrainerSurface):
     def callback_handler(self):
         return self.callback_bridge.handler
 
+    @settable
+    def _metrics(self) -> dict[str, dict[str, list]]:
+        """TRL's per-mode lists of the numbers logged since the last log ("train": this run's steps since then)."""
+        pending: dict[str, list] = {}
+        for entry in self.callback_bridge.pending:
+            for key, value in entry.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    pending.setdefault(key, []).append(value)
+        return {"train": pending, "eval": {}}
+
+    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
+        """The training rows in the run's order, one batch per generation (each prompt num_generations times in a
+        row, as TRL's sampler yields them), with args.dataloader_num_workers workers (0 for a stream)."""
+        cfg = self.cfg
+        g = getattr(cfg.data, "num_generations", 1) if self.stage == "grpo" else 1
+        order = [i for step in range(cfg.max_steps // getattr(cfg, "steps_per_generation", 1) or 1)
+                 for i in self.data.batch(step).rows for _ in range(g)]
+        return torch.utils.data.DataLoader(LoaderRows(self.data.dataset, order), batch_size=cfg.data.batch_size * g,
+                                           num_workers=self._workers(getattr(self, "train_dataset_given", None)), collate_fn=as_list)
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> torch.utils.data.DataLoader:
+        """The held-out rows (`eval_dataset`, else the run's), eval.eval_batch_size prompts a batch; a stream is read
+        by one worker (the override is this loader's alone: args keep their value)."""
+        given = eval_dataset if eval_dataset is not None else getattr(self, "eval_dataset", None)
+        rows = self.evaluation.heldout_data
+        return torch.utils.data.DataLoader(LoaderRows(rows, list(range(len(rows)))), batch_size=self.cfg.eval.eval_batch_size,
+                                           num_workers=self._workers(given), collate_fn=as_list)
+
+    def _workers(self, data: Any) -> int:
+        from datasets import IterableDataset
+
+        return 0 if isinstance(data, IterableDataset) else int(getattr(self.args, "dataloader_num_workers", 0) or 0)
+
     def add_callback(self, callback: Any) -> None:
         """A `TrainerCallback` (class or instance) added to the run's callbacks, as TRL's trainer takes it."""
         self.callback_bridge.add(callback)
@@ -339,7 +374,10 @@ class Stage(TrainerSurface):
         self.evaluation.reports[f"step {step}"] = report  # the model card shows it
         metrics = {f"{prefix}_{k.split('/', 1)[1]}": v for k, v in heldout_metrics(report).items()}
         metrics.update({f"{prefix}_rewards/{k}": v for k, v in report["rewards"].items() if v is not None})
-        metrics.update({f"{prefix}_{k}": v for k, v in self.sampled_metrics(rows, step).items()})
+        sampled = self.sampled_metrics(rows, step)
+        if sampled and f"{prefix}_reward" in metrics:  # TRL's eval_reward is the sampled one; the greedy one is named
+            metrics[f"{prefix}_greedy_reward"] = metrics.pop(f"{prefix}_reward")
+        metrics.update({f"{prefix}_{k}": v for k, v in sampled.items()})
         self.last_evaluation = report
         return metrics
 

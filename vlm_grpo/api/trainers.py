@@ -26,7 +26,7 @@ from vlm_grpo.api.stage import RunInputs, Stage
 from vlm_grpo.api.parts import reward_processing_list
 from vlm_grpo.api.trl_arguments import settings_of
 from vlm_grpo.api.trl_fields import LIGER
-from vlm_grpo.api.trl_surface import GRPOSurface
+from vlm_grpo.api.trl_surface import settable
 from vlm_grpo.grpo.algorithm.losses import EntropyControl
 from vlm_grpo.grpo.algorithm.sampling_correction import weigh_by_engine
 from vlm_grpo.grpo.data.order import step_seed
@@ -65,7 +65,7 @@ class Generation:
         return self.order[k * size:(k + 1) * size]
 
 
-class GRPOTrainer(GRPOSurface, Stage):
+class GRPOTrainer(Stage):
     """TRL's `GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
     reward_processing_classes, callbacks, optimizers, peft_config, tools, environment_factory, rollout_func)`;
     `tools` are typed functions with Google-style docstrings (sync or async), `environment_factory` a class whose
@@ -151,13 +151,64 @@ class GRPOTrainer(GRPOSurface, Stage):
         if cfg.rollout.uses_vllm and self.toolset.enabled:
             raise ValueError("rollout.engine vllm samples one turn; this run has tools (the recipe's or yours): use "
                              "rollout.engine transformers, or tools.recipe_tools false")
-        return [self.policy_update, KeptUnder("guards", self.watch)]
+        return [self.policy_update, KeptUnder("guards", self.watch), KeptUnder("step_log", self.step_log)]
 
     def scheduler_steps(self) -> int:
         return self.cfg.max_steps * self.cfg.num_iterations
 
     def sampled_metrics(self, rows, step: int) -> dict[str, float]:
         return self.sampled_evaluation.run(rows, step)  # sampled and scored as a training step's rollout is
+
+    # ---------------------------------------------------------------- TRL's GRPOTrainer attributes
+    @property
+    def ref_model(self):
+        """The frozen reference model (None: beta 0, or LoRA's base serves as the reference), TRL's name."""
+        return self.reference
+
+    @property
+    def entropy_coef(self) -> float:
+        """The entropy bonus's coefficient as it stands (adaptive: after the last update), TRL's attribute."""
+        return self.entropy_control.coef
+
+    @property
+    def aux_loss_enabled(self) -> bool:
+        """Whether the MoE routers' load-balancing loss joins the loss (TRL's attribute)."""
+        return self.router_aux_coef > 0
+
+    @settable
+    def _logs(self) -> dict[str, Any]:
+        """TRL's buffers of the last generation: prompt, completion, rewards (per function), advantages, extra
+        (columns rewards logged with log_extra) and images (with log_multimodal)."""
+        return self.step_log.trl_logs
+
+    def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+        """TRL's method: the tokens at or above the `threshold` quantile of the entropies of every process's
+        unmasked tokens."""
+        from vlm_grpo.grpo.algorithm.losses.objective import Collective, high_entropy_mask
+
+        gather = self.accelerator.gather if self.accelerator.num_processes > 1 else (lambda t: t)
+        return high_entropy_mask(entropies, mask, threshold, Collective(gather=gather))
+
+    @staticmethod
+    def get_off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold):
+        """TRL's method: [N, 1], 0 for a negative-advantage sequence whose mean KL(sampling || policy) over its
+        tokens exceeds the threshold."""
+        from vlm_grpo.grpo.algorithm.losses.objective import off_policy_mask
+
+        return off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold)
+
+    def _generate(self, prompts: list) -> tuple:
+        """TRL's rollout call with a rollout_func: (prompt_ids, completion_ids, tool_mask, logprobs, extra columns)
+        of `prompts` (each prompt entry as the dataset wrote it), the output checked as the run checks it."""
+        from vlm_grpo.grpo.rollout.custom import checked_output
+
+        rollout_func = getattr(self, "rollout_func", None)
+        if rollout_func is None:
+            raise ValueError("_generate without a rollout_func: this trainer samples inside its step "
+                             "(GRPOTrainer.train_step); give rollout_func to generate by your own function")
+        output = checked_output(rollout_func(prompts, self))
+        extra = {k: v for k, v in output.items() if k not in ("prompt_ids", "completion_ids", "logprobs", "env_mask")}
+        return output["prompt_ids"], output["completion_ids"], output.get("env_mask"), output["logprobs"], extra
 
     def progress_postfix(self, metrics: dict[str, Any]) -> dict[str, str]:
         return {"reward": f"{metrics['reward']:.3f}", "kl": f"{metrics.get('kl', 0.0):.2e}"}

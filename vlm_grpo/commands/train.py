@@ -13,7 +13,9 @@ def add_parser(sub) -> None:
         sub, "train", run,
         help="GRPO training",
         description="GRPO training. Any setting can be given as --key value (e.g. --model tiny:smolvlm "
-        "--recipe shapes --max-steps 3 --output-dir runs/x --loss.beta 0.04 --vision-lr 1e-6 --resume).",
+        "--recipe shapes --max-steps 3 --output-dir runs/x --loss.beta 0.04 --vision-lr 1e-6 --resume). The "
+        "defaults below are this command's, sized for a first run on a CPU (and a recipe's own, which replace "
+        "them); a GRPOConfig built in Python takes TRL's defaults instead (docs/coming-from-trl.md).",
     )
 
 

@@ -21,7 +21,7 @@ def resolve_use_cache(adapter, policy: str = "auto", report: CacheProbeReport | 
         raise ValueError(f"unknown cache policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if policy != "auto":
         return policy == "cache"
-    if not adapter.reads_images:  # the quirks probed here lose images; a text-only model's cache is transformers' own
+    if not getattr(adapter, "reads_images", True):  # the quirks probed here lose images; a text-only model's cache is transformers' own
         return True
     quirk = known_cache_quirk(adapter, transformers.__version__)
     if quirk is not None:

@@ -60,6 +60,8 @@ class CausalLMAdapter(VLMAdapter):
     family = "causal_lm"
     model_types = ()  # every causal-LM type no other family claims (`serves_model_type`)
     model_class = PreTrainedModel  # any causal LM's class; `load` goes through AutoModelForCausalLM
+    model_types_note = "any causal-LM type"
+    model_class_note = "AutoModelForCausalLM"
     reads_images: ClassVar[bool] = False
     # every parameter is the language model's, except the output head
     module_layout = ModuleLayout(vision=(), projector=(), language=(r"(?!lm_head\.)",), head=(r"lm_head\.",))

@@ -45,6 +45,7 @@ TEXT_0_5B = dict(
 class HybridAdapter(Composer, Qwen2_5_VLAdapter):
     family = "hybrid"
     model_types = ()  # a composed checkpoint says qwen2_5_vl (or llava): bare paths go to those adapters
+    model_types_note = "(via `hybrid:DIR`)"
     vision_donor_types = ("qwen2_5_vl",)
     pairing = "vision qwen2_5_vl (Qwen2.5-VL checkpoint) + LM qwen2 (Qwen2/Qwen2.5 causal LM) -> Qwen2.5-VL classes"
     tiny_architecture = Architecture(

@@ -41,6 +41,13 @@ class StepLog:
                if self.cfg.data.on_reward_error == "zero"},
         }
 
+    # the tokens seen so far travel in checkpoints: a resumed run counts on from them
+    def state_dict(self) -> dict[str, Any]:
+        return {"tokens_seen": self.tokens_seen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.tokens_seen = int(state.get("tokens_seen", 0))
+
     def keep_trl_logs(self, traj: Trajectory, samples: list) -> None:
         """The step's rows into TRL's `_logs` buffers (each keeps one generation's rows)."""
         n, g = len(traj.completions), traj.num_generations

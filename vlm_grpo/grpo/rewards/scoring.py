@@ -114,10 +114,12 @@ def reward_model_kind(target: str, trust_remote_code: bool = False) -> tuple[str
     if any(a.endswith("ForSequenceClassification") for a in config.architectures or []):
         return "classifier", target
     try:
-        class_for_model_type(config.model_type)
+        judges = class_for_model_type(config.model_type).reads_images  # a judge sees the image it judges
     except ValueError:
+        judges = False
+    if not judges:
         raise ValueError(f"reward model {target!r}: {config.architectures or config.model_type} is neither a sequence-"
-                         "classification model nor a vision-language model of a supported family") from None
+                         "classification model nor a vision-language model of a supported family")
     return "judge", target
 
 

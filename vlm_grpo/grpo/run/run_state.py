@@ -123,6 +123,7 @@ RUN_STATE: dict[str, Callable[[Any], str | None]] = {  # key -> check; `step` is
     "optimizer_updates": _int(0, 10**12),
     "entropy_control": _mapping,
     "guards": _mapping,
+    "step_log": _mapping,  # what the step log counts across steps (TRL's num_tokens)
 }
 
 
