@@ -22,7 +22,7 @@ def zero(completions, **kwargs):
     return [0.0] * len(completions)
 
 
-def trl_plan(tmp_path, seed: int) -> dict:
+def trl_plan(tmp_path, seed: int, **fields) -> dict:
     adapter = load_model("tiny:causal_lm", decide_cache=False)
     seen: list[tuple[int, list[str], float]] = []
 
@@ -32,7 +32,7 @@ def trl_plan(tmp_path, seed: int) -> dict:
             return torch.zeros(())
 
     # use_cpu: TRL refuses its own default (bf16) on a CPU without it; it changes no step, prompt or rate
-    args = trl.GRPOConfig(output_dir=str(tmp_path / "trl"), seed=seed, use_cpu=True)
+    args = trl.GRPOConfig(output_dir=str(tmp_path / "trl"), seed=seed, use_cpu=True, **fields)
     trainer = Recording(model=adapter.model, processing_class=adapter.tokenizer, reward_funcs=zero, args=args,
                         train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS]))
     trainer.train()
@@ -42,14 +42,15 @@ def trl_plan(tmp_path, seed: int) -> dict:
             "lr": [next(lr for s, _, lr in seen if s == step) for step in steps]}
 
 
-def our_plan(tmp_path, seed: int) -> dict:
+def our_plan(tmp_path, seed: int, **fields) -> dict:
     trainer = GRPOTrainer(model="tiny:causal_lm", reward_funcs=zero, args=GRPOConfig(output_dir=str(tmp_path / "ours"),
-                          seed=seed), train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS]))
+                          seed=seed, **fields), train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS]))
     cfg, lrs = trainer.cfg, []
     for _ in range(cfg.max_steps):  # the schedule as the run steps it (one scheduler step per optimizer update)
         lrs.append(trainer.optimizer.param_groups[0]["lr"])
         trainer.lr_scheduler.step()
-    prompts = [sorted({trainer.data.dataset[i].data_prompt for i in trainer.data.batch(s).rows})
+    k = cfg.steps_per_generation  # a generation's prompts feed k optimizer steps
+    prompts = [sorted({trainer.data.dataset[i].data_prompt for i in trainer.data.batch(s // k).rows})
                for s in range(cfg.max_steps)]
     return {"steps": cfg.max_steps, "prompts": prompts, "lr": lrs, "completions": cfg.data.num_generations,
             "prompts_per_step": cfg.data.batch_size}
@@ -70,3 +71,13 @@ def test_the_order_changes_with_the_seed_as_trls(tmp_path):
     first, second = our_plan(tmp_path / "a", 0), our_plan(tmp_path / "b", 1)
     assert first["prompts"] != second["prompts"]
     assert sorted(p for step in first["prompts"][:17] for p in step) == sorted(PROMPTS)  # a pass sees every row once
+
+
+def test_a_generation_spread_over_optimizer_steps_follows_trls_plan(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    fields = dict(per_device_train_batch_size=2, num_generations=2, steps_per_generation=2)
+    theirs, ours = trl_plan(tmp_path, 0, **fields), our_plan(tmp_path, 0, **fields)
+    # one generation of 4 completions (2 prompts) per 2 optimizer steps: 3 epochs x 8 generations x 2 = 48 steps
+    assert theirs["steps"] == ours["steps"] == 48
+    assert ours["prompts"] == theirs["prompts"] and all(len(p) == 2 for p in ours["prompts"])
+    assert ours["lr"] == pytest.approx(theirs["lr"], rel=1e-12)
