@@ -27,17 +27,6 @@ PROMPTS = [
 ]
 TRAIN, TEST = PROMPTS[:17], PROMPTS[17:]
 
-CHATML = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
 TEXT_SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=2048)
 
@@ -95,9 +84,10 @@ class RemoteForCausalLM(Qwen2ForCausalLM):
 
 
 def text_tokenizer():
+    from vlm_grpo.adapters.families.causal_lm import CHATML_TEXT
     from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
 
-    return build_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], chat_template=CHATML,
+    return build_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], chat_template=CHATML_TEXT,
                            eos_token="<|im_end|>", pad_token="<|endoftext|>")
 
 

@@ -110,8 +110,6 @@ class VLMAdapter(VideoHooks, ImageRoutes, ABC):
              allow_pickle_weights: bool = False) -> "VLMAdapter":
         """A checkpoint from a local directory or a hub id. Safe by default: no code shipped with it runs, and only
         safetensors weights load (unpickling .bin files can run code) unless `allow_pickle_weights`."""
-        from transformers import AutoProcessor
-
         kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust_remote_code}
         if not allow_pickle_weights:
             kwargs["use_safetensors"] = True
@@ -123,14 +121,25 @@ class VLMAdapter(VideoHooks, ImageRoutes, ABC):
             kwargs.update(four_bit_loading(device_map))
         elif device_map:
             kwargs["device_map"] = device_map
-        model = cls.model_class.from_pretrained(path, **kwargs)
+        model = cls.checkpoint_class().from_pretrained(path, **kwargs)
         if load_in_4bit:
             from vlm_grpo.adapters.quantization import keep_differentiable_layout
 
             keep_differentiable_layout(model)
+        return cls(model.eval(), cls.load_processor(path, trust_remote_code), source=str(path))
+
+    @classmethod
+    def checkpoint_class(cls) -> type:
+        """The class whose from_pretrained reads a checkpoint of this family (default: model_class)."""
+        return cls.model_class
+
+    @classmethod
+    def load_processor(cls, path: str, trust_remote_code: bool = False):
+        from transformers import AutoProcessor
+
         processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
         processor.tokenizer.padding_side = "left"  # generation appends on the right: keep prompts adjacent to it
-        return cls(model.eval(), processor, source=str(path))
+        return processor
 
     def save(self, out_dir: str | Path) -> None:
         self.model.save_pretrained(out_dir)

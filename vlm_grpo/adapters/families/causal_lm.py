@@ -77,13 +77,6 @@ class CausalLMAdapter(VLMAdapter):
         return model_type in causal_lm_types() or "AutoModelForCausalLM" in auto_classes
 
     @classmethod
-    def _model_class(cls):
-        from transformers import AutoModelForCausalLM
-
-        return AutoModelForCausalLM
-
-    # ---------------------------------------------------------------- construction
-    @classmethod
     def build(cls, arch, seed=0, dtype=torch.float32):
         from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -99,28 +92,16 @@ class CausalLMAdapter(VLMAdapter):
         return cls(model, tokenizer, source=f"tiny:{cls.family}")
 
     @classmethod
-    def load(cls, path: str, *, dtype="auto", device_map=None, attn_implementation=None, load_in_4bit=False,
-             trust_remote_code=False, allow_pickle_weights=False) -> "CausalLMAdapter":
-        """A causal LM and its tokenizer from a local directory or a hub id (safetensors only unless
-        `allow_pickle_weights`; no shipped code runs unless `trust_remote_code`)."""
+    def checkpoint_class(cls) -> type:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM
+
+    @classmethod
+    def load_processor(cls, path: str, trust_remote_code: bool = False):
         from transformers import AutoTokenizer
 
-        kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust_remote_code}
-        if not allow_pickle_weights:
-            kwargs["use_safetensors"] = True
-        if attn_implementation:
-            kwargs["attn_implementation"] = attn_implementation
-        if load_in_4bit:
-            from vlm_grpo.adapters.quantization import four_bit_loading, keep_differentiable_layout
-
-            kwargs.update(four_bit_loading(device_map))
-        elif device_map:
-            kwargs["device_map"] = device_map
-        model = cls._model_class().from_pretrained(path, **kwargs)
-        if load_in_4bit:
-            keep_differentiable_layout(model)
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        return cls(model.eval(), tokenizer, source=str(path))
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)  # padded left by __init__
 
     def __init__(self, model, processor, source: str = "", use_cache: bool | None = None):
         processor = getattr(processor, "tokenizer", processor)  # a processor's tokenizer is what a text model reads
