@@ -264,7 +264,9 @@ class GRPOTrainer(Stage):
         if cfg.num_iterations > 1 or cfg.steps_per_generation > 1 or correct:
             traj.old_logps = self.scorer.policy_logps(traj)  # later updates are off-policy
         engine_metrics = weigh_by_engine(traj, sampled.rollout.sampling_logps, cfg.rollout) if correct else {}
-        order = torch.randperm(len(traj)).tolist()  # TRL shuffles a generation before splitting it into steps
+        # TRL shuffles a generation before splitting it into steps (drawn only then: one step per generation takes
+        # no random numbers here, so its runs stay as they were)
+        order = torch.randperm(len(traj)).tolist() if cfg.steps_per_generation > 1 else list(range(len(traj)))
         return Generation(index, batch, scored, engine_metrics, order, cfg.steps_per_generation,
                           time.perf_counter() - started)
 
