@@ -279,19 +279,12 @@ def _streams(data: Any) -> bool:
 
 
 def _names_data(args) -> bool:
-    """Whether the settings name the training prompts (a recipe or a dataset) without a train_dataset argument."""
-    data = args.train_config.data
-    given = getattr(args, "settings", {})
-    return data.dataset is not None or any("recipe" in str(k) for k in _flat_keys(given))
-
-
-def _flat_keys(mapping: dict, prefix: str = "") -> list[str]:
-    out = []
-    for key, value in mapping.items():
-        out.append(prefix + str(key))
-        if isinstance(value, dict):
-            out.extend(_flat_keys(value, f"{prefix}{key}."))
-    return out
+    """Whether the settings name the training prompts without a train_dataset argument: a dataset, a recipe given as
+    a keyword, or a settings file (which may name either)."""
+    if args.train_config.data.dataset is not None or args.config_file is not None:
+        return True
+    given, section = args.given, args.given.get("data")
+    return "recipe" in given or "data.recipe" in given or (isinstance(section, dict) and "recipe" in section)
 
 
 class SFTTrainer(Stage):
