@@ -204,7 +204,7 @@ class Stage:
     def steps_per_epoch(self) -> int:
         """TRL's count: partial batches dropped; a generation feeds steps_per_generation steps."""
         batches = max(len(self.data.dataset) // (self.cfg.data.batch_size * self.ctx.accelerator.num_processes), 1)
-        return batches * getattr(self.cfg, "steps_per_generation", 1)
+        return batches * self.cfg.steps_per_generation
 
     def _run_step(self, step: int) -> dict[str, Any]:
         self.step, self.policy.updated_in_step = step, False
@@ -316,8 +316,8 @@ class Stage:
         """The training rows in the run's order, one batch per generation (each prompt num_generations times in a
         row, as TRL's sampler yields them), with args.dataloader_num_workers workers (0 for a stream)."""
         cfg = self.cfg
-        g = getattr(cfg.data, "num_generations", 1) if self.stage == "grpo" else 1
-        order = [i for step in range(cfg.max_steps // getattr(cfg, "steps_per_generation", 1) or 1)
+        g = cfg.data.num_generations if self.stage == "grpo" else 1
+        order = [i for step in range(cfg.max_steps // cfg.steps_per_generation or 1)
                  for i in self.data.batch(step).rows for _ in range(g)]
         return torch.utils.data.DataLoader(LoaderRows(self.data.dataset, order), batch_size=cfg.data.batch_size * g,
                                            num_workers=self._workers(getattr(self, "train_dataset_given", None)), collate_fn=as_list)
