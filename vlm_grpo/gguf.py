@@ -80,11 +80,33 @@ def _require_reader() -> None:
 
 
 @contextlib.contextmanager
+def _one_parse():
+    """transformers parses the file's metadata anew for the config, the tokenizer and the weights (three times ~7 s
+    for SmolLM2's 49k-token vocabulary): within this block the `gguf` package's reader is built once per file."""
+    import gguf
+
+    built, original = {}, gguf.GGUFReader
+
+    def reader(path, mode="r"):
+        key = (str(Path(path).resolve()), mode)
+        if key not in built:
+            built[key] = original(path, mode)
+        return built[key]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+
+
+@contextlib.contextmanager
 def _reading(path: Path):
     """A damaged file, or an architecture transformers cannot read as a causal LM, is one error naming the file."""
     _require_reader()
     try:
-        yield
+        with _one_parse():
+            yield
     except (ValueError, KeyError, IndexError, struct.error) as err:
         raise ValueError(f"{path}: not a GGUF causal LM that transformers can read ({type(err).__name__}: {err})") from None
 

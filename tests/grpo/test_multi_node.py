@@ -1,8 +1,9 @@
 """Several machines, simulated on loopback: every machine is its own `accelerate launch --num_machines 2
 --machine_rank R --main_process_ip 127.0.0.1` (or torchrun) with CPU processes over gloo, as on a cluster.
 
-Default run: an FSDP run on two machines saves, dies, is resumed on one machine with the same process count and
-ends bit-identical to the uninterrupted run; a run directory that one machine does not share is refused at the
+Default run: an FSDP run on two machines (gradient accumulation, a sharded reference) saves, dies, is resumed on one
+machine with the same process count and ends bit-identical to the uninterrupted run, with a `final/` that
+from_pretrained loads; a run directory that one machine does not share is refused at the
 start; a checkpoint resumed with another process count is refused in one line; prompts follow the global rank.
 `pytest -m multinode tests/grpo/test_multi_node.py` adds the full matrix (about 5 minutes on 2 busy cores): DDP and
 FSDP on 2 machines x 1 process (run, checkpoint, resume) equal to 1 machine x 2 processes, and 2 machines x 2
@@ -22,6 +23,7 @@ from safetensors.torch import load_file
 
 from tests.grpo.launches import (DDP, FAST, FSDP, accelerate_node, cli, free_port, on_machines, run_machines,
                                  succeeded, torchrun_node)
+from vlm_grpo.adapters.registry import family_class
 from vlm_grpo.cli import main
 from vlm_grpo.grpo.run.logs import read_jsonl
 from vlm_grpo.grpo.parts.training_data import TrainingData
@@ -62,23 +64,33 @@ def assert_one_writer(run: Path, processes: int) -> None:
 
 
 def test_fsdp_on_two_machines_resumes_exactly_on_one(tmp_path, capsys):
-    run = tmp_path / "run"
-    on_machines(FSDP, 2, 1, lambda rank: cli(*COMMON, "--output-dir", run))
+    """The policy and its reference copy sharded over 2 machines, gradient accumulation without reduce-scatter in
+    between; the run dies after checkpoint-1 and is resumed on one machine with 2 processes (its shards read as plain
+    data): it ends with exactly the weights and metrics of the uninterrupted run, and a plain `final/`."""
+    run, args = tmp_path / "run", [*COMMON, "--gradient-accumulation-steps", "2"]
+    on_machines(FSDP, 2, 1, lambda rank: cli(*args, "--output-dir", run))
     assert_one_writer(run, 2)
+    listed = json.loads((run / "checkpoint-2" / "manifest.json").read_text())["files"]
+    assert {"sharded/__0_0.distcp", "sharded/__1_0.distcp", "sharded/.metadata"} <= set(listed)
+    assert json.loads((run / "checkpoint-2" / "run_state.json").read_text())["fsdp"] == "full_shard"
+    assert main(["verify", str(run)]) == 0
     straight, metrics = final_weights(run), read_jsonl(run / "metrics.jsonl")
     assert metrics[-1]["kl"] > 0  # the sharded reference copy took part
 
     die_after_checkpoint_1(run)  # ... and the run goes on from checkpoint-1 on one machine with 2 processes
-    on_machines(FSDP, 1, 2, lambda rank: cli(*COMMON, "--output-dir", run, "--resume"))
+    on_machines(FSDP, 1, 2, lambda rank: cli(*args, "--output-dir", run, "--resume"))
     assert_same_weights(straight, final_weights(run))
     assert without_times(read_jsonl(run / "metrics.jsonl")) == without_times(metrics)
+    model = family_class("qwen2_5_vl").model_class.from_pretrained(run / "final")  # an ordinary checkpoint
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in straight.items() if k in model.state_dict())
 
     # one process cannot continue a 2-process run: refused in one line, nothing written
     before = sorted(p.name for p in run.iterdir())
-    assert main([*COMMON, "--output-dir", str(run), "--resume"]) == 2
+    assert main([*args, "--output-dir", str(run), "--resume"]) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert "checkpoint-2 was written by 2 processes under fsdp full_shard and this run has 1: resume it with 2" in error
     assert sorted(p.name for p in run.iterdir()) == before
+    assert (run / "checkpoint-2" / "sharded").is_dir()
 
 
 def test_a_run_directory_one_machine_does_not_share_is_refused_at_the_start(tmp_path):

@@ -19,7 +19,7 @@ pytestmark = REAL
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2_learns_to_see.yaml"
 TOY = [  # a few steps per stage, a few samples, short answers
     "compose.tower_pretrain.steps=3", "compose.tower_pretrain.batch_size=4",
-    "align.words.steps=2", "align.words.batch_size=4", "sft.max_steps=2", "sft.logging.save_every=1",
+    "align.words.steps=2", "align.words.batch_size=4", "sft.max_steps=2",
     "grpo.max_steps=2", "grpo.logging.save_every=1", "grpo.logging.keep_checkpoints=2", "grpo.data.batch_size=2", "grpo.data.num_generations=2",
     "grpo.generation.max_new_tokens=6", "eval.size=3", "eval.eval_batch_size=3", "eval.max_new_tokens=6",
     # float32 here: the wiring is what this test proves, and bf16 matmuls crawl on a CPU without bf16 units (AVX2
@@ -28,15 +28,16 @@ TOY = [  # a few steps per stage, a few samples, short answers
 ]
 
 
-def experiment(out: Path, *args: str) -> int:
-    sets = [a for s in [*TOY, f"output_dir={out}"] for a in ("--set", s)]
+def experiment(out: Path, *args: str, llm: Path | None = None) -> int:
+    # the LM: the example's GGUF, converted once for the whole test run (the GGUF path itself: test_smollm2_hybrid)
+    sets = [a for s in [*TOY, f"output_dir={out}", *([f"compose.llm={llm}"] if llm else [])] for a in ("--set", s)]
     return main(["experiment", str(EXAMPLE), *sets, *args])
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
+def finished(tmp_path_factory, smollm2_dir):
     out = tmp_path_factory.mktemp("experiment") / "run"
-    assert experiment(out, "--seed", "0", "--summary") == 0
+    assert experiment(out, "--seed", "0", "--summary", llm=smollm2_dir) == 0
     return out
 
 
@@ -75,15 +76,15 @@ def test_every_stage_ran_and_the_summary_holds_the_table(finished, capsys):
     assert "kind" in summary["seeds"][0]["splits"]["test"]["sft"]["by_question_type"]
 
 
-def test_a_second_run_skips_the_finished_stages(finished, capsys):
+def test_a_second_run_skips_the_finished_stages(finished, smollm2_dir, capsys):
     capsys.readouterr()
-    assert experiment(finished, "--seed", "0") == 0
+    assert experiment(finished, "--seed", "0", llm=smollm2_dir) == 0
     said = capsys.readouterr().out
     for stage in ("compose", "align", "sft", "grpo"):
         assert f"[seed 0] {stage}: done earlier" in said
 
 
-def test_a_stage_stopped_part_way_resumes_from_its_checkpoint(finished, capsys):
+def test_a_stage_stopped_part_way_resumes_from_its_checkpoint(finished, smollm2_dir, capsys):
     grpo = finished / "seed0" / "grpo"
     # as a run stopped after its first step leaves it: the step-1 checkpoint, no final model, not marked done
     (grpo / "stage.json").unlink()
@@ -91,7 +92,7 @@ def test_a_stage_stopped_part_way_resumes_from_its_checkpoint(finished, capsys):
     shutil.rmtree(grpo / "checkpoint-2")
     assert (grpo / "checkpoint-1").is_dir()
     capsys.readouterr()
-    assert experiment(finished, "--seed", "0", "--stages", "grpo") == 0
+    assert experiment(finished, "--seed", "0", "--stages", "grpo", llm=smollm2_dir) == 0
     said = capsys.readouterr().out
     assert "[seed 0] grpo: 2 steps into" in said and "(resumed)" in said
     assert (grpo / "final" / "config.json").is_file() and json.loads((grpo / "stage.json").read_text())["resumed"] is True
