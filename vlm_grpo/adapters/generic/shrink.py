@@ -31,7 +31,7 @@ WIDTH_KEYS = {
     "projector_hidden_size", "projection_hidden_dim", "projection_hidden_size", "word_embed_proj_dim",
     "vision_embed_dim", "text_embed_dim", "output_dim", "patch_embed_hidden_size", "vision_dim", "text_dim",
     "lm_hidden_size", "llm_hidden_size", "encoder_hidden_size", "hidden_channels", "embedding_dim", "n_embd",
-    "hidden_size_per_layer_input", "adapter_in_dim", "adapter_out_dim",
+    "hidden_size_per_layer_input", "adapter_in_dim", "adapter_out_dim", "mm_embed_dim", "output_proj_dims",
 }
 FFN_KEYS = {
     "intermediate_size", "ffn_dim", "mlp_dim", "intermediate_size_mlp", "projection_intermediate_size", "encoder_ffn_dim",
@@ -56,6 +56,10 @@ TOP_K_KEYS = {"num_experts_per_tok", "moe_topk", "moe_k", "top_k", "num_selected
 SHARED_EXPERT_KEYS = {"moe_num_shared_experts", "n_shared_experts", "num_shared_experts"}
 GROUP_KEYS = {"n_group", "topk_group", "num_expert_group"}
 POOLED_KEYS = {"mm_tokens_per_image", "vision_soft_tokens_per_image"}
+# a learned position table's length: positions past it are clamped to its last row (Gemma 4 unified's patch
+# positions), so a twin needs rows for its own patch grid only, not the default's thousands
+POSITION_TABLE_KEYS = {"mm_posemb_size"}
+POSITION_ROWS = 8 * PATCHES_PER_SIDE
 LORA_RANK_KEYS = {"q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8}
 # lists indexing layers (of this config, or the vision side's for feature layers)
 # counts of the last layers that do something differently (Gemma 3n: layers reusing an earlier layer's KV cache)
@@ -205,7 +209,7 @@ _KEEP = object()
 _CAPS = (
     (WIDTH_KEYS, WIDTH), (FFN_KEYS, FFN), (MOE_FFN_KEYS, MOE_FFN), (HEAD_KEYS, HEADS), (HEAD_DIM_KEYS, HEAD_DIM),
     (POOLED_KEYS, POOLED_TOKENS), (LAYER_KEYS, LAYERS), (EXPERT_KEYS, EXPERTS), (TOP_K_KEYS, EXPERTS_PER_TOKEN),
-    (SHARED_EXPERT_KEYS, 1), (GROUP_KEYS, 1),
+    (SHARED_EXPERT_KEYS, 1), (GROUP_KEYS, 1), (POSITION_TABLE_KEYS, POSITION_ROWS),
 )
 
 
