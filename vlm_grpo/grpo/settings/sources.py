@@ -105,6 +105,7 @@ def canonical_key(key: str) -> tuple[str, dict | None]:
     return matches[0], None
 
 
+@functools.lru_cache(maxsize=256)  # TRL's callbacks probe the same unknown names on every step
 def _suggestion(key: str) -> str:
     import difflib
 
