@@ -58,7 +58,16 @@ def families_without(flag: str) -> list[str]:
 
 # Markers whose tests run only when asked for by name (`pytest -m NAME`): full matrices too slow for `make test`,
 # each with a fast representative subset in the default run.
-OPT_IN_MARKERS = ("tools_matrix", "multinode", "generic_matrix", "browser")
+OPT_IN_MARKERS = ("tools_matrix", "multinode", "generic_matrix", "fault_matrix", "recipe_matrix", "browser")
+
+
+def covering_pairs(columns: list[str], rows: list[str], per_column: int, marker: str) -> list:
+    """Every (column, row) pair as a pytest param; by default a covering subset runs: each column with `per_column`
+    rows, taken in turn so that every row runs on about len(columns) * per_column / len(rows) columns. The other
+    pairs carry `marker` (opt-in: `pytest -m MARKER` runs them)."""
+    chosen = {(column, rows[(i * per_column + k) % len(rows)]) for i, column in enumerate(columns) for k in range(per_column)}
+    return [pytest.param(column, row, marks=() if (column, row) in chosen else getattr(pytest.mark, marker))
+            for column in columns for row in rows]
 
 
 # The fast tier (`make test-fast`, `pytest --fast`): every test recorded (tests/durations.json, `make durations`)

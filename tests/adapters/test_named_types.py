@@ -1,12 +1,12 @@
 """The model types users ask for by name that the generic adapter serves (no family file): each one gets what a
-family file gets beyond the contract suite (which runs on every served type): the cache probe under every simulated
-fault, and 2 GRPO steps with one image per prompt and with two."""
+family file gets beyond the contract suite (which runs on every served type): the cache probe under simulated
+faults, and 2 GRPO steps with one image per prompt and with two."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.conftest import tiny_adapter
+from tests.conftest import covering_pairs, tiny_adapter
 from tests.recipes.helpers import check_two_grpo_steps
 from vlm_grpo.adapters.generic.status import generic_types
 from vlm_grpo.adapters.registry import is_generic_type
@@ -21,9 +21,9 @@ def test_the_named_types_are_served():
     assert {"paligemma", "gemma3n", "minicpmv4_6", "molmo2", "kimi_k25"} <= set(NAMED), NAMED
 
 
-@pytest.mark.parametrize("kind", IMAGE_FAULTS)
-@pytest.mark.parametrize("model_type", NAMED)
+@pytest.mark.parametrize("model_type, kind", covering_pairs(NAMED, list(IMAGE_FAULTS), 2, "fault_matrix"))
 def test_every_simulated_fault_is_caught(model_type, kind):
+    """Each type under 2 faults, each fault on 2 types; every pair under `-m fault_matrix`."""
     adapter = tiny_adapter(model_type)
     with simulated_fault(adapter, kind):
         report = probe_cache(adapter)

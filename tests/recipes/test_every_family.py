@@ -1,9 +1,10 @@
-"""Every recipe runs 2 GRPO steps on every family's tiny twin: one flag switches the model."""
+"""Every recipe runs 2 GRPO steps on the families' tiny twins: one flag switches the model."""
 
 from __future__ import annotations
 
 import pytest
 
+from tests.conftest import _families, covering_pairs
 from tests.recipes.helpers import IMAGE_RECIPES, check_two_grpo_steps, save_image, write_jsonl
 
 
@@ -32,8 +33,10 @@ def data(tmp_path_factory):
     }
 
 
-@pytest.mark.parametrize("recipe", IMAGE_RECIPES)
+@pytest.mark.parametrize("family, recipe", covering_pairs(_families(), IMAGE_RECIPES, 1, "recipe_matrix"))
 def test_two_grpo_steps(recipe, family, data, tmp_path):
+    """Each family with one recipe, each recipe on 3-4 families (one image, two and four on every family:
+    tests/grpo/test_media_training.py); every pair under `-m recipe_matrix`."""
     check_two_grpo_steps(f"tiny:{family}", recipe, data[recipe], tmp_path)
 
 
