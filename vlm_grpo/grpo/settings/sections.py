@@ -355,6 +355,8 @@ class TrainConfig:
             if isinstance(value, dict):
                 try:
                     setattr(self, name, cls(**value))
+                except SettingError as err:  # named by its dotted key, as from YAML or the command line
+                    raise err.within(name) from None
                 except TypeError as err:
                     raise SettingError(name, f"{err}".replace("__init__()", cls.__name__)) from None
             elif name == "model" and isinstance(value, str):
