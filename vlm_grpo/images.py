@@ -16,17 +16,32 @@ class BadImage(ValueError):
     """An image that cannot be used (empty, undecodable); the caller adds which row and field."""
 
 
+# Deep grayscale modes and the factor that maps their declared range onto 0..255 (never each image's own min-max:
+# a uniform white 16-bit image stays white). PIL opens 16-bit PNG and TIFF as I;16*; 32-bit I holding only 16-bit
+# values is the same data in the wider mode (older Pillow, some TIFF writers).
+_SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N", "I;16S")
+
+
+def _deep_to_8bit(img: Image.Image) -> np.ndarray:
+    """8-bit levels of a deep grayscale image, by its declared bit depth: 16-bit / 257 (65535 -> 255), 32-bit
+    integers over their signed range, float images as 0..1 (values outside it clipped, NaN black)."""
+    values = np.asarray(img, dtype=np.float64)
+    if img.mode == "F":
+        return np.nan_to_num(values, nan=0.0, posinf=1.0, neginf=0.0).clip(0.0, 1.0) * 255.0
+    if img.mode in _SIXTEEN_BIT or (values.size and values.min() >= 0 and values.max() <= 65535):
+        return values.clip(0, 65535) / 257.0
+    return (values + 2.0 ** 31) / (2.0 ** 32 - 1) * 255.0
+
+
 def to_rgb(img: Image.Image) -> Image.Image:
-    """8-bit RGB. Transparency is composited on white; 16/32-bit and float images are rescaled, not clipped."""
+    """8-bit RGB. Transparency is composited on white; 16/32-bit and float images are converted by their declared
+    bit depth (16-bit: divide by 257), never stretched to the image's own contrast."""
     if img.width == 0 or img.height == 0:
         raise BadImage(f"has zero size ({img.width}x{img.height})")
     if img.mode == "RGB":
         return img
-    if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
-        values = np.asarray(img, dtype=np.float64)
-        low, high = float(values.min()), float(values.max())
-        scaled = np.zeros_like(values) if high == low else (values - low) / (high - low) * 255.0
-        return Image.fromarray(scaled.round().astype(np.uint8), mode="L").convert("RGB")
+    if img.mode in _SIXTEEN_BIT + ("I", "F"):
+        return Image.fromarray(_deep_to_8bit(img).round().astype(np.uint8), mode="L").convert("RGB")
     if img.mode == "P" or img.mode in ("RGBA", "LA", "PA") or "transparency" in img.info:
         rgba = img.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))

@@ -120,3 +120,16 @@ def test_the_command_exits_1_on_a_flag_unless_allowed(tmp_path, capsys):
     assert "0 exploits flagged" in capsys.readouterr().out
     assert main(["audit-rewards", "--samples", "4"]) == 0  # the default run: shapes' shaping rewards are accepted
     assert "accepted by the recipe" in capsys.readouterr().out
+
+
+def never_answers(completions, **_):  # a judge whose server never replies: blocks until stopped
+    import threading
+
+    threading.Event().wait()
+
+
+def test_the_command_calls_rewards_under_the_reward_timeout(capsys):
+    reward = str(__file__).replace(".py", ".py:never_answers")
+    assert main(["audit-rewards", "--samples", "1", "--reward", f"judge={reward}", "--reward-timeout", "0.2",
+                 "--allow", "judge", "--data.recipe_options", "{image_size: 64}"]) == 0
+    assert "rewards that raised on adversarial completions (scored 0): {'judge':" in capsys.readouterr().out

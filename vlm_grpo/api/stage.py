@@ -40,6 +40,7 @@ from vlm_grpo.grpo.run.logs import log_failure
 from vlm_grpo.grpo.run.manifest import write_manifest
 from vlm_grpo.grpo.run.model_card import write_model_card
 from vlm_grpo.grpo.run.stop_signals import stop_on_signals
+from vlm_grpo.grpo.training.step_size import check_against_memory
 from vlm_grpo.grpo.settings.sections import TrainConfig
 from vlm_grpo.grpo.settings.sources import check_sources, to_yaml
 from vlm_grpo.grpo.training.guards import KLWatchdog, LearningSignalMonitor, NonFiniteGuard, check_disk_space
@@ -83,6 +84,7 @@ class Stage:
         self.step_hooks = [self._callbacks_after_step, *inputs.step_hooks]
         self.history: list[dict[str, Any]] = []  # this train()'s steps (ctx.log_history: the run's, resumes included)
         self.step = 0
+        self.trained = False  # train() runs once per trainer (a second call is refused: see train())
         if inputs.adapter is None:
             check_sources(cfg)  # a model that cannot load is refused before anything else happens
         self.ctx = RunContext(cfg)
@@ -107,6 +109,8 @@ class Stage:
         self.data = TrainingData(ctx, inputs.recipe, inputs.rewards, needs_rewards=self.needs_rewards)
         adapter = ready_adapter(inputs.adapter or load_policy(cfg, ctx.device), cfg)
         self.data.check_against(adapter, self.completion_budget())
+        check_against_memory(adapter.model, ctx.device, cfg.data.batch_size, self.completions_per_prompt(),
+                             self.completion_budget() + 1)  # before the first step, not inside its allocator
         self.policy = TrainedPolicy(ctx, adapter, dropout=self.dropout, scheduler_steps=self.scheduler_steps(),
                                     after_freeze=self._after_freeze, shard_more=self._shard_more)
         if ctx.is_main:
@@ -132,6 +136,10 @@ class Stage:
         """Tokens a completion may take (for the sequence-budget check)."""
         return self.cfg.generation.max_new_tokens
 
+    def completions_per_prompt(self) -> int:
+        """Sequences a step holds per prompt (GRPO: num_generations), for the memory check."""
+        return 1
+
     def scheduler_steps(self) -> int:
         return self.cfg.max_steps
 
@@ -153,6 +161,7 @@ class Stage:
         from transformers.trainer_utils import TrainOutput
 
         cfg, ctx = self.cfg, self.ctx
+        self._refuse_second_train()
         started = time.perf_counter()
         before = self._begin(resume_from_checkpoint)  # callbacks' on_train_begin, the held-out evaluation before
         with self.saves.failures_logged(lambda: self.step), stop_on_signals() as stop:
@@ -180,6 +189,19 @@ class Stage:
         last = self.history[-1] if self.history else {}
         metrics = {**summary, **{k: v for k, v in last.items() if isinstance(v, (int, float))}}
         return TrainOutput(global_step=last.get("step", 0), training_loss=metrics["train_loss"], metrics=metrics)
+
+    def _refuse_second_train(self) -> None:
+        """TRL's Trainer runs a second train() from step 0 with a fresh optimizer and schedule, logging steps 1, 2, 1,
+        2 and overwriting its checkpoints and final model. Here a trainer trains once: its run directory's lock is
+        released at the end, and the steps, checkpoints and final/ it wrote stay as they are."""
+        if self.trained:
+            last = self.history[-1]["step"] if self.history else self.step
+            raise RuntimeError(
+                f"train() already ran on this trainer (to step {last} of max_steps {self.cfg.max_steps}, in "
+                f"{self.ctx.run_dir}); a second call would start again at step 0 and overwrite its checkpoints and "
+                "final/ (as TRL's Trainer does), so it is refused: to train on, build a new trainer with a larger "
+                "max_steps and call train(resume_from_checkpoint=True); for a new run, give a new output_dir")
+        self.trained = True
 
     def _begin(self, resume_from_checkpoint) -> dict[str, Any] | None:
         if resume_from_checkpoint:

@@ -156,6 +156,9 @@ class GRPOTrainer(Stage):
     def scheduler_steps(self) -> int:
         return self.cfg.max_steps * self.cfg.num_iterations
 
+    def completions_per_prompt(self) -> int:
+        return self.cfg.data.num_generations
+
     def sampled_metrics(self, rows, step: int) -> dict[str, float]:
         return self.sampled_evaluation.run(rows, step)  # sampled and scored as a training step's rollout is
 

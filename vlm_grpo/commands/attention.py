@@ -24,9 +24,14 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from PIL import Image
 
+    from vlm_grpo.file_kinds import not_a_file
+
     from vlm_grpo.compat.probe_image import probe_images
     from vlm_grpo.inspect.attention import answer_attention, render_attention
 
+    problem = args.image and not_a_file(args.image, "image file")  # before the model loads: a folder, a FIFO
+    if problem:
+        raise ValueError(f"--image: {problem}")
     adapter = load_from_args(args)
     if args.video:
         return _run_video(adapter, args)

@@ -46,7 +46,7 @@ def run(args, extra: list[str]) -> int:
     limit = cfg.generation.max_new_tokens
     encode = completion_tokens(adapter.tokenizer, (adapter.eos_token_ids or [None])[0], limit)
     report = audit_rewards(rewards, samples, run_hints(recipe, custom_rewards=bool(cfg.data.rewards)), encode=encode,
-                           padding_words=2 * limit, max_steps=cfg.max_steps)
+                           padding_words=2 * limit, max_steps=cfg.max_steps, timeout=cfg.data.reward_timeout or None)
     allow = [*cfg.guard.audit_allow, *args.allow]
     print(report.table())
     print("\nexamples (the first sample):")

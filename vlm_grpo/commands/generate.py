@@ -17,8 +17,13 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from PIL import Image
 
+    from vlm_grpo.file_kinds import not_a_file
+
     from vlm_grpo.compat.probe_image import probe_images
 
+    problem = args.image and not_a_file(args.image, "image file")  # before the model loads: a folder, a FIFO
+    if problem:
+        raise ValueError(f"--image: {problem}")
     adapter = load_from_args(args)
     image = Image.open(args.image) if args.image else probe_images()[0]
     conversation = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": args.prompt}]}]

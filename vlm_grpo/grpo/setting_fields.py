@@ -64,23 +64,53 @@ def check_fields(obj: Any) -> None:
             setattr(obj, f.name, value)
         if value is None:
             continue
-        items = value if isinstance(value, (list, tuple)) and meta["choices"] else [value]
+        # a list's limits are its items' (choices of freeze, the range of each reward weight)
+        items = value if isinstance(value, (list, tuple)) and (meta["choices"] or has_range(meta)) else [value]
         for item in items:
             _check(f.name, item, meta)
+
+
+BOUNDS = (("at_least", ">="), ("above", ">"), ("below", "<"), ("at_most", "<="))
+
+
+def has_range(meta: Any) -> bool:
+    return any(meta.get(key) is not None for key, _ in BOUNDS)
+
+
+def range_text(meta: Any) -> str:
+    """The declared range in interval notation: [0.0, 10.0], (0.0, 100.0], [1, 65536]."""
+    low = next(((meta[k], b) for k, b in (("at_least", "["), ("above", "(")) if meta.get(k) is not None), None)
+    high = next(((meta[k], b) for k, b in (("at_most", "]"), ("below", ")")) if meta.get(k) is not None), None)
+    left = f"{low[1]}{_number(low[0])}" if low else "(-inf"
+    right = f"{_number(high[0])}{high[1]}" if high else "inf)"
+    return f"{left}, {right}"
+
+
+def _number(bound: float) -> str:
+    return repr(bound) if isinstance(bound, float) and abs(bound) < 1e5 else f"{bound:g}" if isinstance(bound, float) else str(bound)
 
 
 def _check(name: str, value: Any, meta: dict) -> None:
     if meta["choices"] and value not in meta["choices"]:
         raise SettingError(name, f"{value!r} is not one of {', '.join(map(str, meta['choices']))}")
-    bounds = [(meta["at_least"], ">=", lambda v, b: v >= b), (meta["above"], ">", lambda v, b: v > b),
-              (meta["below"], "<", lambda v, b: v < b), (meta["at_most"], "<=", lambda v, b: v <= b)]
-    for bound, sign, ok in bounds:
+    if isinstance(value, float) and not math.isfinite(value):  # nan, inf: never a usable setting
+        raise SettingError(name, f"{value!r} is not a finite number" + (f" (allowed: {range_text(meta)})"
+                                                                         if has_range(meta) else ""))
+    checks = {">=": lambda v, b: v >= b, ">": lambda v, b: v > b, "<": lambda v, b: v < b, "<=": lambda v, b: v <= b}
+    for key, sign in BOUNDS:
+        bound = meta[key]
         if bound is None:
             continue
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            raise SettingError(name, f"{value!r} is not a finite number")
-        if not ok(value, bound):
-            raise SettingError(name, f"{value!r} is out of range: it must be {sign} {bound}")
+            raise SettingError(name, f"{value!r} is not a finite number (allowed: {range_text(meta)})")
+        if not checks[sign](value, bound):
+            raise SettingError(name, f"{_value_text(value)} is out of range: it must be {sign} {_number(bound)} "
+                               f"(allowed: {range_text(meta)})")
+
+
+def _value_text(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 24 else f"{value:.4g}"  # 2**70 as 1.181e+21, not 22 digits
 
 
 def _hashable(value: Any) -> bool:
@@ -97,9 +127,8 @@ def help_of(f: dataclasses.Field) -> str:
     limits = []
     if meta.get("choices"):
         limits.append("one of " + " | ".join(map(str, meta["choices"])))
-    for key, sign in (("at_least", ">="), ("above", ">"), ("below", "<"), ("at_most", "<=")):
-        if meta.get(key) is not None:
-            limits.append(f"{sign} {meta[key]}")
+    if has_range(meta):
+        limits.append(range_text(meta))
     return meta.get("help", "") + (f" [{', '.join(limits)}]" if limits else "")
 
 
@@ -119,6 +148,8 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
                 raise TypeError
             return value
         if hint in (int, float):
+            if isinstance(value, str):  # YAML reads 1e8 (no dot) as text: a number all the same, then range-checked
+                value = float(value)
             if isinstance(value, bool) or (hint is int and isinstance(value, float) and not value.is_integer()):
                 raise TypeError
             return hint(value)

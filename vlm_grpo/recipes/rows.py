@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from PIL import Image
 
+from vlm_grpo.file_kinds import special_kind
 from vlm_grpo.images import BadImage, prepare
 from vlm_grpo.recipes.base import Sample
 from vlm_grpo.recipes.readers import BadRow, read_rows
@@ -124,6 +125,10 @@ class RowChecker:
         for candidate in candidates:
             if candidate.is_file():
                 return candidate
+        for candidate in candidates:  # there, but not a file: say what it is (a FIFO would block the decoder)
+            kind = special_kind(candidate)
+            if kind:
+                raise self.fail(index, name, f"names {candidate}, which is {kind}, not an image file")
         raise self.fail(index, name, f"names an image file that does not exist: {', '.join(map(str, candidates))}")
 
     def _dataset_file(self, index: int, name: str, value: str | Path) -> Path:
@@ -139,6 +144,8 @@ class RowChecker:
             candidate = (root / inner).resolve()  # symlinks followed: the file itself must be inside
             if candidate.is_relative_to(root) and candidate.is_file():
                 return candidate
+            if candidate.is_relative_to(root) and special_kind(candidate):
+                raise self.fail(index, name, f"names {candidate}, which is {special_kind(candidate)}, not an image file")
             raise self.fail(index, name, f"names an image file that does not exist inside image_root: {root / inner}")
         from huggingface_hub import hf_hub_download
 

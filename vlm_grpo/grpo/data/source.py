@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from vlm_grpo.file_kinds import special_kind
 from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.user_calls import call
 from vlm_grpo.grpo.user_code import load_object
@@ -85,6 +86,9 @@ def dataset_source(dataset: str, setting: str = "data.dataset") -> dict[str, Any
                                "folder or hub id")
         return {"rows": _IN_MEMORY[dataset]}
     path = Path(dataset).expanduser()
+    kind = special_kind(path)
+    if kind is not None and kind != "a directory":  # a folder is a dataset layout; a FIFO or device is not
+        raise SettingError(setting, f"{dataset} is {kind}, not a data file or folder")
     if path.exists():
         return {"path": str(path)}
     looks_local = dataset.startswith((".", "/", "~")) or path.suffix in DATA_SUFFIXES

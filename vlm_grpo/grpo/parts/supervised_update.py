@@ -34,9 +34,9 @@ class SupervisedUpdate:
                 acc.backward(total / tokens)
             nll_sum += total.item()
             hit_sum += hits.item()
-        grad_norm, was_skipped = policy.update(cfg.optim)
+        grad_norm, was_skipped = policy.update(cfg.optim, step + 1)
         if was_skipped:
-            log.warning("sft step %d: non-finite gradient norm, update skipped", step)
+            log.warning("sft step %d: %s", step + 1, policy.skip_reason())
         policy.scheduler.step()
         policy.zero_grad()
         n = batch.completion_mask.sum().item()
@@ -46,6 +46,7 @@ class SupervisedUpdate:
             "completion_length": batch.completion_mask.sum(1).float().mean().item(),
             "grad_norm": float(grad_norm),
             "skipped_updates": int(was_skipped),
+            "undone_updates": int(bool(policy.undone)),
             **policy.learning_rates(),
         })
         every = cfg.sft.eval_every

@@ -17,6 +17,7 @@ from vlm_grpo.grpo.training.lora import apply_lora
 from vlm_grpo.grpo.training.optimizer import build_optimizer, build_scheduler, trainable_table, update_step
 from vlm_grpo.grpo.training.precision import MasterWeights, stores_bf16, to_bf16
 from vlm_grpo.grpo.training.policy import apply_prompt_settings, check_generation_fields
+from vlm_grpo.grpo.training.weight_guard import WeightGuard
 from vlm_grpo.loader import apply_cache_policy
 
 
@@ -66,6 +67,9 @@ class TrainedPolicy:
         self.updated_in_step = False
         inner = getattr(self.optimizer, "optimizer", self.optimizer)  # accelerate's wrapper holds torch's optimizer
         inner.register_step_pre_hook(lambda *_: setattr(self, "updated_in_step", True))
+        # every update's weights are checked finite; a step that breaks them is undone (guard.undo_nonfinite_updates)
+        self.weight_guard = WeightGuard(self.optimizer, keep_previous=cfg.guard.undo_nonfinite_updates)
+        self.undone: dict[str, float] = {}  # the last update's groups whose weights it made non-finite (undone)
         if ctx.is_main:
             print(trainable_table(adapter, cfg.optim))
 
@@ -93,15 +97,25 @@ class TrainedPolicy:
         if self.masters is not None:
             self.masters.clear_weight_gradients()
 
-    def update(self, optim_cfg) -> tuple[torch.Tensor, bool]:
+    def update(self, optim_cfg, step: int | None = None) -> tuple[torch.Tensor, bool]:
         """Clip and apply one optimizer update from the accumulated gradients: (gradient norm, skipped). bf16
-        weights: their gradients go onto the float32 masters first, and the updated masters back into them."""
+        weights: their gradients go onto the float32 masters first, and the updated masters back into them. An
+        update that makes a weight non-finite is undone and counts as skipped (`undone` names its groups)."""
         if self.masters is not None:
             self.masters.gradients_in()
         grad_norm, skipped = update_step(self.ctx.accelerator, self.optimizer, optim_cfg)
+        self.undone = self.weight_guard.check(step)
+        skipped = bool(skipped or self.undone)
         if self.masters is not None and not skipped:
             self.masters.weights_out()
         return grad_norm, skipped
+
+    def skip_reason(self) -> str:
+        """Why the last update was skipped, for the step's warning."""
+        if self.undone:
+            return ("the update made weights non-finite in " + ", ".join(self.undone) + "; undone (weights and "
+                    "optimizer state as before the step): lower optim.learning_rate")
+        return "non-finite gradient norm, update skipped"
 
     def learning_rates(self) -> dict[str, float]:
         return {f"lr/{g['name']}": g["lr"] for g in self.optimizer.param_groups}

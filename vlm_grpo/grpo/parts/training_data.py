@@ -11,6 +11,7 @@ from vlm_grpo.grpo.data.order import batch_indices, epoch_steps, repeats_note
 from vlm_grpo.grpo.data.source import build_split, resolve_recipe
 from vlm_grpo.grpo.evaluate import run_rewards_of
 from vlm_grpo.grpo.training.preflight import cheap_checks, check_drawn_sample, raise_on_failure
+from vlm_grpo.grpo.training.step_size import check_against_dataset
 from vlm_grpo.recipes.checked import CheckedSource
 
 PREFLIGHT_SAMPLES = 4  # samples the cheap pre-flight checks encode at the start of a run
@@ -36,6 +37,7 @@ class TrainingData:
         self.dataset = CheckedSource(build_split(self.recipe, cfg.data, "train", cfg.data.train_size, cfg.seed),
                                      cfg.data.on_bad_sample)
         per_step = cfg.data.batch_size * ctx.accelerator.num_processes
+        check_against_dataset(len(self.dataset), cfg.data.batch_size, ctx.accelerator.num_processes)
         if cfg.epochs > 0:  # the run's length in passes over the split (TRL's num_train_epochs with max_steps -1)
             cfg.max_steps = epoch_steps(cfg.epochs, len(self.dataset), per_step) * cfg.steps_per_generation
         note = repeats_note(len(self.dataset), per_step)

@@ -46,7 +46,7 @@ class PolicyUpdate:
         tokens = acc.reduce(mask.sum().float(), reduction="sum") / acc.num_processes
         coef = self.scorer.router_aux_coef
         sums: dict[str, float] = {}
-        skipped = 0
+        skipped = undone = 0
         for _ in range(cfg.num_iterations):
             policy.zero_grad()
             for k, part in enumerate(chunks):
@@ -65,10 +65,11 @@ class PolicyUpdate:
                     acc.backward(loss)
                 for key, value in metrics.items():
                     sums[key] = sums.get(key, 0.0) + float(value) * len(part) / trained / cfg.num_iterations
-            grad_norm, was_skipped = policy.update(cfg.optim)
+            grad_norm, was_skipped = policy.update(cfg.optim, step + 1)
             if was_skipped:
                 skipped += 1
-                log.warning("step %d: non-finite gradient norm, update skipped", step)
+                undone += bool(policy.undone)
+                log.warning("step %d: %s", step + 1, policy.skip_reason())
             policy.scheduler.step()
             policy.zero_grad()
             self.entropy_control.end_update(self.collective.reduce_sum)
@@ -77,7 +78,7 @@ class PolicyUpdate:
             self.updates += 1
             if cfg.loss.sync_ref_model and self.updates % cfg.loss.ref_model_sync_steps == 0:
                 reference_sync.mix(self.reference, policy.adapter.model, cfg.loss.ref_model_mixup_alpha)
-        return {**sums, "grad_norm": float(grad_norm), "skipped_updates": skipped}
+        return {**sums, "grad_norm": float(grad_norm), "skipped_updates": skipped, "undone_updates": undone}
 
     # ---------------------------------------------------------------- in the run's checkpoints
     def state_dict(self) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import torch
 
 from vlm_grpo.grpo.rewards.inputs import RewardInputs
-from vlm_grpo.grpo.rewards.values import BadScore, checked_score, score_list
+from vlm_grpo.grpo.rewards.values import BadScore, checked_score, checked_weight, score_list, split_reward_spec
 from vlm_grpo.grpo.user_calls import UserCodeError, call, settle_all
 from vlm_grpo.grpo.user_code import load_object
 from vlm_grpo.recipes.base import Reward
@@ -62,7 +62,9 @@ def weighed(rewards: list[Reward], weights: list[float] | None = None) -> list[R
             raise ValueError(f"data.reward_weights has {len(weights)} weights for {len(rewards)} rewards "
                              f"({', '.join(r.name for r in rewards)}): give one per reward, in order")
         for reward, weight in zip(rewards, weights):
-            reward.weight = float(weight)
+            reward.weight = checked_weight(f"data.reward_weights: reward {reward.name!r}", weight)
+    for reward in rewards:  # a recipe's or a Python caller's own weight too
+        reward.weight = checked_weight(f"reward {reward.name!r}", reward.weight)
     names = [r.name for r in rewards]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -72,14 +74,10 @@ def weighed(rewards: list[Reward], weights: list[float] | None = None) -> list[R
 
 def _split_spec(spec: str, explicit_weights: bool) -> tuple[str, str, float]:
     """(name or "", target, weight) of `name=target*weight` (name and weight optional)."""
-    name, _, rest = spec.partition("=") if "=" in spec.split(":")[0] else ("", "", spec)
-    target, star, weight = rest.rpartition("*") if "*" in rest else (rest, "", "")
-    if weight and explicit_weights:
+    name, target, weight = split_reward_spec(spec)
+    if weight is not None and explicit_weights:
         raise ValueError(f"reward {spec!r} carries a weight and data.reward_weights is set too: give weights one way")
-    try:
-        return name, target, float(weight) if weight else 1.0
-    except ValueError:
-        raise ValueError(f"reward {spec!r}: weight {weight!r} is not a number") from None
+    return name, target, 1.0 if weight is None else weight
 
 
 def parse_reward_specs(specs: list[str], explicit_weights: bool = False) -> list[Reward]:

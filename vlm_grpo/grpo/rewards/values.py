@@ -10,6 +10,7 @@ import numbers
 from typing import Any
 
 MAX_ABS_REWARD = 1e6  # larger scores overflow float32 statistics (1e300 is inf) and swamp every other reward
+MAX_ABS_WEIGHT = 1e6  # a weight times a score must stay a float32 number too
 
 
 class BadScore(ValueError):
@@ -67,3 +68,24 @@ def checked_score(index: int, value: Any) -> float:
         raise BadScore(index, f"{value!r} is out of range: a score must lie within +-{MAX_ABS_REWARD:g} (larger ones "
                        "overflow float32 and swamp every other reward)")
     return score
+
+
+def checked_weight(what: str, weight: Any) -> float:
+    """A reward's weight as a float: a finite number within +-MAX_ABS_WEIGHT (a NaN or 1e300 weight would train on
+    NaN/inf rewards); ValueError naming `what` and the value otherwise."""
+    try:
+        value = float(weight)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what}: weight {weight!r} is not a number") from None
+    if not math.isfinite(value) or abs(value) > MAX_ABS_WEIGHT:
+        raise ValueError(f"{what}: weight {weight!r} is out of range: it must be a finite number in "
+                         f"[-{MAX_ABS_WEIGHT:g}, {MAX_ABS_WEIGHT:g}]")
+    return value
+
+
+def split_reward_spec(spec: str) -> tuple[str, str, float | None]:
+    """(name or "", target, weight or None) of a `name=target*weight` reward entry (name and weight optional), the
+    weight checked."""
+    name, _, rest = spec.partition("=") if "=" in spec.split(":")[0] else ("", "", spec)
+    target, _, weight = rest.rpartition("*") if "*" in rest else (rest, "", "")
+    return name, target, checked_weight(f"reward {spec!r}", weight) if weight else None

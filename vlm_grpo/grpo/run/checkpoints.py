@@ -87,8 +87,8 @@ def disk_full_says(tmp: Path, run_dir: Path, need=lambda: None):
     """ENOSPC inside: the unfinished `tmp` removed, and DiskFull naming it, the space needed and the space free."""
     try:
         yield
-    except OSError as err:
-        if err.errno != errno.ENOSPC and not isinstance(err, DiskFull):
+    except Exception as err:  # noqa: BLE001 - torch's and safetensors' writers report a full disk in their own words
+        if not disk_full_error(err):
             raise
         safe_files.remove(tmp)
         CreatedFiles(run_dir).discard(tmp.name)
@@ -97,6 +97,21 @@ def disk_full_says(tmp: Path, run_dir: Path, need=lambda: None):
         raise DiskFull(errno.ENOSPC, f"disk full while saving {tmp} in {run_dir}: a checkpoint needs about "
                        f"{needed / 1e6:.1f} MB, {free / 1e6:.1f} MB are free; the previous checkpoint is kept as it "
                        "was. Free some space (or lower logging.keep_checkpoints) and --resume") from None
+
+
+# How writers say "disk full" without an OSError: torch.save's zip writer ("[enforce fail at inline_container.cc]
+# ... PytorchStreamWriter failed writing file ... file write failed" / "unexpected pos"), safetensors (Rust's
+# "IoError(Os { code: 28, kind: StorageFull ..."), and the C library's text for ENOSPC and EDQUOT.
+DISK_FULL_WORDS = ("inline_container.cc", "PytorchStreamWriter failed writing", "file write failed", "StorageFull",
+                   "code: 28", "code: 122", "No space left on device", "Disk quota exceeded")
+
+
+def disk_full_error(err: BaseException) -> bool:
+    """Whether `err` is a write that failed for want of space (ENOSPC, a quota), whoever raised it."""
+    if isinstance(err, DiskFull) or (isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)):
+        return True
+    return isinstance(err, (RuntimeError, OSError, ValueError)) and any(w in str(err) for w in DISK_FULL_WORDS) or \
+        type(err).__name__ == "SafetensorError" and any(w in str(err) for w in DISK_FULL_WORDS)
 
 
 def commit_checkpoint(tmp: Path, run_dir: Path, step: int, scheduler, state: dict[str, Any], keep: int = 2,

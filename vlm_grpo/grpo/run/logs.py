@@ -5,6 +5,7 @@ appended and rewritten only through grpo/run/safe_files.py (never through a link
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from vlm_grpo.grpo.user_calls import ERROR_LOG, failure_entry
 
 METRICS = "metrics.jsonl"
 COMPLETIONS = "completions.jsonl"
+log = logging.getLogger(__name__)
 
 
 class RunLog:
@@ -34,8 +36,10 @@ class RunLog:
                 text = path.read_text(errors="replace")
                 lines = text.splitlines()
                 kept = []
-                for line in lines:
+                for number, line in enumerate(lines, 1):
                     row = _parse(line)
+                    if row is None and line.strip():
+                        warn_damaged(path, number, line)
                     if row is not None and row.get("step", 0) <= step:
                         kept.append(line)
                     elif name == METRICS and row is not None and row.get("step", 0) > 0 and "stage" not in row:
@@ -67,7 +71,23 @@ def _parse(line: str) -> dict[str, Any] | None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """A run log's rows; a damaged line (a write cut short by a kill or a full disk, bytes that are not UTF-8) is
+    skipped with a warning naming the file and the line, so report, plot and completions read the rest."""
+    rows = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        row = _parse(line)
+        if row is None:
+            warn_damaged(path, number, line)
+            continue
+        rows.append(row)
+    return rows
+
+
+def warn_damaged(path: Path, number: int, line: str) -> None:
+    log.warning("%s: line %d is damaged (not one JSON object: %r), skipped; a write cut short by a kill or a full "
+                "disk leaves such a line", path, number, line[:60])
 
 
 def log_failure(run_dir: Path | None, err: BaseException) -> None:

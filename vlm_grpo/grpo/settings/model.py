@@ -48,8 +48,8 @@ class ModelConfig:
 @dataclass
 class LoraSettings:
     RESUME = "fixed"  # the checkpoint's adapter weights are shaped by these: a new run
-    r: int = setting(0, help="LoRA rank (0: LoRA off; the freeze policy decides what trains)", at_least=0)
-    alpha: int = setting(16, help="LoRA scaling alpha", above=0)
+    r: int = setting(0, help="LoRA rank (0: LoRA off; the freeze policy decides what trains)", at_least=0, at_most=4096)
+    alpha: int = setting(16, help="LoRA scaling alpha", above=0, at_most=100_000)
     dropout: float = setting(0.0, help="dropout on the LoRA path", at_least=0.0, below=1.0)
     target_modules: list[str] | None = setting(
         None, help="modules that get LoRA matrices: full names or name suffixes (e.g. merger.mlp.2); "

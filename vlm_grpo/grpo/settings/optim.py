@@ -16,17 +16,17 @@ OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adafactor", "sgd", "adamw_bnb
 
 @dataclass
 class OptimConfig:
-    learning_rate: float = setting(1e-5, help="learning rate of every module group without its own", at_least=0.0)
-    vision_lr: float | None = setting(None, help="vision tower learning rate (None: learning_rate)", at_least=0.0)
-    projector_lr: float | None = setting(None, help="projector learning rate (None: learning_rate)", at_least=0.0)
-    language_lr: float | None = setting(None, help="language model learning rate (None: learning_rate)", at_least=0.0)
-    head_lr: float | None = setting(None, help="LM head learning rate (None: learning_rate)", at_least=0.0)
+    learning_rate: float = setting(1e-5, help="learning rate of every module group without its own", at_least=0.0, at_most=10.0)
+    vision_lr: float | None = setting(None, help="vision tower learning rate (None: learning_rate)", at_least=0.0, at_most=10.0)
+    projector_lr: float | None = setting(None, help="projector learning rate (None: learning_rate)", at_least=0.0, at_most=10.0)
+    language_lr: float | None = setting(None, help="language model learning rate (None: learning_rate)", at_least=0.0, at_most=10.0)
+    head_lr: float | None = setting(None, help="LM head learning rate (None: learning_rate)", at_least=0.0, at_most=10.0)
     experts_lr: float | None = setting(None, help="mixture-of-experts routers and experts, a part of the language "
-                                       "model (None: language_lr)", at_least=0.0)
-    weight_decay: float = setting(0.0, help="AdamW weight decay", at_least=0.0)
-    adam_betas: tuple[float, float] = setting((0.9, 0.999), help="AdamW betas")
-    adam_eps: float = setting(1e-8, help="AdamW epsilon", above=0.0)
-    max_grad_norm: float = setting(1.0, help="clip the gradient norm to this (<= 0: measure only)")
+                                       "model (None: language_lr)", at_least=0.0, at_most=10.0)
+    weight_decay: float = setting(0.0, help="AdamW weight decay", at_least=0.0, at_most=10.0)
+    adam_betas: tuple[float, float] = setting((0.9, 0.999), help="AdamW betas", at_least=0.0, below=1.0)
+    adam_eps: float = setting(1e-8, help="AdamW epsilon", above=0.0, at_most=1.0)
+    max_grad_norm: float = setting(1.0, help="clip the gradient norm to this (<= 0: measure only)", at_least=-1e9, at_most=1e9)
     freeze: list[str] = setting(factory=list, resume="fixed", help="module groups to freeze: vision, projector, language, head; "
                                 "experts (a mixture-of-experts model's routers and experts, part of language)")
     trainable_patterns: list[str] = setting(factory=list, resume="fixed", help="regexes of parameter names trained again after freeze")
@@ -37,7 +37,7 @@ class OptimConfig:
     lr_scheduler: str = setting("constant_with_warmup", help="any schedule transformers.get_scheduler knows")
     lr_scheduler_kwargs: dict[str, Any] = setting(factory=dict, help="the schedule's own arguments (get_scheduler's "
                                                   "scheduler_specific_kwargs, e.g. {num_cycles: 2})")
-    warmup_steps: int = setting(0, help="warm-up steps (wins over warmup_ratio when > 0)", at_least=0)
+    warmup_steps: int = setting(0, help="warm-up steps (wins over warmup_ratio when > 0)", at_least=0, at_most=1_000_000_000)
     warmup_ratio: float = setting(0.0, help="warm-up as a share of the run's scheduler steps", at_least=0.0, at_most=1.0)
 
     def __post_init__(self) -> None:

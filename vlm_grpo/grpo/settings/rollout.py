@@ -22,28 +22,28 @@ class RolloutConfig:
     vllm_mode: str = setting("colocate", help="vLLM in this process (colocate), or a `vlm-grpo vllm-serve` server",
                              choices=VLLM_MODES)
     vllm_sync_steps: int = setting(1, help="push the policy's weights to vLLM every N optimizer steps (LoRA merged "
-                                   "first); 1: after every step, as TRL", at_least=1)
+                                   "first); 1: after every step, as TRL", at_least=1, at_most=1_000_000_000)
     vllm_gpu_memory_utilization: float = setting(0.3, help="colocate on a GPU: share of its memory vLLM takes",
                                                  above=0.0, at_most=1.0)
     vllm_cpu_kvcache_gb: float = setting(1.0, help="colocate on a CPU: GiB of KV cache (VLLM_CPU_KVCACHE_SPACE)",
-                                         above=0.0)
+                                         above=0.0, at_most=1e5)
     vllm_max_model_length: int | None = setting(None, help="vLLM's context length (None: the model's, at most "
-                                                "4096)", at_least=16)
+                                                "4096)", at_least=16, at_most=10_000_000)
     vllm_tensor_parallel_size: int = setting(1, help="vLLM processes per engine (one here)", at_least=1, at_most=1)
     vllm_server_base_url: str | None = setting(None, help="server mode: the server's URL (None: from host and port)")
     vllm_server_host: str = setting("127.0.0.1", help="server mode: the server's host")
     vllm_server_port: int = setting(8000, help="server mode: the server's port", at_least=1, at_most=65535)
     vllm_server_timeout: float = setting(240.0, help="server mode: seconds to wait for the server to answer",
-                                         above=0.0)
+                                         above=0.0, at_most=86400.0)
     vllm_importance_sampling_correction: bool = setting(True, help="weigh each token's loss by the truncated "
                                                         "ratio of trainer to vLLM probabilities (TRL's default)")
     vllm_importance_sampling_mode: str = setting("sequence_mask", help="per token or per sequence; truncate "
                                                  "(clip the ratio) or mask (zero it outside the bounds)",
                                                  choices=IS_MODES)
     vllm_importance_sampling_clip_max: float | None = setting(3.0, help="the ratio's upper bound (None: none)",
-                                                              above=0.0)
+                                                              above=0.0, at_most=1e6)
     vllm_importance_sampling_clip_min: float | None = setting(None, help="the ratio's lower bound (None: none)",
-                                                              at_least=0.0)
+                                                              at_least=0.0, at_most=1e6)
 
     def __post_init__(self) -> None:
         check_fields(self)

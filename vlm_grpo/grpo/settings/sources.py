@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from vlm_grpo.file_kinds import not_a_file
 from vlm_grpo.grpo.settings.sections import SECTIONS, TrainConfig
 from vlm_grpo.grpo.data.source import HUB_ID, build_options, resolve_recipe
 from vlm_grpo.grpo.setting_fields import SettingError, coerce, help_of, inline_yaml
@@ -187,8 +188,9 @@ def build_config(values: dict[str, Any]) -> TrainConfig:
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
-    if not path.is_file():
-        raise SettingError("config", f"no such file: {path}")
+    problem = not_a_file(path)  # a directory, FIFO or device is named as what it is (a FIFO would block a read)
+    if problem:
+        raise SettingError("config", problem)
     try:
         data = load_yaml(path.read_text(encoding="utf-8"), str(path)) or {}
     except UnicodeDecodeError as err:

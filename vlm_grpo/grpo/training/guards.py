@@ -30,8 +30,9 @@ class NonFiniteGuard:
         self.consecutive = self.consecutive + 1 if bad else 0
         if self.limit > 0 and self.consecutive >= self.limit:
             raise TrainingHalted(
-                f"{self.consecutive} consecutive steps had a non-finite loss or gradient (updates skipped, weights "
-                f"untouched) up to step {metrics.get('step')}; check the learning rate, rewards and data"
+                f"{self.consecutive} consecutive steps had a non-finite loss or gradient, or an update that made "
+                f"weights non-finite (updates skipped or undone, weights as before) up to step {metrics.get('step')}; "
+                "the newest checkpoint is the last good one; check the learning rate, rewards and data"
             )
 
 

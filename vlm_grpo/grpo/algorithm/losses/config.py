@@ -24,11 +24,11 @@ def _shared_fields() -> list[tuple[str, type, dataclasses.Field]]:
         ("epsilon", float, setting(0.2, help="clip range: the ratio is clipped below at 1 - epsilon", at_least=0.0,
                                    below=1.0)),
         ("epsilon_high", float | None, setting(None, help="clip range above, 1 + epsilon_high (cispo: the ratio's "
-                                               "cap; None: epsilon)", at_least=0.0)),
+                                               "cap; None: epsilon)", at_least=0.0, at_most=10.0)),
         ("delta", float | None, setting(None, help="cap of the unclipped ratio (two-sided clipping, INTELLECT-2; "
-                                        "None: off)", above=1.0)),
+                                        "None: off)", above=1.0, at_most=1e6)),
         ("beta", float, setting(0.0, help="KL coefficient (k3 estimator against the reference policy; 0: no "
-                                "reference)", at_least=0.0)),
+                                "reference)", at_least=0.0, at_most=1e3)),
         ("importance_sampling_level", str, setting("token", help="importance ratio per token, or per sequence "
                                                    "(GSPO)", choices=IMPORTANCE_SAMPLING_LEVELS)),
         ("use_bias_correction_kl", bool, setting(True, help="multiply the KL term by the importance ratio (TRL's "
@@ -39,28 +39,28 @@ def _shared_fields() -> list[tuple[str, type, dataclasses.Field]]:
                                                 "'Beyond the 80/20 rule'; 1: all)", at_least=0.0, at_most=1.0)),
         ("off_policy_mask_threshold", float | None, setting(None, help="drop a negative-advantage sequence whose "
                                                             "mean KL from the sampling policy exceeds this "
-                                                            "(DeepSeek-V3.2; None: off)", above=0.0)),
+                                                            "(DeepSeek-V3.2; None: off)", above=0.0, at_most=1e6)),
         ("entropy_coef", float, setting(0.0, help="entropy bonus: minus this x the mean entropy of the training "
-                                        "tokens (the start value when adaptive)")),
+                                        "tokens (the start value when adaptive)", at_least=-1e3, at_most=1e3)),
         ("use_adaptive_entropy", bool, setting(False, help="adapt entropy_coef each update toward entropy_target "
                                                "(Skywork-OR1)")),
-        ("entropy_coef_min", float, setting(0.0, help="adaptive entropy: lowest coefficient", at_least=0.0)),
-        ("entropy_coef_max", float, setting(1.0, help="adaptive entropy: highest coefficient", at_least=0.0)),
-        ("entropy_coef_delta", float, setting(0.005, help="adaptive entropy: change per update", at_least=0.0)),
+        ("entropy_coef_min", float, setting(0.0, help="adaptive entropy: lowest coefficient", at_least=0.0, at_most=1e3)),
+        ("entropy_coef_max", float, setting(1.0, help="adaptive entropy: highest coefficient", at_least=0.0, at_most=1e3)),
+        ("entropy_coef_delta", float, setting(0.005, help="adaptive entropy: change per update", at_least=0.0, at_most=1.0)),
         ("entropy_target", float, setting(0.2, help="adaptive entropy: the bonus applies while the mean entropy "
-                                          "(nats) is at or below this", at_least=0.0)),
+                                          "(nats) is at or below this", at_least=0.0, at_most=1e3)),
         ("sync_ref_model", bool, setting(False, help="move the reference toward the policy every ref_model_sync_steps "
                                          "updates (TR-DPO; needs beta > 0, no LoRA)")),
         ("ref_model_mixup_alpha", float, setting(0.6, help="reference sync: ref = alpha x policy + (1 - alpha) x ref",
                                                  at_least=0.0, at_most=1.0)),
         ("ref_model_sync_steps", int, setting(512, help="reference sync: every this many optimizer updates",
-                                              at_least=1)),
+                                              at_least=1, at_most=1_000_000_000)),
         ("router_aux_loss_coef", float | None, setting(None, help="mixture-of-experts models: weight of the "
                                                        "routers' load-balancing loss added to the loss, as TRL (None: "
                                                        "the model config's; 0: off; an error on a model without "
-                                                       "routers)", at_least=0.0)),
+                                                       "routers)", at_least=0.0, at_most=1e3)),
         ("max_completion_length", int, setting(64, resume="ignored", help="dr_grpo's normaliser; a run sets it from "
-                                               "generation.max_new_tokens", at_least=1)),
+                                               "generation.max_new_tokens", at_least=1, at_most=1_048_576)),
     ]
 
 

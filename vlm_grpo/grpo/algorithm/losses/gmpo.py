@@ -21,7 +21,7 @@ class GMPO(PolicyLoss):
     normalisation = "sequence"
     settings = {
         "gmpo_clip": setting(0.4, help="gmpo: clip range of each token's log ratio, (-c, c) (the paper's 0.4)",
-                             above=0.0),
+                             above=0.0, at_most=100.0),
     }
 
     @classmethod

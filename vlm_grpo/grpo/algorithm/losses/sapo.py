@@ -16,8 +16,8 @@ class SAPO(PolicyLoss):
     paper = "SAPO, arXiv:2511.20347"
     normalisation = "sequence"
     settings = {
-        "sapo_temperature_neg": setting(1.05, help="sapo: gate temperature for tokens with advantage <= 0", above=0.0),
-        "sapo_temperature_pos": setting(1.0, help="sapo: gate temperature for tokens with advantage > 0", above=0.0),
+        "sapo_temperature_neg": setting(1.05, help="sapo: gate temperature for tokens with advantage <= 0", above=0.0, at_most=100.0),
+        "sapo_temperature_pos": setting(1.0, help="sapo: gate temperature for tokens with advantage > 0", above=0.0, at_most=100.0),
     }
 
     def per_token(self, terms: LossTerms, cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -25,10 +25,10 @@ class VESPO(PolicyLoss):
     paper = "VESPO, arXiv:2602.10693"
     normalisation = "step_tokens"
     settings = {
-        "vespo_k_pos": setting(2.0, help="vespo: power k for advantages >= 0", at_least=0.0),
-        "vespo_lambda_pos": setting(3.0, help="vespo: decay lambda for advantages >= 0", at_least=0.0),
-        "vespo_k_neg": setting(3.0, help="vespo: power k for advantages < 0", at_least=0.0),
-        "vespo_lambda_neg": setting(2.0, help="vespo: decay lambda for advantages < 0", at_least=0.0),
+        "vespo_k_pos": setting(2.0, help="vespo: power k for advantages >= 0", at_least=0.0, at_most=1e3),
+        "vespo_lambda_pos": setting(3.0, help="vespo: decay lambda for advantages >= 0", at_least=0.0, at_most=1e3),
+        "vespo_k_neg": setting(3.0, help="vespo: power k for advantages < 0", at_least=0.0, at_most=1e3),
+        "vespo_lambda_neg": setting(2.0, help="vespo: decay lambda for advantages < 0", at_least=0.0, at_most=1e3),
     }
 
     @classmethod
