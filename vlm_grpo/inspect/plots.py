@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -38,6 +39,10 @@ class RunData:
         if not path.exists():
             raise FileNotFoundError(f"{path} not found: is {run_dir} a training run directory?")
         comp = run_dir / COMPLETIONS
+        # the run's own logs only: a symlinked or hard-linked log could bring any file's lines into a report
+        safe_files.run_file(run_dir, METRICS)
+        if os.path.lexists(comp):
+            safe_files.run_file(run_dir, COMPLETIONS)
         return cls(run_dir, read_jsonl(path), read_jsonl(comp) if comp.exists() else [])
 
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:

@@ -9,6 +9,9 @@ opened through a symlink or a file with other hard links, and listed in the run'
 - `fresh_dir`: a staging folder (`.tmp-*`) removed and made again, never reused through a link.
 - `CreatedFiles`: `.vlm-grpo-files.json`, the top-level names the run created. A run deletes or rewrites only those:
   a user's file that happens to carry a run file's name is never touched.
+- `read_run_file(run_dir, relative)`: what report.html, the trackers and the model card read back from a run
+  (images, charts): a path inside the run directory, reached through no link and no hard-linked file; anything else
+  (`/etc/...`, `../`, a symlinked `attention.png`) is refused with `OutsideRun`, naming why, and left out.
 - Disk full (ENOSPC) while writing becomes `DiskFull`: the path, the space needed and the space free, in one line.
 """
 
@@ -34,6 +37,10 @@ class UnsafeRunPath(SettingError):
     def __init__(self, path: Path, problem: str):
         super().__init__("logging.output_dir", f"{path} {problem}: a run never writes through links; remove it or "
                          "choose another --output-dir")
+
+
+class OutsideRun(ValueError):
+    """A path read back from a run that is not one of the run's own files."""
 
 
 class DiskFull(OSError):
@@ -229,3 +236,39 @@ def write_run_path(run_dir: Path, relative: str, data: bytes | str) -> Path:
         if not folder.is_dir():
             os.mkdir(folder)
     return write_file(run_dir / relative, data)
+
+
+def run_file(run_dir: Path, relative: str | Path) -> Path:
+    """`relative` inside `run_dir`, every step of the way a real folder and at its end a plain file with one link;
+    else OutsideRun saying why."""
+    run_dir = Path(run_dir)
+    rel = Path(str(relative))
+    if not str(relative) or rel.is_absolute() or ".." in rel.parts or str(relative).startswith("~"):
+        raise OutsideRun(f"{relative} is not a path inside the run directory")
+    path = run_dir
+    for part in rel.parts:
+        path = path / part
+        try:
+            st = os.lstat(path)
+        except OSError:
+            raise OutsideRun(f"{relative} is not in the run directory") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise OutsideRun(f"{relative} goes through a symlink ({path.relative_to(run_dir)} -> {os.readlink(path)})")
+    if not stat.S_ISREG(st.st_mode):
+        raise OutsideRun(f"{relative} is not a regular file")
+    if st.st_nlink > 1:
+        raise OutsideRun(f"{relative} is a hard-linked file ({st.st_nlink} links: it may be a file from outside the run)")
+    return path
+
+
+def read_run_file(run_dir: Path, relative: str | Path, max_bytes: int = 64 * 2**20) -> bytes:
+    """The bytes of the run's own file `relative` (run_file's rule, checked again on the open file)."""
+    path = run_file(run_dir, relative)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+            raise OutsideRun(f"{relative} changed into a link while it was read")
+        if st.st_size > max_bytes:
+            raise OutsideRun(f"{relative} is {st.st_size / 1e6:.0f} MB, above {max_bytes / 1e6:.0f} MB")
+        return fh.read(max_bytes + 1)[:max_bytes]
