@@ -283,10 +283,13 @@ def write_plots(run_dir: str | Path, out_dir: str | Path | None = None, *, dpi: 
 
     data = RunData.load(run_dir)
     out = Path(out_dir) if out_dir else data.run_dir / "plots"
-    if out_dir is None and CreatedFiles(data.run_dir).exists:  # the run's own folder: recorded, never a link
-        CreatedFiles(data.run_dir).add(out.name)
+    listed = CreatedFiles(data.run_dir) if out_dir is None and CreatedFiles(data.run_dir).exists else None
+    if listed is not None:  # the run's own folder: claimed (refused when it is not the run's), never a link
+        listed.add(out.name)
     safe_files.check_path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if listed is not None:
+        listed.record(out.name)
     made = charts(data, **chart_kwargs)
     if not made:
         raise ValueError(f"{data.run_dir / METRICS} holds no plottable metrics")
