@@ -28,6 +28,7 @@ from typing import Any, Iterable
 from PIL import Image
 
 from vlm_grpo.grpo.run import safe_files
+from vlm_grpo.grpo.run.outputs import write_output
 from vlm_grpo.inspect.plots import RunData
 from vlm_grpo.inspect.svg_charts import chart_svgs
 
@@ -372,8 +373,11 @@ def build_report(run_dir: str | Path) -> str:
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """RUN_DIR/report.html, a run file (run/safe_files: never through a link, on the run's list); or `out`, a path
-    the user names, written through a temporary file and one rename as well."""
+    the user names, written through a temporary file and one rename as well, what was there moved aside."""
     html = build_report(run_dir).encode("utf-8")
-    if out:
-        return safe_files.write_file(Path(out), html)
+    if out:  # a file this program did not write there is moved aside, never overwritten (run/outputs.py)
+        path, note = write_output(Path(out), html)
+        if note:
+            print(note)
+        return path
     return safe_files.write_run_file(Path(run_dir), REPORT, html)
