@@ -67,3 +67,17 @@ def test_report_out_and_audit_json_move_the_users_file_aside(tmp_path):
                  str(audit)]) == 0
     assert "samples" in json.loads(audit.read_text()) and next(tmp_path.glob("audit.json.replaced-*")).read_text() == \
         "my audit"
+
+
+def test_a_save_into_the_run_directory_goes_file_by_file(tmp_path):
+    run = tmp_path / "run"
+    safe_files.write_run_path(run, "checkpoint-1/model.safetensors", b"ckpt") if run.mkdir() is None else None
+    (run / "README.md").write_text("my notes\n")
+    for _ in range(2):
+        staging = outputs.staging_for(run)
+        (staging / "README.md").write_text("card\n")
+        (staging / "model.safetensors").write_bytes(b"w")
+        outputs.commit_folder(staging, run)
+    assert (run / "checkpoint-1" / "model.safetensors").read_bytes() == b"ckpt" and (run / "README.md").read_text() == "card\n"
+    assert [p.read_text() for p in run.glob("README.md.replaced-*")] == ["my notes\n"]  # moved once, then replaced
+    assert {"README.md", "model.safetensors", "checkpoint-1"} <= safe_files.CreatedFiles(run).names()

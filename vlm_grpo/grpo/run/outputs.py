@@ -7,7 +7,8 @@ is moved aside (never overwritten, never deleted) and the message names both pat
   is first renamed to `NAME.replaced-<UTC time>`.
 - `commit_folder(staging, out)`: a folder written whole in `staging` (beside `out`) renamed into place. An empty
   folder, or an earlier save of this program (a `manifest.json` that lists every file in it, each of the size
-  recorded), is replaced; a folder holding anything else is moved aside the same way.
+  recorded), is replaced; a folder holding anything else is moved aside the same way. Into a run directory (a TRL
+  script's `save_model(output_dir)`) the files go one by one: the run's own replaced, any other moved aside.
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ def commit_folder(staging: Path, out: Path) -> str | None:
     """`staging` renamed to `out`; returns the note when what was at `out` was moved aside."""
     out = Path(out)
     safe_files.check_path(out)
+    if safe_files.CreatedFiles(out).exists:  # a run directory (TRL scripts save into output_dir): file by file
+        return _merge_into_run(staging, out)
     note = None
     if os.path.lexists(out):
         if not out.is_dir():
@@ -91,3 +94,24 @@ def commit_folder(staging: Path, out: Path) -> str | None:
             note = _move_aside(out, f"files ({', '.join(held[:4])}{' ...' if len(held) > 4 else ''})")
     os.rename(staging, out)
     return note
+
+
+def _merge_into_run(staging: Path, run_dir: Path) -> str | None:
+    """Each saved entry renamed into the run directory and listed as the run's: an entry of the run's own replaced,
+    anything else there moved aside."""
+    listed = safe_files.CreatedFiles(run_dir)
+    mine = listed.names()
+    notes = []
+    for entry in sorted(staging.iterdir()):
+        target = run_dir / entry.name
+        safe_files.check_path(target)
+        if os.path.lexists(target):
+            if entry.name in mine:
+                safe_files.remove(target)
+            else:
+                notes.append(_move_aside(target, "a file" if not target.is_dir() else "a folder"))
+        listed.add(entry.name)
+        os.rename(entry, target)
+        listed.record(entry.name)
+    staging.rmdir()
+    return "; ".join(notes) or None
