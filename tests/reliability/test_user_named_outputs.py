@@ -71,7 +71,8 @@ def test_report_out_and_audit_json_move_the_users_file_aside(tmp_path):
 
 def test_a_save_into_the_run_directory_goes_file_by_file(tmp_path):
     run = tmp_path / "run"
-    safe_files.write_run_path(run, "checkpoint-1/model.safetensors", b"ckpt") if run.mkdir() is None else None
+    run.mkdir()
+    safe_files.write_run_path(run, "checkpoint-1/model.safetensors", b"ckpt")
     (run / "README.md").write_text("my notes\n")
     for _ in range(2):
         staging = outputs.staging_for(run)
