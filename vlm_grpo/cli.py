@@ -41,6 +41,7 @@ from vlm_grpo.commands import (
 from vlm_grpo.grpo.interrupts import StopSignal
 from vlm_grpo.grpo.run import stop_signals
 from vlm_grpo.grpo.setting_fields import SettingError
+from vlm_grpo.terminal import safe_streams
 
 FAILED, REFUSED = 1, 2
 COMMANDS = (
@@ -75,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     stop_signals.install()  # first: a signal during the imports below stops with 130/143 like any other
     try:
-        code = _main(list(sys.argv[1:] if argv is None else argv))
+        with safe_streams():  # whatever a command prints from a run or from the user: no terminal control sequence
+            code = _main(list(sys.argv[1:] if argv is None else argv))
     except StopSignal as stop:
         print(f"vlm-grpo: {stop}", file=sys.stderr)
         code = stop.exit_code

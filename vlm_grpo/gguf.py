@@ -123,12 +123,16 @@ def load_gguf(path: Path) -> tuple[Any, Any]:
     """(model, tokenizer) of a GGUF file: an ordinary, savable float model of the class transformers picks."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from vlm_grpo.adapters.remote_code import check_remote_code
     from vlm_grpo.adapters.seeding import default_dtype
 
     folder, name = str(path.parent), path.name
+    # transformers also reads the folder's config files (a tokenizer_config.json's auto_map): code beside a GGUF
+    # is refused here, naming the folder, never a y/N prompt or an error that blames the GGUF file
+    check_remote_code(folder, False, what=f"the folder of {name},", flag=None)
     with _reading(path):
-        read = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        read = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
     config = copy.deepcopy(read.config)
     # The weights are float now: a saved config must not ask for GGUF; general.name is no loadable id.
     for key in ("quantization_config", "_is_quantized", "_model_name_or_path"):

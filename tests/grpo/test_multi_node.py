@@ -110,7 +110,7 @@ def test_a_run_directory_one_machine_does_not_share_is_refused_at_the_start(tmp_
     # the check's own file is gone; the run stopped before config.yaml: only the lock file of the refused start and its
     # (empty) list of created files are left
     assert sorted(p.name for p in dirs[0].iterdir()) == [".run.lock", ".vlm-grpo-files.json"]
-    assert json.loads((dirs[0] / ".vlm-grpo-files.json").read_text())["files"] == []
+    assert not json.loads((dirs[0] / ".vlm-grpo-files.json").read_text())["files"]
     assert not dirs[1].exists()  # nothing was written on machine 1
 
 

@@ -4,13 +4,14 @@ recipe's audit result is what docs/guards.md states."""
 from __future__ import annotations
 
 import re
+import types
 
 import pytest
 
 from tests.recipes.helpers import save_image, write_jsonl
 from vlm_grpo.cli import main
 from vlm_grpo.grpo.rewards.audit import ADVERSARIES, adversarial_completions, audit_rewards
-from vlm_grpo.recipes import get_recipe
+from vlm_grpo.recipes import RECIPES, get_recipe
 from vlm_grpo.recipes.audit_hints import DEFAULT_HINTS, generic_candidates
 from vlm_grpo.recipes.base import Reward
 from vlm_grpo.recipes.rewards import answer_or_text
@@ -76,6 +77,9 @@ def row_files(tmp_path_factory):
         "mm_math": write_jsonl(root / "mm.jsonl", [{"image": f"img{i}.png", "problem": "What is x?", "solution": s}
                                                    for i, s in enumerate(["<answer>\\frac{1}{2}</answer>", "3", "B", "12",
                                                                           "<answer>45</answer>", "yes"])]),
+        "trl": write_jsonl(root / "trl.jsonl", [{"prompt": "Which animal?", "image": str(root / f"img{i}.png"),
+                                                 "solution": w} for i, w in enumerate(["cat", "dog", "bird", "cat",
+                                                                                       "dog", "fish"])]),
     }
     return files
 
@@ -133,3 +137,44 @@ def test_the_command_calls_rewards_under_the_reward_timeout(capsys):
     assert main(["audit-rewards", "--samples", "1", "--reward", f"judge={reward}", "--reward-timeout", "0.2",
                  "--allow", "judge", "--data.recipe_options", "{image_size: 64}"]) == 0
     assert "rewards that raised on adversarial completions (scored 0): {'judge':" in capsys.readouterr().out
+
+
+def answer_anywhere(hints):
+    """The exploit: pays any completion that contains the row's answer somewhere (`answer in text`)."""
+    def anywhere(completions, **columns):
+        out = []
+        for k, text in enumerate(completions):
+            row = {name: values[k] for name, values in columns.items()
+                   if isinstance(values, list) and len(values) == len(completions)}
+            answer = hints.answer(types.SimpleNamespace(fields=row, reference=None, prompt=[]))
+            out.append(1.0 if answer and answer.lower() in text.lower() else 0.0)
+        return out
+
+    return anywhere
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_a_reward_paying_the_answer_anywhere_is_flagged_on_every_recipe(name, row_files):
+    recipe = get_recipe(name)
+    options = {"path": str(row_files[name])} if name in row_files else {"image_size": 64} if name == "shapes" else {}
+    data = recipe.build(split="train", size=6, seed=0, **options)
+    hints = recipe.audit or DEFAULT_HINTS
+    report = audit_rewards([Reward("anywhere", answer_anywhere(hints))], [data[i] for i in range(6)], recipe.audit)
+    assert report.means[("reference", "anywhere")] == 1.0  # the reward does pay the right answer
+    flagged = {(f.component, f.adversary) for f in report.flags()}
+    assert ("anywhere", "enumerate") in flagged, (report.table(), report.candidates)
+    assert all(k > 1 for k in report.candidates)  # every row has a space of answers to enumerate
+
+
+def test_the_answer_space_of_a_free_text_task_is_its_rows_answers():
+    from vlm_grpo.grpo.rewards.audit import answer_space
+
+    recipe = get_recipe("cryptogram")
+    data = recipe.build(split="train", size=4, seed=0)
+    samples = [data[i] for i in range(4)]
+    space = answer_space(samples, recipe.audit)
+    answers = [recipe.audit.answer(s) for s in samples]
+    assert [row[0] for row in space] == answers and all(set(row) == set(answers) for row in space)
+    assert adversarial_completions(samples[0], recipe.audit, candidates=space[0])["enumerate"].count(answers[1]) == 1
+    # a user dataset's wrong answer is another answer of the task, not a made-up word
+    assert DEFAULT_HINTS.wrong(samples[0], "cat", ["cat", "dog"]) == "dog" and DEFAULT_HINTS.wrong(samples[0], "cat") == "none"

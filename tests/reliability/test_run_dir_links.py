@@ -48,7 +48,7 @@ def shipped_run(tmp_path: Path) -> tuple[Path, Path]:
     step.mkdir()
     (step / ckpt.STATE_FILE).write_text('{"global_step": 1, "log_history": []}')
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
-    CreatedFiles(run).add("checkpoint-1", "metrics.jsonl")
+    CreatedFiles(run).record("checkpoint-1", "metrics.jsonl")
     return run, outside
 
 

@@ -84,7 +84,7 @@ def test_a_failed_start_is_not_a_run_and_leftover_temp_checkpoints_are_removed(t
     leftover = run / ".tmp-checkpoint-3-4242"  # what a kill during a save leaves
     leftover.mkdir()
     (leftover / "model.safetensors").write_bytes(b"half")
-    CreatedFiles(run).add(leftover.name)  # a save records its folder before writing it: the run's own to remove
+    CreatedFiles(run).record(leftover.name)  # a save records its folder once made: the run's own to remove
     # no --resume, no --overwrite-output-dir: a failed start is not a run to protect
     assert main(["train", *RUN, "--max-steps", "1", "--output-dir", str(run)]) == 0
     out = capsys.readouterr().out
@@ -101,7 +101,7 @@ def test_a_checkpoint_caught_between_its_replacement_renames_is_put_back(tmp_pat
     stale.mkdir()
     (tmp_path / "checkpoint-2").mkdir()
     (tmp_path / ".tmp-final").mkdir()
-    CreatedFiles(tmp_path).add(old.name, stale.name, "checkpoint-2", ".tmp-final")  # the run's own
+    CreatedFiles(tmp_path).record(old.name, stale.name, "checkpoint-2", ".tmp-final")  # the run's own
     done = remove_leftovers(tmp_path)
     assert done == ["removed .tmp-final, an unfinished save of an interrupted run",
                     "removed .old-checkpoint-2-123, a replaced checkpoint",

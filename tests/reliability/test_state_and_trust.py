@@ -73,6 +73,8 @@ def test_a_malformed_trainer_state_is_refused_too(tmp_path):
     ("trust_checkpoint: true\n", "trust_checkpoint"), ("trust-checkpoint: true\n", "trust_checkpoint"),
     ("model:\n  trust_remote_code: true\n", "model.trust_remote_code"),
     ("model.trust_remote_code: true\n", "model.trust_remote_code"), ("trust_remote_code: false\n", "model.trust_remote_code"),
+    ("model:\n  allow_pickle_weights: true\n", "model.allow_pickle_weights"),
+    ("allow-pickle-weights: true\n", "model.allow_pickle_weights"),
 ])
 def test_a_trust_key_in_yaml_is_refused_by_name(tmp_path, text, key):
     path = tmp_path / "run.yaml"
@@ -82,13 +84,24 @@ def test_a_trust_key_in_yaml_is_refused_by_name(tmp_path, text, key):
     assert str(refused.value).startswith(f"setting '{key}'") and "never by a file" in str(refused.value)
 
 
+def test_an_experiment_file_may_set_no_trust_key_either(tmp_path):
+    from vlm_grpo.experiment.plan import read_experiment
+
+    path = tmp_path / "exp.yaml"
+    path.write_text("compose: {llm: smollm2, vision: v}\ngrpo:\n  model: {allow_pickle_weights: true}\n")
+    with pytest.raises(SettingError, match="setting 'model.allow_pickle_weights'.*never by a file"):
+        read_experiment(path)
+
+
 def test_trust_comes_from_the_command_line_and_is_never_saved():
-    cfg = load_config(None, ["--trust-checkpoint", "--trust-remote-code"])
-    assert cfg.trust_checkpoint and cfg.model.trust_remote_code
+    cfg = load_config(None, ["--trust-checkpoint", "--trust-remote-code", "--model.allow_pickle_weights", "true"])
+    assert cfg.trust_checkpoint and cfg.model.trust_remote_code and cfg.model.allow_pickle_weights
     saved = to_yaml(cfg)
     assert "trust_checkpoint" not in saved and "trust_remote_code" not in saved  # config.yaml
+    assert "allow_pickle_weights" not in saved
     kept = without_trust(cfg.to_dict())  # what run_state.json's config holds
     assert "trust_checkpoint" not in kept and "trust_remote_code" not in kept["model"]
+    assert "allow_pickle_weights" not in kept["model"]
     assert not load_config(None, []).trust_checkpoint  # a resume given no flag does not trust
 
 
@@ -139,3 +152,29 @@ def test_compose_refuses_a_donor_with_code_without_prompting_when_stdin_is_close
     assert done.returncode == 1, done.stderr
     assert "ships its own Python code (modeling_evil.EvilLM)" in done.stderr and "--trust-remote-code" in done.stderr
     assert "[y/N]" not in done.stdout + done.stderr and not marker.exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("config", ["config.json", "tokenizer_config.json", "preprocessor_config.json",
+                                    "processor_config.json"])
+def test_code_beside_a_gguf_is_refused_naming_the_folder_not_the_gguf(tmp_path, config, capsys):
+    from vlm_grpo.cli import main
+
+    folder = tmp_path / "lm"
+    folder.mkdir()
+    (folder / "m.gguf").write_bytes(b"GGUF")
+    (folder / config).write_text(json.dumps({"auto_map": {"AutoTokenizer": ["tok_evil.Evil", None]}}))
+    assert main(["convert-gguf", "--gguf", str(folder / "m.gguf"), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert f"the folder of m.gguf, {folder} ships its own Python code (tok_evil.Evil, None)" in err, err
+    assert "not a GGUF" not in err and "runs no shipped code" in err and not (tmp_path / "out").exists()
+
+
+def test_a_model_folder_whose_tokenizer_ships_code_is_refused_before_loading(tmp_path):
+    from vlm_grpo.loader import load_model
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": "tok.Evil"}}))
+    with pytest.raises(ValueError, match="ships its own Python code \\(tok.Evil\\).*--trust-remote-code"):
+        load_model(str(folder), decide_cache=False)

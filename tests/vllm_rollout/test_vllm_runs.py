@@ -81,7 +81,9 @@ def server(tmp_path_factory):
     deadline = time.time() + 300
     while True:
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health/", timeout=2).read()
+            health = urllib.request.Request(f"http://127.0.0.1:{port}/health/",
+                                            headers={"Authorization": f"Bearer {os.environ['VLM_GRPO_VLLM_KEY']}"})
+            urllib.request.urlopen(health, timeout=2).read()
             break
         except OSError:
             if proc.poll() is not None or time.time() > deadline:

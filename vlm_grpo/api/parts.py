@@ -52,7 +52,7 @@ def adapter_for(model: Any, processing_class: Any = None) -> VLMAdapter:
         from transformers import AutoProcessor, AutoTokenizer
 
         loader = AutoProcessor if cls.reads_images else AutoTokenizer
-        processing_class = loader.from_pretrained(base.name_or_path)
+        processing_class = loader.from_pretrained(base.name_or_path, trust_remote_code=False)  # never a y/N prompt
     if not cls.reads_images:  # a text-only model reads its tokenizer (or a processor's)
         return cls(model, processing_class, source=model_record(model))
     if not hasattr(processing_class, "tokenizer") or not hasattr(processing_class, "image_processor"):

@@ -34,7 +34,7 @@ from vlm_grpo.grpo.parts.saves import Saves
 from vlm_grpo.grpo.parts.trained_policy import TrainedPolicy, ready_adapter
 from vlm_grpo.grpo.parts.training_data import TrainingData
 from vlm_grpo.grpo.run import checkpoints as ckpt
-from vlm_grpo.grpo.run import safe_files
+from vlm_grpo.grpo.run import outputs, safe_files
 from vlm_grpo.grpo.run.hub import push_final
 from vlm_grpo.grpo.run.logs import log_failure
 from vlm_grpo.grpo.run.manifest import write_manifest
@@ -427,11 +427,14 @@ class Stage:
             self.write_card(final)
             return final
         out = Path(output_dir)
-        if self.ctx.is_main:
-            out.mkdir(parents=True, exist_ok=True)
-            ckpt.save_model(self.adapter, out)
-            write_manifest(out)
-            self.write_card(out)
+        if self.ctx.is_main:  # written whole beside `out`, then renamed: a folder of other files is moved aside
+            staging = outputs.staging_for(out)
+            ckpt.save_model(self.adapter, staging)
+            write_manifest(staging)
+            self.write_card(staging)
+            note = outputs.commit_folder(staging, out)
+            if note:
+                print(note)
         return out
 
     def push_to_hub(self, repo_id: str | None = None, *, private: bool | None = None,

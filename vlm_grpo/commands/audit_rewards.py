@@ -28,6 +28,7 @@ def run(args, extra: list[str]) -> int:
     from vlm_grpo.grpo.data.source import build_split
     from vlm_grpo.grpo.rewards.audit import audit_rewards, completion_tokens
     from vlm_grpo.grpo.rewards.scoring import run_rewards
+    from vlm_grpo.grpo.run.outputs import write_output
     from vlm_grpo.grpo.settings.sources import check_sources, load_recipe_config
     from vlm_grpo.grpo.training.policy import load_policy
     from vlm_grpo.grpo.training.hacking_watch import run_hints
@@ -62,6 +63,8 @@ def run(args, extra: list[str]) -> int:
     for finding in flags:
         print(f"FLAG: {finding.line()}")
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_dict(allow), indent=1, default=float) + "\n")
+        _, note = write_output(Path(args.json), json.dumps(report.to_dict(allow), indent=1, default=float) + "\n")
+        if note:
+            print(note)
     print(f"{len(flags)} exploits flagged" + (" (--allow NAME accepts one)" if flags else ""))
     return 1 if flags else 0

@@ -10,6 +10,8 @@ from typing import Any
 
 import yaml
 
+from vlm_grpo.grpo.settings.sources import refuse_trust_keys
+
 STAGES = ("compose", "align", "sft", "grpo", "eval")
 TRAINING_STAGES = ("align", "sft", "grpo")
 TOP_KEYS = {"name", "output_dir", "base_seed", "compose", "eval", *TRAINING_STAGES}
@@ -113,10 +115,12 @@ def read_experiment(path: str | Path, overrides: list[str] = ()) -> Experiment:
                                   "(the composed model, the previous stage's final/); remove them")
         if "output_dir" in settings.get("logging", {}):
             raise ExperimentError(f"{source}: {stage}: logging.output_dir is set by the experiment (OUTPUT_DIR/...)")
+        refuse_trust_keys(settings, f"{source}: {stage}")
         if stage == "align" and "words" in settings:
             check_words_align(settings, source)
         stages[stage] = settings
     evaluation = _section(data, "eval", source)
+    refuse_trust_keys(evaluation, f"{source}: eval")
     if sorted(set(evaluation) - EVAL_KEYS):
         raise ExperimentError(f"{source}: eval: unknown key(s) {sorted(set(evaluation) - EVAL_KEYS)}; "
                               f"known: {', '.join(sorted(EVAL_KEYS))}")

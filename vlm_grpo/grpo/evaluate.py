@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -319,9 +318,11 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def write_report(report: dict[str, Any], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # its own: two processes may write the same report
-    tmp.write_text(json.dumps(report, indent=2, default=str))
-    tmp.replace(path)
+    """The report as JSON at `path` (run/outputs.py: a file this program did not write there is moved aside, never
+    overwritten; in a run directory the report is listed as the run's)."""
+    from vlm_grpo.grpo.run.outputs import write_output
+
+    path, note = write_output(path, json.dumps(report, indent=2, default=str))
+    if note:
+        print(note)
     return path

@@ -299,4 +299,7 @@ def failure_entry(err: BaseException) -> str:
     """The errors.log entry for `err`: a time-stamped line and its full traceback (a UserCodeError's: the user
     code's own). The run directory writes it (run/safe_files), as every run file."""
     text = getattr(err, "traceback_text", "") or "".join(traceback.format_exception(type(err), err, err.__traceback__))
-    return f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {err}\n{text}\n"
+    from vlm_grpo.terminal import printable, safe_text
+
+    # the text quotes user data (a completion, a row): no control sequence reaches whoever reads the log
+    return f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {printable(err)}\n{safe_text(text)}\n"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from vlm_grpo.grpo.run.logs import COMPLETIONS, read_jsonl
+from vlm_grpo.terminal import printable as one_line
 
 
 def load_completions(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -76,7 +77,7 @@ def tool_summary(turns: list[dict[str, Any]]) -> str:
 
 
 def _num(v: Any) -> str:
-    return "-" if v is None else f"{float(v):+.3f}" if isinstance(v, (int, float)) else str(v)
+    return "-" if v is None else f"{float(v):+.3f}" if isinstance(v, (int, float)) else one_line(v)
 
 
 def format_rows(rows: Iterable[dict[str, Any]], *, width: int | None = None, max_lines: int = 6,
@@ -86,11 +87,12 @@ def format_rows(rows: Iterable[dict[str, Any]], *, width: int | None = None, max
     width = max(40, width)
     blocks = []
     for n, r in enumerate(rows, 1):
-        comps = "  ".join(f"{k}={_num(v)}" for k, v in (r.get("rewards") or {}).items())
+        # every field of the run's log is shown through one_line: a reward's name or a flag may hold escapes too
+        comps = "  ".join(f"{one_line(k)}={_num(v)}" for k, v in (r.get("rewards") or {}).items())
         head = (
-            f"#{n} step {r.get('step')}  sample {r.get('sample_index')}  proc {r.get('process', 0)}  "
-            f"reward {_num(r.get('reward'))}  adv {_num(r.get('advantage'))}"
-            + (f"  FLAGGED: {', '.join(r['flags'])}" if r.get("flags") else "")
+            f"#{n} step {one_line(r.get('step'))}  sample {one_line(r.get('sample_index'))}  "
+            f"proc {one_line(r.get('process', 0))}  reward {_num(r.get('reward'))}  adv {_num(r.get('advantage'))}"
+            + (f"  FLAGGED: {', '.join(map(one_line, r['flags']))}" if r.get("flags") else "")
         )
         lines = textwrap.wrap(head, width) + textwrap.wrap("   " + comps, width, subsequent_indent="   ")
         if r.get("turns"):  # a multi-turn rollout with tools: what it did, before the trajectory itself

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -38,6 +39,10 @@ class RunData:
         if not path.exists():
             raise FileNotFoundError(f"{path} not found: is {run_dir} a training run directory?")
         comp = run_dir / COMPLETIONS
+        # the run's own logs only: a symlinked or hard-linked log could bring any file's lines into a report
+        safe_files.run_file(run_dir, METRICS)
+        if os.path.lexists(comp):
+            safe_files.run_file(run_dir, COMPLETIONS)
         return cls(run_dir, read_jsonl(path), read_jsonl(comp) if comp.exists() else [])
 
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -278,10 +283,13 @@ def write_plots(run_dir: str | Path, out_dir: str | Path | None = None, *, dpi: 
 
     data = RunData.load(run_dir)
     out = Path(out_dir) if out_dir else data.run_dir / "plots"
-    if out_dir is None and CreatedFiles(data.run_dir).exists:  # the run's own folder: recorded, never a link
-        CreatedFiles(data.run_dir).add(out.name)
+    listed = CreatedFiles(data.run_dir) if out_dir is None and CreatedFiles(data.run_dir).exists else None
+    if listed is not None:  # the run's own folder: claimed (refused when it is not the run's), never a link
+        listed.add(out.name)
     safe_files.check_path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if listed is not None:
+        listed.record(out.name)
     made = charts(data, **chart_kwargs)
     if not made:
         raise ValueError(f"{data.run_dir / METRICS} holds no plottable metrics")

@@ -19,6 +19,7 @@ import importlib.metadata
 import io
 import json
 import math
+import os
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any, Iterable
 from PIL import Image
 
 from vlm_grpo.grpo.run import safe_files
+from vlm_grpo.grpo.run.outputs import write_output
 from vlm_grpo.inspect.plots import RunData
 from vlm_grpo.inspect.svg_charts import chart_svgs
 
@@ -109,19 +111,28 @@ def best_and_worst(groups: list[Group], n: int = BEST_WORST) -> tuple[list[Group
 
 # ---------------------------------------------------------------- inlined pictures and charts
 class Pictures:
-    """Run-directory images as data URIs, shrunk, each encoded once, within the byte budget."""
+    """Run-directory images as data URIs, shrunk, each encoded once, within the byte budget. Only the run's own files
+    are read (safe_files.read_run_file: inside the run directory, through no link): a row naming `/home/...`, `../`
+    or a symlinked picture is left out, and the report says which and why, so a report meant to be mailed carries
+    no picture from elsewhere on the disk."""
 
     def __init__(self, run_dir: Path, budget: int = IMAGE_BUDGET):
         self.run_dir, self.budget, self.cache = run_dir, budget, {}
         self.skipped = 0
+        self.refused: dict[str, str] = {}  # path as named -> why it was left out
 
     def uri(self, rel: str, side: int = THUMB_SIDE) -> str | None:
+        rel = str(rel)
         if rel in self.cache:
             return self.cache[rel]
-        path = self.run_dir / rel
         uri = None
-        if path.is_file() and self.budget > 0:
-            with Image.open(path) as im:
+        try:
+            data = safe_files.read_run_file(self.run_dir, rel) if self.budget > 0 else None
+        except safe_files.OutsideRun as err:
+            self.refused[rel] = str(err)
+            data = None
+        if data is not None:
+            with Image.open(io.BytesIO(data)) as im:
                 im = im.convert("RGB")
                 im.thumbnail((side, side))
                 buf = io.BytesIO()
@@ -202,7 +213,11 @@ def _versions(run_dir: Path) -> list[tuple[str, str]]:
     for folder in [run_dir / "final", *sorted(run_dir.glob("checkpoint-*"), reverse=True)]:
         config = folder / "config.json"
         if config.is_file():
-            saved = json.loads(config.read_text()).get("transformers_version")
+            try:
+                saved = json.loads(safe_files.read_run_file(run_dir, config.relative_to(run_dir))).get(
+                    "transformers_version")
+            except (safe_files.OutsideRun, ValueError, AttributeError):
+                continue
             if saved:
                 out.append((f"transformers that saved {folder.name}/", saved))
             break
@@ -210,7 +225,8 @@ def _versions(run_dir: Path) -> list[tuple[str, str]]:
 
 
 def _attention_images(run_dir: Path, pictures: Pictures) -> list[str]:
-    found = sorted({p for pattern in ATTENTION_GLOBS for p in run_dir.glob(pattern) if p.is_file()})
+    found = sorted({p for pattern in ATTENTION_GLOBS for p in run_dir.glob(pattern) if os.path.lexists(p)
+                    and not p.is_dir()})
     out = []
     for path in found:
         rel = str(path.relative_to(run_dir))
@@ -337,11 +353,17 @@ def build_report(run_dir: str | Path) -> str:
     parts += attention or ["<p class='note'>none recorded in the run directory (<code>vlm-grpo attention --out "
                            f"{_e(run_dir)}/attention.png</code> adds one).</p>"]
     if pictures.skipped:
-        parts.append(f"<p class='note'>{pictures.skipped} images not inlined (missing, or past the size budget).</p>")
+        parts.append(f"<p class='note'>{pictures.skipped} images not inlined (missing, not the run's own file, or past "
+                     "the size budget).</p>")
+    if pictures.refused:
+        parts.append("<p class='note'>Left out, not the run's own files:</p><ul class='note'>"
+                     + "".join(f"<li>{_e(why)}</li>" for why in list(pictures.refused.values())[:20]) + "</ul>")
 
-    config = run_dir / "config.yaml"
-    parts.append("<h2 id='settings'>Settings</h2><pre>"
-                 + (_e(config.read_text()) if config.is_file() else "config.yaml not found") + "</pre>")
+    try:
+        settings = safe_files.read_run_file(run_dir, "config.yaml").decode("utf-8", "replace")
+    except safe_files.OutsideRun as err:
+        settings = f"config.yaml left out: {err}" if os.path.lexists(run_dir / "config.yaml") else "config.yaml not found"
+    parts.append(f"<h2 id='settings'>Settings</h2><pre>{_e(settings)}</pre>")
     parts.append("<h2 id='versions'>Versions</h2><table>"
                  + "".join(f"<tr><td class='text'>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in _versions(run_dir))
                  + "</table>")
@@ -351,8 +373,11 @@ def build_report(run_dir: str | Path) -> str:
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """RUN_DIR/report.html, a run file (run/safe_files: never through a link, on the run's list); or `out`, a path
-    the user names, written through a temporary file and one rename as well."""
+    the user names, written through a temporary file and one rename as well, what was there moved aside."""
     html = build_report(run_dir).encode("utf-8")
-    if out:
-        return safe_files.write_file(Path(out), html)
+    if out:  # a file this program did not write there is moved aside, never overwritten (run/outputs.py)
+        path, note = write_output(Path(out), html)
+        if note:
+            print(note)
+        return path
     return safe_files.write_run_file(Path(run_dir), REPORT, html)

@@ -48,8 +48,10 @@ def generic_candidates(answer: str) -> list[str]:
     if answer.strip() in LETTERS:
         return list(LETTERS)
     if re.fullmatch(r"-?\d+", answer.strip()):
-        n = int(answer)
-        return [str(k) for k in (range(0, 10) if 0 <= n <= 9 else range(n - 2, n + 3))]
+        n, width = int(answer), len(answer.strip())  # "042": a code of three digits, its neighbours as wide
+        if 0 <= n <= 9 and width == 1:
+            return [str(k) for k in range(0, 10)]
+        return [str(k).zfill(width) if k >= 0 else str(k) for k in range(n - 2, n + 3)]
     return []
 
 
@@ -75,12 +77,12 @@ class AuditHints:
     # exploits the recipe knows and keeps, with the reason: "component:adversary" (or a component) -> why
     accepted: dict[str, str] = field(default_factory=dict)
 
-    def wrong(self, sample: Sample, answer: str) -> str:
-        """A wrong answer: the recipe's, else the first allowed answer that is not the right one, else a changed
-        copy of it."""
+    def wrong(self, sample: Sample, answer: str, candidates: list[str] | None = None) -> str:
+        """A wrong answer: the recipe's, else the first allowed answer (of `candidates`, the task's answer space,
+        when given) that is not the right one, else a changed copy of it."""
         if self.wrong_answer is not None:
             return self.wrong_answer(sample, answer)
-        for candidate in self.candidates(sample, answer):
+        for candidate in self.candidates(sample, answer) if candidates is None else candidates:
             if candidate.strip().lower() != answer.strip().lower():
                 return candidate
         return "none" if answer.strip().lower() != "none" else "some"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageDraw
 
+from vlm_grpo.recipes.audit_hints import AuditHints
 from vlm_grpo.recipes.base import Recipe, Reward, Sample
 
 ORDINALS = ("first", "second", "third", "fourth")
@@ -99,9 +100,21 @@ def build(split: str = "train", size: int = 256, seed: int = 0, images_per_promp
                                 image_size=image_size, mixed_counts=bool(mixed_counts))
 
 
+def answers_of(sample: Sample, answer: str) -> list[str]:
+    """The answers a row takes: an ordinal per image, or yes/no for one image."""
+    n = len(sample.fields["circles"])
+    return list(ORDINALS[:n]) if n > 1 else ["yes", "no"]
+
+
+# a bare answer, or one repeated, names exactly one answer word: the form this task's format reward asks for
+ONE_WORD_FORMAT = {"format:right_answer_bare": "the task's form is one answer word, which a bare answer is",
+                   "format:repeat": "one answer word said again is still one answer word"}
+
+
 RECIPE = Recipe(
     name="compare_counts",
     build=build,
     rewards=[Reward("correctness", correctness), Reward("format", answer_format)],
     accuracy_reward="correctness",
+    audit=AuditHints(candidates=answers_of, accepted=ONE_WORD_FORMAT),
 )

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageDraw
 
+from vlm_grpo.recipes.audit_hints import AuditHints
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
 from vlm_grpo.videos import Video
 
@@ -100,10 +101,16 @@ def build(split: str = "train", size: int = 256, seed: int = 0, frame_size: int 
     return MovingSquareDataset(size=size, seed=seed, split=split, frames=video_frames, frame_size=frame_size)
 
 
+# a bare answer, or one repeated, names exactly one answer word: the form this task's format reward asks for
+ONE_WORD_FORMAT = {"format:right_answer_bare": "the task's form is one answer word, which a bare answer is",
+                   "format:repeat": "one answer word said again is still one answer word"}
+
+
 RECIPE = Recipe(
     name="moving_square",
     build=build,
     rewards=[Reward("correctness", correctness), Reward("format", answer_format)],
     accuracy_reward="correctness",
     takes_video=True,
+    audit=AuditHints(candidates=lambda sample, answer: sorted(DIRECTIONS), accepted=ONE_WORD_FORMAT),
 )

@@ -76,7 +76,7 @@ class LlavaHybridAdapter(Composer, VLMAdapter):
     def assemble_from(cls, vision_name, lm, lm_tokenizer, seed, load_donor):
         from transformers import AutoModel
 
-        vision = vision_part(AutoModel.from_pretrained(vision_name, dtype="auto"))
+        vision = vision_part(AutoModel.from_pretrained(vision_name, dtype="auto", trust_remote_code=False))
         return assemble_llava(vision, image_processor(vision_name, vision.config), lm, lm_tokenizer, seed)
 
     @property
@@ -226,7 +226,7 @@ def image_processor(vision_src: str, vision_config) -> Any:
     from transformers import AutoImageProcessor
 
     try:
-        return AutoImageProcessor.from_pretrained(vision_src)
+        return AutoImageProcessor.from_pretrained(vision_src, trust_remote_code=False)  # compose checked its code
     except (OSError, ValueError):
         return default_image_processor(vision_config)
 

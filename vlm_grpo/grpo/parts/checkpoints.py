@@ -102,6 +102,8 @@ class Checkpoints:
             if self.ctx.is_main:
                 CreatedFiles(self.ctx.run_dir).add(f".tmp-checkpoint-{step}")
             tmp = shards.shared_temp_dir(self.ctx.run_dir, f".tmp-checkpoint-{step}", self.ctx.is_main)
+            if self.ctx.is_main:
+                CreatedFiles(self.ctx.run_dir).record(tmp.name)
             shards.write_shards(tmp, self.policy.adapter.model, self.policy.optimizer)
             self.ctx.accelerator.wait_for_everyone()
             if self.ctx.is_main:
@@ -221,9 +223,10 @@ class Checkpoints:
                 write_manifest(tmp)
             safe_files.check_path(final)
             created = CreatedFiles(self.ctx.run_dir)
-            created.add(final.name)
+            created.add(final.name)  # refused when the folder there is not the one this run wrote
             safe_files.remove(final)
             tmp.rename(final)
+            created.record(final.name)
             created.discard(tmp.name)
         self.ctx.accelerator.wait_for_everyone()
         return final

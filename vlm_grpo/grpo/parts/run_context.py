@@ -4,6 +4,7 @@ every step's metrics (checkpoints carry it)."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from vlm_grpo.grpo.run import process_checks
 from vlm_grpo.grpo.run.directory import prepare_run_dir
 from vlm_grpo.grpo.run.logs import RunLog
 from vlm_grpo.grpo.run.run_trackers import RunTrackers
+from vlm_grpo.grpo.run.safe_files import CreatedFiles
 from vlm_grpo.grpo.run.trackers import check_trackers
 from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.settings.sections import TrainConfig
@@ -82,6 +84,8 @@ class RunContext:
 
     def release_lock(self) -> None:
         if self.lock is not None:
+            with contextlib.suppress(OSError, SettingError):  # what the run made meanwhile, recorded as its own
+                CreatedFiles(self.run_dir).settle()
             self.lock.release()
 
     # ---------------------------------------------------------------- across processes

@@ -1,7 +1,8 @@
 """The reward audit: before a run, the run's rewards score adversarial completions of real samples.
 
 For each sample the recipe's audit hints (recipes/audit_hints.py) give the right answer, the answers the task
-allows and the layout of a finished completion; from them come completions that should not earn what a right
+allows (where the recipe names none, the task's answer space: the distinct right answers of the audited rows, as a
+user dataset's answer column holds them) and the layout of a finished completion; from them come completions that should not earn what a right
 answer earns. A component is *flagged* when it pays a right answer something (mean above 0) and pays an adversary
 at least as much (within 5%), judged only where that adversary should lose:
 
@@ -67,10 +68,35 @@ def question_text(sample: Sample) -> str:
     return " ".join(texts).strip()
 
 
+MAX_CANDIDATES = 8  # answers of the task listed by the enumeration when the recipe names none
+
+
+def answer_space(samples: Sequence[Sample], hints: AuditHints) -> list[list[str]]:
+    """Each row's candidate answers: the recipe's (`hints.candidates`); where it names fewer than two (free text,
+    a user dataset's column), the task's own answers: the distinct right answers of the audited rows, the row's own
+    first, at most MAX_CANDIDATES. An enumeration of them, and a wrong answer drawn from them, are answers the task
+    really takes, not a made-up word a check would never match."""
+    answers = [hints.answer(s) for s in samples]
+    distinct = list(dict.fromkeys(a for a in answers if a is not None))
+    space = []
+    for sample, answer in zip(samples, answers):
+        if answer is None:
+            space.append([])
+            continue
+        own = list(hints.candidates(sample, answer))
+        if len(own) < 2:
+            others = [a for a in distinct if a.strip().lower() != answer.strip().lower()]
+            own = [answer, *others[: MAX_CANDIDATES - 1]] if others else own
+        space.append(own)
+    return space
+
+
 def adversarial_completions(sample: Sample, hints: AuditHints, words: int = 120,
-                            fits: Callable[[str], bool] = lambda text: True) -> dict[str, str | None]:
+                            fits: Callable[[str], bool] = lambda text: True,
+                            candidates: list[str] | None = None) -> dict[str, str | None]:
     """Each adversary's completion for `sample` (None: it cannot be written, e.g. no right answer known). The
-    yardstick is the recipe's reference response when it `fits` the length limit, else the form with the answer."""
+    yardstick is the recipe's reference response when it `fits` the length limit, else the form with the answer.
+    `candidates`: the row's answer space (`answer_space`; default: the recipe's candidates alone)."""
     answer = hints.answer(sample)
     out: dict[str, str | None] = {
         "empty": "", "whitespace": " \n\t ", "format_only": hints.layout(sample, "", ""), "echo": question_text(sample),
@@ -78,12 +104,12 @@ def adversarial_completions(sample: Sample, hints: AuditHints, words: int = 120,
     }
     if answer is None:
         return {**out, **{name: None for name in ADVERSARIES if name not in out}}
-    candidates = hints.candidates(sample, answer)
+    candidates = list(hints.candidates(sample, answer)) if candidates is None else candidates
     out.update(
         enumerate=hints.layout(sample, STUB, " ".join(candidates)) if len(candidates) > 1 else None,
         repeat=" ".join([answer] * REPEATS),
         right_answer_bare=answer,
-        wrong_answer=hints.layout(sample, STUB, hints.wrong(sample, answer)),
+        wrong_answer=hints.layout(sample, STUB, hints.wrong(sample, answer, candidates)),
         reference=next((t for t in (sample.reference, hints.layout(sample, STUB, answer)) if t and fits(t)),
                        hints.layout(sample, "", answer)),
     )
@@ -209,10 +235,10 @@ def audit_rewards(rewards: list[Reward], samples: Sequence[Sample], hints: Audit
     def fits(text: str) -> bool:
         return encode is None or encode(text)[0] == text
 
-    texts = [adversarial_completions(s, hints, padding_words, fits) for s in samples]
+    space = answer_space(samples, hints)
+    texts = [adversarial_completions(s, hints, padding_words, fits, candidates) for s, candidates in zip(samples, space)]
     report = AuditReport([r.name for r in rewards], len(samples), accepted=dict(hints.accepted))
-    answers = [hints.answer(s) for s in samples]
-    report.candidates = [len(hints.candidates(s, a)) if a is not None else 0 for s, a in zip(samples, answers)]
+    report.candidates = [len(candidates) for candidates in space]
     report.examples = {name: text for name, text in texts[0].items() if text is not None} if texts else {}
     scores: dict[str, dict[str, list[float]]] = {}
     for adversary in ADVERSARIES:

@@ -1,7 +1,8 @@
 """vLLM in its own process: `vlm-grpo vllm-serve --model SPEC` (the server) and the trainer's client.
 
 A small HTTP server on the loopback (stdlib, one request at a time) wrapping one `LLM`; routes named as TRL's
-trl/scripts/vllm_serve.py where they do the same:
+trl/scripts/vllm_serve.py where they do the same. Every request carries the server's key (vllm_access.py: 401
+without it, before the body is read); a request's sampling options are checked against an allow-list (400):
 
 - GET  /health/            -> 200 once the engine is built
 - GET  /info/              -> the handshake: protocol, vlm-grpo and vLLM versions, architecture, weight signature
@@ -25,6 +26,8 @@ from typing import Any
 
 import torch
 
+from vlm_grpo.grpo.rollout import vllm_access
+from vlm_grpo.grpo.rollout.vllm_access import HEADER, KEY_ENV, AccessError
 from vlm_grpo.grpo.rollout.vllm_engine import (
     PROTOCOL, VLLMEngine, architecture_of, build_llm, llm_generate, llm_load_weights, model_signature, signature,
 )
@@ -64,24 +67,24 @@ def weights_from_bytes(data: bytes) -> list[tuple[str, torch.Tensor]]:
 class VLLMServer:
     """One engine over one model directory, and what it answers."""
 
-    def __init__(self, model_dir: str, architecture: str, weights_signature: str, llm):
+    def __init__(self, model_dir: str, architecture: str, weights_signature: str, llm, *, key: str,
+                 max_model_len: int, vllm_version: str):
         from vlm_grpo.version import __version__
 
-        import vllm
-
-        self.llm = llm
-        self.info = {"protocol": PROTOCOL, "vlm_grpo": __version__, "vllm": vllm.__version__, "model": model_dir,
+        self.llm, self.key, self.max_model_len = llm, key, max_model_len
+        self.info = {"protocol": PROTOCOL, "vlm_grpo": __version__, "vllm": vllm_version, "model": model_dir,
                      "architecture": architecture, "signature": weights_signature}
 
     def generate(self, body: dict) -> dict:
+        checked = vllm_access.checked_requests(body)
+        options = vllm_access.checked_sampling(body.get("sampling", {}), max_model_len=self.max_model_len,
+                                               requests=len(checked))
         reqs = []
-        for r in body["requests"]:
+        for r in checked:
             req: dict[str, Any] = {"prompt": r["prompt"]}
             if r.get("images"):
                 req["multi_modal_data"] = {"image": [_image(x) for x in r["images"]]}
             reqs.append(req)
-        options = dict(body["sampling"])
-        options["logit_bias"] = {int(k): v for k, v in (options.get("logit_bias") or {}).items()}
         return {"results": llm_generate(self.llm, reqs, options)}
 
     def update_weights(self, data: bytes) -> dict:
@@ -103,7 +106,18 @@ def _handler(server: VLLMServer):
             self.end_headers()
             self.wfile.write(data)
 
+        def _allowed(self) -> bool:
+            """Every route, /health/ included, answers only a request that carries the key."""
+            if vllm_access.authorized(self.headers.get(HEADER), server.key):
+                return True
+            self.close_connection = True  # the body (maybe weights) is never read
+            self._send(401, {"error": f"this server needs its key: send `{HEADER}: Bearer KEY` (the trainer reads "
+                                      f"it from {KEY_ENV} or rollout.vllm_server_key_file)"})
+            return False
+
         def do_GET(self):  # noqa: N802 (http.server's name)
+            if not self._allowed():
+                return None
             if self.path.rstrip("/") == "/health":
                 return self._send(200, {"status": "ok"})
             if self.path.rstrip("/") == "/info":
@@ -111,8 +125,18 @@ def _handler(server: VLLMServer):
             return self._send(404, {"error": f"no route {self.path}"})
 
         def do_POST(self):  # noqa: N802
-            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if not self._allowed():
+                return None
             route = self.path.rstrip("/")
+            try:
+                size = int(self.headers.get("Content-Length", 0))
+            except ValueError:
+                size = -1
+            if size < 0 or (route == "/generate" and size > vllm_access.MAX_GENERATE_BYTES):
+                self.close_connection = True
+                return self._send(413 if size > 0 else 400, {"error": f"Content-Length {size}: at most "
+                                                             f"{vllm_access.MAX_GENERATE_BYTES} bytes"})
+            body = self.rfile.read(size)
             try:
                 if route == "/generate":
                     return self._send(200, server.generate(json.loads(body)))
@@ -123,6 +147,10 @@ def _handler(server: VLLMServer):
                     return self._send(200, {"status": "ok"})
             except ServerMismatch as err:
                 return self._send(409, {"error": str(err)})
+            except AccessError as err:
+                return self._send(err.status, {"error": str(err)})
+            except ValueError as err:  # a body that is no JSON, or weights that are no safetensors
+                return self._send(400, {"error": f"{type(err).__name__}: {err}"[:500]})
             except Exception as err:  # the trainer gets the reason in one line; the server keeps serving
                 log.exception("vllm-serve: %s failed", route)
                 return self._send(500, {"error": f"{type(err).__name__}: {err}"})
@@ -134,12 +162,20 @@ def _handler(server: VLLMServer):
     return Handler
 
 
+def http_server(state: VLLMServer, host: str, port: int) -> ThreadingHTTPServer:
+    """The listening server over `state` (not yet serving)."""
+    httpd = ThreadingHTTPServer((host, port), _handler(state))
+    httpd.daemon_threads = True
+    return httpd
+
+
 def serve(adapter, *, host: str, port: int, max_model_len: int, seed: int, gpu_memory_utilization: float,
-          kvcache_gb: float, device: torch.device, work_dir: str | None = None, ready=None) -> None:
-    """Export `adapter`'s model, build the engine and serve until interrupted. `ready(server)`: called once
-    listening (tests)."""
+          kvcache_gb: float, device: torch.device, key: str, work_dir: str | None = None, ready=None) -> None:
+    """Export `adapter`'s model, build the engine and serve until interrupted, answering only requests that carry
+    `key`. `ready(server)`: called once listening (tests)."""
     import tempfile
 
+    import vllm
     from vllm import ModelRegistry
 
     from vlm_grpo.grpo.rollout.vllm_engine import check_runnable, export_model
@@ -149,9 +185,9 @@ def serve(adapter, *, host: str, port: int, max_model_len: int, seed: int, gpu_m
         export_model(adapter, tmp)
         llm = build_llm(tmp, max_model_len=max_model_len, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                         kvcache_gb=kvcache_gb, on_cpu=device.type == "cpu")
-        state = VLLMServer(adapter.source or tmp, architecture_of(adapter.model), model_signature(adapter.model), llm)
-        httpd = ThreadingHTTPServer((host, port), _handler(state))
-        httpd.daemon_threads = True
+        state = VLLMServer(adapter.source or tmp, architecture_of(adapter.model), model_signature(adapter.model), llm,
+                           key=key, max_model_len=max_model_len, vllm_version=vllm.__version__)
+        httpd = http_server(state, host, port)
         print(f"vllm-serve: {state.info['architecture']} ({state.info['model']}) on http://{host}:{port}", flush=True)
         if ready is not None:
             ready(httpd)
@@ -170,16 +206,23 @@ class ServerEngine(VLLMEngine):
         r = cfg.rollout
         self.url = (r.vllm_server_base_url or f"http://{r.vllm_server_host}:{r.vllm_server_port}").rstrip("/")
         self.timeout = r.vllm_server_timeout
+        self.key = vllm_access.client_key(r.vllm_server_key_file)
+        if self.key is None:
+            raise ValueError(f"rollout.vllm_mode server: the server's key is not given: set {KEY_ENV} (or "
+                             "rollout.vllm_server_key_file) to the key `vlm-grpo vllm-serve` printed at start")
         self.handshake()
 
     def _call(self, route: str, data: bytes | None = None, content_type: str = "application/json") -> dict:
         request = urllib.request.Request(self.url + route, data=data, method="POST" if data is not None else "GET",
-                                         headers={"Content-Type": content_type})
+                                         headers={"Content-Type": content_type, HEADER: f"Bearer {self.key}"})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 return json.loads(response.read())
         except urllib.error.HTTPError as err:
             detail = json.loads(err.read() or b"{}").get("error", err.reason)
+            if err.code == 401:
+                raise RuntimeError(f"the vLLM server at {self.url} refused the trainer's key: give the key the "
+                                   f"server printed at start ({KEY_ENV} or rollout.vllm_server_key_file)") from None
             if err.code == 409:
                 raise ServerMismatch(f"the vLLM server at {self.url} refused the trainer: {detail}") from None
             raise RuntimeError(f"the vLLM server at {self.url} failed {route}: {detail}") from None

@@ -72,8 +72,11 @@ def save_checkpoint(run_dir: Path, step: int, adapter, optimizer, scheduler, sta
 def staging_dir(run_dir: Path, name: str) -> Path:
     """A fresh folder in `run_dir` a save writes into before its rename, recorded first (a kill leaves it listed, so
     the next start removes it)."""
-    CreatedFiles(run_dir).add(name)
-    return safe_files.fresh_dir(Path(run_dir) / name)
+    listed = CreatedFiles(run_dir)
+    listed.add(name)
+    path = safe_files.fresh_dir(Path(run_dir) / name)
+    listed.record(name)
+    return path
 
 
 def checkpoint_bytes(adapter) -> int:
@@ -126,17 +129,22 @@ def commit_checkpoint(tmp: Path, run_dir: Path, step: int, scheduler, state: dic
         write_manifest(tmp)
         _fsync_dir(tmp)
     safe_files.check_path(final)
-    CreatedFiles(run_dir).add(final.name)
+    listed = CreatedFiles(run_dir)
+    listed.add(final.name)  # refused when the folder there is not the one this run wrote
     if final.exists():  # re-saving a step (e.g. the end of a resumed run): replace it whole
         old = run_dir / f".old-checkpoint-{step}-{os.getpid()}"
-        CreatedFiles(run_dir).add(old.name)
+        listed.add(old.name)
         final.rename(old)
+        listed.record(old.name)
         tmp.rename(final)
+        listed.record(final.name)
         safe_files.remove(old)
-        CreatedFiles(run_dir).discard(old.name, tmp.name)
+        listed.discard(old.name, tmp.name)
     else:
         tmp.rename(final)
-        CreatedFiles(run_dir).discard(tmp.name)
+        listed.record(final.name)
+        listed.discard(tmp.name)
+    listed.settle()  # folders made meanwhile (a tracker's) recorded as the run's
     _fsync_dir(run_dir, recursive=False)
     _rotate(run_dir, keep)
     return final

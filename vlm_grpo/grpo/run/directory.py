@@ -1,8 +1,9 @@
 """The run directory: locked by one run, created and checked writable before any model loads, never appended to by
 accident, never written through links.
 
-A run keeps the list of what it created (`.vlm-grpo-files.json`, grpo/run/safe_files.py) and deletes or rewrites
-only those. A non-empty directory that is not a run (no such list) is refused unless the run resumes (`--resume`)
+A run keeps the list of what it created (`.vlm-grpo-files.json`, grpo/run/safe_files.py), each entry with the inode
+it wrote, and deletes or rewrites only those that still match: a list shipped with a folder (or an entry replaced
+since) vouches for nothing, and what it names is left and named. A non-empty directory that is not a run (no such list) is refused unless the run resumes (`--resume`)
 or is told to write there (`--overwrite-output-dir`); even then a file the run did not create that carries a run
 file's name (a user's own `metrics.jsonl`) is refused, never replaced. A directory that already holds a run (its
 checkpoints, final model, logged training steps) is refused unless the run resumes or replaces it
@@ -130,8 +131,8 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, keep_earlie
             raise SettingError("logging.output_dir", f"{run_dir} is not empty and holds no vlm-grpo run ({_names(others)}):"
                                " choose another --output-dir, or --overwrite-output-dir to write there anyway (files "
                                "the run did not create are never removed)")
-    if not is_run and not (resume or scratch):
-        _refuse_foreign(run_dir, set())  # before the lock file is made: a refused start leaves nothing behind
+    if not (resume or scratch):  # before the lock file is made: a refused start leaves nothing behind
+        _refuse_foreign(run_dir, listed.names() if is_run else set())
     lock = RunLock(run_dir)
     lock.acquire()
     try:
@@ -140,6 +141,9 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, keep_earlie
             created = {p.name for p in run_artifacts(run_dir)}
             if created:
                 listed.save(created)
+        elif resume and listed.unverified():  # a run copied or moved here, resumed: --resume says it is yours
+            created |= {p.name for p in run_artifacts(run_dir) if p.name in set(listed.unverified())}
+            listed.save(created)
         notes = [lock.stale_note(), *remove_leftovers(run_dir, created)]
         _refuse_foreign(run_dir, created)
         old = [p for p in run_artifacts(run_dir) if p.name in created]
@@ -188,9 +192,12 @@ def _move_aside(run_dir: Path, paths: list[Path]) -> Path:
 def _refuse_foreign(run_dir: Path, created: set[str]) -> None:
     foreign = [p for p in run_artifacts(run_dir) if p.name not in created and p.name != ".write-test"]
     if foreign:
+        changed = [p for p in foreign if p.name in set(CreatedFiles(run_dir).unverified())]
+        why = (f" ({_names(changed)}: listed in {CREATED_LIST}, but not the entry a run wrote there: a copied or "
+               "shipped list, or a file replaced since)" if changed else "")
         raise SettingError("logging.output_dir", f"{run_dir} holds {_names(foreign)}, which no run here created, "
-                           "under the name of a file the run writes: move it away or choose another --output-dir "
-                           "(a run never replaces a file it did not create)")
+                           f"under the name of a file the run writes{why}: they are left as they are; move them away or "
+                           "choose another --output-dir (a run never replaces a file it did not create)")
 
 
 def _probe_writable(run_dir: Path) -> None:

@@ -10,12 +10,12 @@ newest held-out evaluation as model-index metrics.
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 from vlm_grpo.grpo.algorithm.losses import describe as describe_loss
 from vlm_grpo.grpo.data.source import HUB_ID
+from vlm_grpo.grpo.run import safe_files
 from vlm_grpo.grpo.run.resume_rules import describe_history
 from vlm_grpo.grpo.run.guard_report import guard_lines
 from vlm_grpo.grpo.settings.sources import hub_id_of
@@ -167,13 +167,21 @@ def model_card(cfg, *, stage: str, family: str, rewards, heldout: dict[str, dict
 def write_model_card(final: Path, run_dir: Path, cfg, **kwargs) -> list[str]:
     """final/README.md, plus the run's settings and its overview chart copied beside it (final/ travels alone);
     returns the names of the files written."""
+    def own(relative: str) -> bytes | None:  # only the run's own file travels with the model (no link followed)
+        try:
+            return safe_files.read_run_file(run_dir, relative)
+        except safe_files.OutsideRun:
+            return None
+
     written = []
-    if (run_dir / "config.yaml").is_file() and (final / "vlm_grpo_config.yaml") != run_dir / "config.yaml":
-        shutil.copyfile(run_dir / "config.yaml", final / "vlm_grpo_config.yaml")
+    config = own("config.yaml")
+    if config is not None and (final / "vlm_grpo_config.yaml") != run_dir / "config.yaml":
+        safe_files.write_file(final / "vlm_grpo_config.yaml", config)
         written.append("vlm_grpo_config.yaml")
     curves = None
-    if (run_dir / "plots" / "overview.png").is_file():
-        shutil.copyfile(run_dir / "plots" / "overview.png", final / "training_curves.png")
+    overview = own("plots/overview.png")
+    if overview is not None:
+        safe_files.write_file(final / "training_curves.png", overview)
         curves = "training_curves.png"
         written.append(curves)
     model_card(cfg, curves=curves, guards=guard_lines(run_dir), **kwargs).save(final / "README.md")

@@ -7,8 +7,12 @@ opened through a symlink or a file with other hard links, and listed in the run'
 - `write_file` / `append_file`: a whole file is written to a fresh temp file (O_EXCL | O_NOFOLLOW) beside it and
   renamed over it; an append opens with O_NOFOLLOW and refuses a file with other links.
 - `fresh_dir`: a staging folder (`.tmp-*`) removed and made again, never reused through a link.
-- `CreatedFiles`: `.vlm-grpo-files.json`, the top-level names the run created. A run deletes or rewrites only those:
-  a user's file that happens to carry a run file's name is never touched.
+- `CreatedFiles`: `.vlm-grpo-files.json`, the top-level names the run created, each with the inode it wrote. A run
+  deletes or rewrites only those that still match: a user's file that happens to carry a run file's name, or one a
+  shipped list names, is never touched.
+- `read_run_file(run_dir, relative)`: what report.html, the trackers and the model card read back from a run
+  (images, charts): a path inside the run directory, reached through no link and no hard-linked file; anything else
+  (`/etc/...`, `../`, a symlinked `attention.png`) is refused with `OutsideRun`, naming why, and left out.
 - Disk full (ENOSPC) while writing becomes `DiskFull`: the path, the space needed and the space free, in one line.
 """
 
@@ -20,7 +24,7 @@ import os
 import shutil
 import stat
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from vlm_grpo.grpo.setting_fields import SettingError
 
@@ -34,6 +38,10 @@ class UnsafeRunPath(SettingError):
     def __init__(self, path: Path, problem: str):
         super().__init__("logging.output_dir", f"{path} {problem}: a run never writes through links; remove it or "
                          "choose another --output-dir")
+
+
+class OutsideRun(ValueError):
+    """A path read back from a run that is not one of the run's own files."""
 
 
 class DiskFull(OSError):
@@ -156,8 +164,37 @@ def fresh_dir(path: Path) -> Path:
     return path
 
 
+def identity(path: Path) -> dict[str, Any] | None:
+    """What a run records of an entry it made: its kind, device and inode, and a file's size and modification time
+    (None: absent). A copy, an unpacked archive or a user's file of the same name has another; a file written inside
+    a folder keeps the folder's; the run records a file again after each of its own writes."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    kind = "dir" if stat.S_ISDIR(st.st_mode) else "link" if stat.S_ISLNK(st.st_mode) else "file"
+    if kind != "file":
+        return {"kind": kind, "dev": st.st_dev, "ino": st.st_ino}
+    # a file's size and time too: a file made later may reuse a removed file's inode number
+    return {"kind": kind, "dev": st.st_dev, "ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+class NotTheRuns(SettingError):
+    """An entry the run was about to replace that is not the one it wrote (exit 2)."""
+
+    def __init__(self, path: Path):
+        super().__init__("logging.output_dir", f"{path} is not the file this run wrote there (listed in "
+                         f"{CREATED_LIST}, but another file or folder now): it is left as it is; move it away or "
+                         "choose another --output-dir")
+
+
 class CreatedFiles:
-    """The top-level entries a run created in its directory (`.vlm-grpo-files.json`)."""
+    """The top-level entries a run created in its directory (`.vlm-grpo-files.json`), each with the identity it had
+    when the run wrote it (`identity`). Only an entry that still has it is the run's: a list shipped with a folder,
+    or an entry replaced since, names files the run never deletes or replaces (`unverified` names them).
+
+    `add(name)` claims a name before a write (refused when a file the run did not write is there); `record(name)`
+    notes what the write made; `settle()` records every claimed entry that now exists (a tracker's folder)."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
@@ -167,32 +204,83 @@ class CreatedFiles:
     def exists(self) -> bool:
         return self.path.is_file() and not self.path.is_symlink()
 
-    def names(self) -> set[str]:
+    def entries(self) -> dict[str, dict[str, Any] | None]:
+        """name -> the identity recorded (None: claimed, not yet recorded; a list of names alone records none)."""
         if not self.exists:
-            return set()
+            return {}
         check_path(self.path)
         try:
             data = json.loads(self.path.read_text())
         except (ValueError, UnicodeDecodeError) as err:
             raise SettingError("logging.output_dir", f"{self.path} is not the run's list of files ({err})") from None
         files = data.get("files") if isinstance(data, dict) else None
-        if not isinstance(files, list) or not all(_plain_name(n) for n in files):
-            raise SettingError("logging.output_dir", f"{self.path}: `files` must be a list of names in the run "
-                               "directory (no folders, no '..')")
-        return set(files)
+        if isinstance(files, list):  # a list from before identities were recorded: it vouches for nothing
+            files = {name: None for name in files} if all(_plain_name(n) for n in files) else None
+        if not isinstance(files, dict) or not all(_plain_name(n) and (v is None or _identity_record(v))
+                                                  for n, v in files.items()):
+            raise SettingError("logging.output_dir", f"{self.path}: `files` must map names in the run directory (no "
+                               "folders, no '..') to what the run wrote there")
+        return files
+
+    def _matches(self, name: str, recorded: dict[str, Any] | None) -> bool:
+        now = identity(self.run_dir / name)
+        return now is None or now == recorded
+
+    def names(self) -> set[str]:
+        """The listed names that are the run's: absent, or still the entry the run wrote."""
+        return {n for n, v in self.entries().items() if self._matches(n, v)}
+
+    def unverified(self) -> list[str]:
+        """Listed names whose entry is not the one the run wrote (shipped with the folder, or replaced since)."""
+        return sorted(n for n, v in self.entries().items() if not self._matches(n, v))
+
+    def _write(self, entries: dict[str, dict[str, Any] | None]) -> None:
+        write_file(self.path, json.dumps({"files": dict(sorted(entries.items()))}, indent=1) + "\n")
 
     def save(self, names: Iterable[str]) -> None:
-        write_file(self.path, json.dumps({"files": sorted(set(names))}, indent=1) + "\n")
+        """The list made anew: `names` (each the run's own), with what is at each now."""
+        self._write({n: identity(self.run_dir / n) for n in set(names)})
 
     def add(self, *names: str) -> None:
-        known = self.names()
-        if not set(names) <= known or not self.exists:
-            self.save(known | set(names))
+        """Claim `names` before writing them: an absent name is listed, the run's own entry kept; an entry the run
+        did not write is refused (NotTheRuns), never replaced."""
+        entries = self.entries()
+        changed = not self.exists
+        for name in names:
+            check_path(self.run_dir / name)  # a link is named as one
+            if name in entries and self._matches(name, entries[name]):
+                continue
+            now = identity(self.run_dir / name)
+            if now is not None:
+                raise NotTheRuns(self.run_dir / name)
+            entries[name] = None
+            changed = True
+        if changed:
+            self._write(entries)
+
+    def record(self, *names: str) -> None:
+        """What the run just wrote (or renamed) at `names`, recorded as its own."""
+        entries = self.entries()
+        fresh = {n: identity(self.run_dir / n) for n in names}
+        if any(entries.get(n, "missing") != v for n, v in fresh.items()) or not self.exists:
+            self._write({**entries, **fresh})
+
+    def settle(self) -> None:
+        """Every claimed entry not yet recorded that exists now (made during the run: a tracker's folder) recorded."""
+        entries = self.entries()
+        pending = [n for n, v in entries.items() if v is None and identity(self.run_dir / n) is not None]
+        if pending:
+            self.record(*pending)
 
     def discard(self, *names: str) -> None:
-        known = self.names()
-        if known & set(names):
-            self.save(known - set(names))
+        entries = self.entries()
+        if set(entries) & set(names):
+            self._write({n: v for n, v in entries.items() if n not in names})
+
+
+def _identity_record(value) -> bool:
+    return isinstance(value, dict) and value.get("kind") in ("dir", "file", "link") and all(
+        isinstance(value.get(k), int) and not isinstance(value.get(k), bool) for k in ("dev", "ino"))
 
 
 def _plain_name(name) -> bool:
@@ -205,13 +293,18 @@ def top_name(run_dir: Path, path: Path) -> str:
 
 def write_run_file(run_dir: Path, name: str, data: bytes | str) -> Path:
     """A whole top-level run file (config.yaml, eval-*.json ...), written safely and recorded as the run's."""
-    CreatedFiles(run_dir).add(name)
-    return write_file(Path(run_dir) / name, data)
+    listed = CreatedFiles(run_dir)
+    listed.add(name)
+    path = write_file(Path(run_dir) / name, data)
+    listed.record(name)
+    return path
 
 
 def append_run_file(run_dir: Path, name: str, text: str) -> None:
-    CreatedFiles(run_dir).add(name)
+    listed = CreatedFiles(run_dir)
+    listed.add(name)
     append_file(Path(run_dir) / name, text)
+    listed.record(name)
 
 
 def write_run_path(run_dir: Path, relative: str, data: bytes | str) -> Path:
@@ -221,11 +314,50 @@ def write_run_path(run_dir: Path, relative: str, data: bytes | str) -> Path:
     parts = Path(relative).parts
     if not parts or Path(relative).is_absolute() or ".." in parts:
         raise ValueError(f"{relative!r} is not a path inside the run directory")
-    CreatedFiles(run_dir).add(parts[0])
+    listed = CreatedFiles(run_dir)
+    listed.add(parts[0])
     folder = run_dir
     for part in parts[:-1]:
         folder = folder / part
         check_path(folder)
         if not folder.is_dir():
             os.mkdir(folder)
-    return write_file(run_dir / relative, data)
+    path = write_file(run_dir / relative, data)
+    listed.record(parts[0])
+    return path
+
+
+def run_file(run_dir: Path, relative: str | Path) -> Path:
+    """`relative` inside `run_dir`, every step of the way a real folder and at its end a plain file with one link;
+    else OutsideRun saying why."""
+    run_dir = Path(run_dir)
+    rel = Path(str(relative))
+    if not str(relative) or rel.is_absolute() or ".." in rel.parts or str(relative).startswith("~"):
+        raise OutsideRun(f"{relative} is not a path inside the run directory")
+    path = run_dir
+    for part in rel.parts:
+        path = path / part
+        try:
+            st = os.lstat(path)
+        except OSError:
+            raise OutsideRun(f"{relative} is not in the run directory") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise OutsideRun(f"{relative} goes through a symlink ({path.relative_to(run_dir)} -> {os.readlink(path)})")
+    if not stat.S_ISREG(st.st_mode):
+        raise OutsideRun(f"{relative} is not a regular file")
+    if st.st_nlink > 1:
+        raise OutsideRun(f"{relative} is a hard-linked file ({st.st_nlink} links: it may be a file from outside the run)")
+    return path
+
+
+def read_run_file(run_dir: Path, relative: str | Path, max_bytes: int = 64 * 2**20) -> bytes:
+    """The bytes of the run's own file `relative` (run_file's rule, checked again on the open file)."""
+    path = run_file(run_dir, relative)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+            raise OutsideRun(f"{relative} changed into a link while it was read")
+        if st.st_size > max_bytes:
+            raise OutsideRun(f"{relative} is {st.st_size / 1e6:.0f} MB, above {max_bytes / 1e6:.0f} MB")
+        return fh.read(max_bytes + 1)[:max_bytes]

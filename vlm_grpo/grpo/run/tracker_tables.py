@@ -3,11 +3,13 @@
 The same table everywhere (prompt, completion, reward and each component, advantage, the guards' flags, the images),
 in each tracker's own way: a `completions` table with image cells in wandb and trackio (as TRL logs it), images plus
 a markdown table as text in tensorboard, and the images and the table as artifacts in mlflow. The pictures are the
-copies saved under completions/images/ (grpo/run/completion_files.py), opened by their path inside the run directory.
+copies saved under completions/images/ (grpo/run/completion_files.py), opened by their path inside the run directory
+and only there (safe_files.run_file: no link, no path outside it; a refused picture fails that tracker's table only).
 """
 
 from __future__ import annotations
 
+import io
 import logging
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -15,6 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from PIL import Image
 
+from vlm_grpo.grpo.run import safe_files
 from vlm_grpo.grpo.run.completion_files import IMAGES_DIR, table_rows
 
 log = logging.getLogger(__name__)
@@ -45,7 +48,8 @@ def _log_table(module_name: str):
 
         module = __import__(module_name)
         # one Image object per picture: a prompt's G rows share it
-        image = functools.lru_cache(maxsize=None)(lambda p: module.Image(str(run_dir / p))) if multimodal else None
+        image = functools.lru_cache(maxsize=None)(lambda p: module.Image(str(safe_files.run_file(run_dir, p)))) \
+            if multimodal else None
         columns, data = tracker_table(rows, image)
         tracker.log({TABLE: module.Table(columns=columns, data=data)}, step=step)
 
@@ -64,7 +68,7 @@ def _log_tensorboard(tracker, step: int, rows, run_dir: Path, multimodal: bool) 
                 continue
             seen.add(key)
             for k, path in enumerate(row.get("images", []) + row.get("video_frames", [])):
-                with Image.open(run_dir / path) as im:
+                with Image.open(io.BytesIO(safe_files.read_run_file(run_dir, path))) as im:
                     pixels = np.asarray(im.convert("RGB"))
                 writer.add_image(f"{TABLE}/images/prompt_{key[0]}_{key[1]}_{k}", pixels, global_step=step,
                                  dataformats="HWC")
@@ -93,7 +97,7 @@ def _log_mlflow(tracker, step: int, rows, run_dir: Path, multimodal: bool) -> No
         table["images"] = [row["images"] for row in flat]
         table["video_frames"] = [row["video_frames"] for row in flat]
         for path in sorted({p for row in flat for p in row["images"] + row["video_frames"]}):
-            mlflow.log_artifact(str(run_dir / path), artifact_path=IMAGES_DIR)  # content-named: a repeat overwrites
+            mlflow.log_artifact(str(safe_files.run_file(run_dir, path)), artifact_path=IMAGES_DIR)  # content-named: a repeat overwrites
     mlflow.log_table(data=table, artifact_file=f"{TABLE}/step_{step:05d}.json")
 
 

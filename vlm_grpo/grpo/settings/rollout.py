@@ -33,6 +33,8 @@ class RolloutConfig:
     vllm_server_base_url: str | None = setting(None, help="server mode: the server's URL (None: from host and port)")
     vllm_server_host: str = setting("127.0.0.1", help="server mode: the server's host")
     vllm_server_port: int = setting(8000, help="server mode: the server's port", at_least=1, at_most=65535)
+    vllm_server_key_file: str | None = setting(None, help="server mode: a file holding the server's key (None: the "
+                                               "VLM_GRPO_VLLM_KEY environment variable)")
     vllm_server_timeout: float = setting(240.0, help="server mode: seconds to wait for the server to answer",
                                          above=0.0, at_most=86400.0)
     vllm_importance_sampling_correction: bool = setting(True, help="weigh each token's loss by the truncated "

@@ -60,7 +60,8 @@ NOT_THE_SAME = {
     "max_prompt_length": "prompts are never cut: an image's tokens must stay whole",
 }
 DERIVED = {"loss.max_completion_length": "it is generation.max_new_tokens (TRL: max_completion_length)"}
-TRUST_FLAGS = {"trust_checkpoint": "--trust-checkpoint", "model.trust_remote_code": "--trust-remote-code"}
+TRUST_FLAGS = {"trust_checkpoint": "--trust-checkpoint", "model.trust_remote_code": "--trust-remote-code",
+               "model.allow_pickle_weights": "--allow-pickle-weights"}  # settings that let a file run code
 HISTORY = "history"  # config.yaml's record of the run's resumes (resume_rules.py): read by people, not a setting
 
 
@@ -200,10 +201,15 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise SettingError("config", str(err)) from None
     if not isinstance(data, dict):
         raise SettingError("config", f"{path} must hold a mapping of settings")
-    for key in _trust_keys(data):
-        raise SettingError(key, f"{path} may not set it: trust is given per command ({TRUST_FLAGS[key]} on the "
-                           "command line, or the Python API's argument), never by a file someone may have shipped")
+    refuse_trust_keys(data, path)
     return data
+
+
+def refuse_trust_keys(data: dict[str, Any], source: str | Path) -> None:
+    """A settings mapping read from a file may set no trust setting (a file may have been shipped by someone else)."""
+    for key in _trust_keys(data):
+        raise SettingError(key, f"{source} may not set it: trust is given per command ({TRUST_FLAGS[key]} on the "
+                           "command line, or the Python API's argument), never by a file someone may have shipped")
 
 
 def _trust_keys(data: dict[str, Any]) -> list[str]:
