@@ -28,7 +28,7 @@ def _step(model, optimizer):
 
 def test_a_step_that_makes_weights_inf_is_undone_with_the_optimizer_state():
     model, optimizer = _model_and_optimizer(lr=1e-2)
-    guard = WeightGuard(optimizer)
+    guard = WeightGuard(optimizer, keep_previous=True)
     _step(model, optimizer)
     assert guard.check(1) == {}
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -45,7 +45,7 @@ def test_a_step_that_makes_weights_inf_is_undone_with_the_optimizer_state():
 
 def test_the_first_step_undone_leaves_no_optimizer_state_and_large_finite_weights_pass():
     model, optimizer = _model_and_optimizer(lr=float("inf"))
-    guard = WeightGuard(optimizer)
+    guard = WeightGuard(optimizer, keep_previous=True)
     with torch.no_grad():
         model.weight.fill_(1e20)  # a 2-norm would overflow float32: still finite weights
     assert guard.nonfinite_groups() == {}
@@ -69,7 +69,8 @@ def huge_learning_rate(trainer):
 
 def test_a_run_undoes_weight_breaking_steps_counts_them_and_stops(tmp_path):
     cfg = load_config(overrides=["--output-dir", str(tmp_path), "--max-steps", "4", "--max-nonfinite-steps", "2",
-                                 "--save-every", "1", "--learning-rate", "1e-3", *FAST])
+                                 "--save-every", "1", "--learning-rate", "1e-3", "--guard.undo_nonfinite_updates",
+                                 "true", *FAST])
     kept = {}
 
     def remember(trainer):

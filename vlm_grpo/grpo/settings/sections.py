@@ -184,10 +184,11 @@ class GuardConfig:
     RESUME = "honoured"  # a resumed run honours a change to any of these
     max_nonfinite_steps: int = setting(3, help="stop after this many consecutive steps with a non-finite loss or "
                                        "gradient (their updates are skipped; 0: never stop)", at_least=0, at_most=1_000_000)
-    undo_nonfinite_updates: bool = setting(True, help="an update that makes a weight NaN or inf is undone (weights "
-                                           "and optimizer state put back from a copy taken before each step: that "
-                                           "copy costs their memory once more) and counts as a skipped update; false: "
-                                           "such an update stops the run at once, the newest checkpoint the last good")
+    undo_nonfinite_updates: bool = setting(False, help="true: an update that makes a weight NaN or inf is undone "
+                                           "(weights and optimizer state put back from a copy taken before each step: "
+                                           "that copy costs their memory once more, too much for a full fine-tune of "
+                                           "a large model) and counts as a skipped update; false: such an update "
+                                           "stops the run at once, the newest checkpoint the last good")
     kl_spike_factor: float = setting(100.0, help="a mean KL this many times its recent median is a spike", above=1.0, at_most=1e12)
     kl_spike_min: float = setting(1e-3, help="KLs below this never count as spikes (tiny KLs jump by large factors)",
                                   at_least=0.0, at_most=1e6)

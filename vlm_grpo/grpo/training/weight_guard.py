@@ -4,12 +4,12 @@ The loss and gradient guards (optimizer.update_step) catch most bad steps before
 gradient times an absurd step size (a learning rate of 1e308, SGD without clipping) still writes inf into the
 weights, and every later step then trains on NaN. So after each update every optimizer group's largest |weight| is taken
 (its max norm: one small reduction per group, one sync for all) and, if any is not finite:
-- `keep_previous` (guard.undo_nonfinite_updates, the default): the tensors the optimizer stepped and its state
+- `keep_previous` (guard.undo_nonfinite_updates true): the tensors the optimizer stepped and its state
   (AdamW's moments and step counts) are put back from a copy taken just before the step, so the model and the
   optimizer are exactly as before it; the step counts as skipped and the run goes on (NonFiniteGuard stops it after
   guard.max_nonfinite_steps such steps in a row). The copy costs memory: the stepped tensors and the optimizer
   state once more, on their device;
-- otherwise the step cannot be undone: the run stops at once (TrainingHalted) and the newest checkpoint on disk is
+- otherwise (the default) the step cannot be undone: the run stops at once (TrainingHalted) and the newest checkpoint on disk is
   the last good state.
 """
 
@@ -27,7 +27,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class WeightGuard:
-    def __init__(self, optimizer: torch.optim.Optimizer, keep_previous: bool = True):
+    def __init__(self, optimizer: torch.optim.Optimizer, keep_previous: bool = False):
         self.optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper holds torch's optimizer
         self.keep_previous = keep_previous
         self._params: list[torch.Tensor] = []
