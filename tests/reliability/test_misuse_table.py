@@ -173,6 +173,22 @@ def test_a_step_that_cannot_fit_in_memory_is_refused_naming_both_settings():
         check_against_memory(model, torch.device("cpu"), 4096, 64, 1025, free=2**30)
 
 
+def test_a_model_whose_layers_differ_is_measured_by_its_largest_layer():
+    """Gemma 4's head dims differ per layer and transformers refuses to read one global value: the bound takes the
+    largest layer's (a lower bound stays one), and the check runs instead of failing every Gemma 4 run."""
+    from vlm_grpo.adapters.generic.shrink import shrink_config
+    from vlm_grpo.adapters.generic.twin_model import default_config
+    from vlm_grpo.grpo.training.step_size import rollout_bytes
+
+    config = default_config("gemma4")
+    shrink_config(config)
+    text = config.get_text_config()
+    dims = {layer.head_dim for layer in text.per_layer_config}
+    assert len(dims) > 1  # a heterogeneous config, as the real one
+    kv, _ = rollout_bytes(config, torch.float32, 1, 1)
+    assert kv == text.num_hidden_layers * 2 * text.num_key_value_heads * max(dims) * 4
+
+
 # ---------------------------------------------------------------- disk full while saving
 @pytest.mark.parametrize("error", [
     RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4736 vs 4624"),
@@ -217,10 +233,12 @@ def test_a_damaged_last_line_is_skipped_with_a_warning_naming_file_and_line(tmp_
 
 
 def test_resume_says_which_damaged_line_it_drops(tmp_path, caplog):
+    from vlm_grpo.grpo.run.directory import prepare_run_dir
     from vlm_grpo.grpo.run.logs import RunLog
 
     run_dir = tmp_path / "run"
     _run_with_damaged_logs(run_dir)
+    prepare_run_dir(run_dir, resume=True, overwrite=False).release()  # as --resume takes the folder's run files
     with caplog.at_level(logging.WARNING):
         RunLog(run_dir).truncate_after(2)
     assert f"{run_dir / 'metrics.jsonl'}: line 3 is damaged" in caplog.text

@@ -4,6 +4,7 @@ starts over instead of appending to what it logged."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -33,12 +34,19 @@ def _copy(run, tmp_path):
 
 
 def _files(run):
-    return {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".run.lock"}
+    """Every file's bytes but the lock's and the created-files list's: a --resume takes a copied run's files as its
+    own at the start, so the list then records the copies (`_listed` checks it names the same files)."""
+    return {p.relative_to(run): p.read_bytes() for p in run.rglob("*")
+            if p.is_file() and p.name not in (".run.lock", ".vlm-grpo-files.json")}
+
+
+def _listed(run):
+    return sorted(json.loads((run / ".vlm-grpo-files.json").read_text())["files"])
 
 
 def test_meaning_changes_are_refused_naming_each_difference(two_steps, tmp_path, capsys):
     run = _copy(two_steps, tmp_path)
-    before = _files(run)
+    before, listed = _files(run), _listed(run)
     code = main(["train", *RUN, "--max-steps", "3", "--output-dir", str(run), "--resume", "--learning-rate", "5e-3",
                  "--num-generations", "2", "--seed", "1", "--temperature", "0.7"])
     assert code == 2
@@ -48,7 +56,7 @@ def test_meaning_changes_are_refused_naming_each_difference(two_steps, tmp_path,
                    "optim.learning_rate 0.001 -> 0.005; seed 0 -> 1. Resume with the checkpoint's values, accept the "
                    "changes with --resume-accept data.num_generations,generation.temperature,optim.learning_rate,seed "
                    "(recorded in config.yaml's history and the model card), or start a new run")
-    assert _files(run) == before  # config.yaml still says what the run used
+    assert _files(run) == before and _listed(run) == listed  # config.yaml still says what the run used
 
 
 @pytest.mark.parametrize("words, difference", [

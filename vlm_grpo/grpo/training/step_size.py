@@ -45,15 +45,28 @@ def free_memory(device: torch.device) -> int | None:
     return None
 
 
+def _largest(config, name: str):
+    """A config's value of `name`; on a config whose layers differ in it (Gemma 4's per-layer head dims, which
+    transformers refuses to read globally), the largest layer's: a lower bound stays a lower bound."""
+    try:
+        return getattr(config, name, None)
+    except RuntimeError:  # transformers' AmbiguousGlobalPerLayerAttributeError
+        layers = getattr(config, "per_layer_config", None) or {}
+        values = [getattr(layer, name, None) if not isinstance(layer, dict) else layer.get(name)
+                  for layer in (layers.values() if isinstance(layers, dict) else layers)]
+        values = [v for v in values if isinstance(v, int)]
+        return max(values) if values else None
+
+
 def rollout_bytes(config, dtype: torch.dtype, sequences: int, tokens: int) -> tuple[int, int]:
     """(KV cache, logits) bytes a rollout of `sequences` sequences `tokens` long needs at the least: each layer's
     keys and values of every token, and one decode step's float32 logits over the vocabulary."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    layers = int(getattr(text, "num_hidden_layers", 0) or 0)
-    heads = int(getattr(text, "num_attention_heads", 0) or 0)
-    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(text, "head_dim", None) or (getattr(text, "hidden_size", 0) // max(heads, 1)))
-    vocab = int(getattr(text, "vocab_size", 0) or 0)
+    layers = int(_largest(text, "num_hidden_layers") or 0)
+    heads = int(_largest(text, "num_attention_heads") or 0)
+    kv_heads = int(_largest(text, "num_key_value_heads") or heads)
+    head_dim = int(_largest(text, "head_dim") or ((_largest(text, "hidden_size") or 0) // max(heads, 1)))
+    vocab = int(_largest(text, "vocab_size") or 0)
     width = torch.empty((), dtype=dtype).element_size()
     kv = sequences * tokens * layers * 2 * kv_heads * head_dim * width
     return kv, sequences * vocab * 4
