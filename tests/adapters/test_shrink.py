@@ -70,3 +70,22 @@ def test_the_vision_embedder_widths_and_position_table_shrink_with_the_rest():
     vision = _shrunk("gemma4_unified").vision_config
     assert vision.mm_embed_dim == vision.output_proj_dims == WIDTH
     assert vision.mm_posemb_size == POSITION_ROWS
+
+
+def test_a_high_res_towers_output_channels_shrink():
+    """DeepSeek-VL hybrid's SAM tower: `output_channels` 256 (its projection convs widen it 2x and 4x) made a 7.7M
+    parameter twin; at the shared width it has 1M."""
+    assert _shrunk("deepseek_vl_hybrid").high_res_vision_config.output_channels == WIDTH
+
+
+def test_tile_layouts_follow_the_twins_tile_size():
+    """LLaVA-NeXT's `image_grid_pinpoints` (multiples of its 336 px tiles): the same layouts of the twin's tiles,
+    so an image is cut into as few tiles as on the real model, not 19."""
+    from vlm_grpo.adapters.generic.twin import set_vision_image_size
+
+    config = default_config("llava_next")
+    real = [list(p) for p in config.image_grid_pinpoints]
+    tile = config.vision_config.image_size
+    set_vision_image_size(config, 112)
+    assert config.vision_config.image_size == 112
+    assert config.image_grid_pinpoints == [[h // tile * 112, w // tile * 112] for h, w in real]

@@ -32,6 +32,7 @@ WIDTH_KEYS = {
     "vision_embed_dim", "text_embed_dim", "output_dim", "patch_embed_hidden_size", "vision_dim", "text_dim",
     "lm_hidden_size", "llm_hidden_size", "encoder_hidden_size", "hidden_channels", "embedding_dim", "n_embd",
     "hidden_size_per_layer_input", "adapter_in_dim", "adapter_out_dim", "mm_embed_dim", "output_proj_dims",
+    "output_channels",
 }
 FFN_KEYS = {
     "intermediate_size", "ffn_dim", "mlp_dim", "intermediate_size_mlp", "projection_intermediate_size", "encoder_ffn_dim",

@@ -82,6 +82,20 @@ def set_vision_image_size(config, side: int) -> None:
         elif isinstance(value, (list, tuple)) and len(value) == 2:
             vision.image_size = type(value)([side, side])
         _fit_position_count(vision, value, side)
+        if name == "vision_config":
+            _scale_tile_layouts(config, value[0] if isinstance(value, (list, tuple)) else value, side)
+
+
+def _scale_tile_layouts(config, old_size, side: int) -> None:
+    """The tile layouts an image is fitted to (LLaVA-NeXT's `image_grid_pinpoints`, in pixels, multiples of the real
+    tile size) as the same layouts of the twin's tiles: left at 336..1008 px with 112 px tiles, a 56 px image was cut
+    into 19 tiles, 713 tokens."""
+    grid = getattr(config, "image_grid_pinpoints", None)
+    if not (isinstance(old_size, int) and old_size > 0 and isinstance(grid, list) and grid
+            and all(isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(v, int) for v in p) for p in grid)):
+        return
+    config.image_grid_pinpoints = [[max(1, round(h / old_size)) * side, max(1, round(w / old_size)) * side]
+                                   for h, w in grid]
 
 
 def _fit_position_count(vision, old_size, side: int) -> None:
@@ -195,11 +209,12 @@ def _config_value(config, key: str):
 
 
 def _matched_config(part, config) -> dict[str, Any]:
-    """Sub-processor settings that the model config also holds, at the config's value (patch and merge sizes)."""
+    """Sub-processor settings that the model config also holds, at the config's value (patch and merge sizes, tile
+    layouts)."""
     # a part that names the ViT's patch `vision_patch_size` uses `patch_size` for its crops (Step 3.7): that one
     # is left to sized_kwargs
     keys = ("vision_patch_size" if key == "patch_size" and _crops_by_patch_size(part) else key
-            for key in ("patch_size", "merge_size", "temporal_patch_size"))
+            for key in ("patch_size", "merge_size", "temporal_patch_size", "image_grid_pinpoints"))
     return {key: _config_value(config, key.removeprefix("vision_")) for key in keys
             if getattr(part, key, None) is not None and _config_value(config, key.removeprefix("vision_")) is not None}
 
