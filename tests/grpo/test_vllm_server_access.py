@@ -47,7 +47,8 @@ def server(monkeypatch):
     state = VLLMServer("m", "Arch", signature("Arch", [("w", (2, 3))]), llm, key=KEY, max_model_len=256,
                        vllm_version="0")
     httpd = http_server(state, "127.0.0.1", 0)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    # a short poll: shutdown() waits up to one poll interval (0.5 s by default, per test)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}", llm
     httpd.shutdown()
