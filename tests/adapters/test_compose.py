@@ -262,3 +262,22 @@ def test_composed_checkpoint_pads_left_wherever_it_loads(donors, tmp_path, visio
     assert AutoTokenizer.from_pretrained(donors / "lm_right").padding_side == "right"
     out = compose(str(donors / vision_name), str(donors / "lm_right"), str(tmp_path / "hybrid"))
     assert AutoProcessor.from_pretrained(out).tokenizer.padding_side == "left"
+
+
+def test_compose_into_a_folder_of_the_users_files_moves_them_aside_and_replaces_its_own(donors, tmp_path, capsys):
+    """`vlm-grpo compose --out` (and `convert-gguf --out`, the same saved_folder) never writes over a user's files:
+    the folder is moved aside whole, named in the message; composing there again replaces the earlier composition."""
+    from vlm_grpo.cli import main
+
+    out = tmp_path / "hybrid"
+    out.mkdir()
+    (out / "config.json").write_text('{"mine": true}\n')
+    command = ["compose", "--vision", str(donors / "siglip"), "--llm", str(donors / "lm"), "--out", str(out)]
+    assert main(command) == 0
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("hybrid.replaced-")]
+    assert len(aside) == 1 and (aside[0] / "config.json").read_text() == '{"mine": true}\n'
+    assert f"moved it to {aside[0]}" in capsys.readouterr().out
+    assert main(command) == 0  # its own earlier output: replaced
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("hybrid.replaced-")] == [aside[0].name]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-save-")]
+    assert type(load_model(str(out))) is LlavaHybridAdapter

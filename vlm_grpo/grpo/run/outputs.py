@@ -1,10 +1,12 @@
-"""Outputs written where the user points (`save_model(dir)`, `eval --out`, `report --out`, `audit-rewards --json`):
+"""Outputs written where the user points (`save_model(dir)`, `eval --out`, `report --out`, `audit-rewards --json`,
+`compose --out`, `convert-gguf --out`):
 the run directory's rule holds there too. Only what this program wrote is replaced; anything else found at that path
 is moved aside (never overwritten, never deleted) and the message names both paths.
 
 - `write_output(path, data)`: one whole file. In a run directory (it has `.vlm-grpo-files.json`) the run's own file
   is replaced and the new one listed as the run's; elsewhere, or for a file the run did not write, an existing file
   is first renamed to `NAME.replaced-<UTC time>`.
+- `saved_folder(out)`: the same for a command's output folder (`compose --out`, `convert-gguf --out`).
 - `commit_folder(staging, out)`: a folder written whole in `staging` (beside `out`) renamed into place. An empty
   folder, or an earlier save of this program (a `manifest.json` that lists every file in it, each of the size
   recorded), is replaced; a folder holding anything else is moved aside the same way. Into a run directory (a TRL
@@ -13,13 +15,15 @@ is moved aside (never overwritten, never deleted) and the message names both pat
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 from pathlib import Path
+from typing import Iterator
 
 from vlm_grpo.grpo.run import safe_files
-from vlm_grpo.grpo.run.manifest import MANIFEST
+from vlm_grpo.grpo.run.manifest import MANIFEST, write_manifest
 
 
 def aside_path(path: Path) -> Path:
@@ -94,6 +98,25 @@ def commit_folder(staging: Path, out: Path) -> str | None:
             note = _move_aside(out, f"files ({', '.join(held[:4])}{' ...' if len(held) > 4 else ''})")
     os.rename(staging, out)
     return note
+
+
+@contextlib.contextmanager
+def saved_folder(out: str | Path) -> Iterator[Path]:
+    """A fresh folder beside `out` for the caller to fill (`compose --out`, `convert-gguf --out`); then listed in a
+    manifest (so the next save there knows it as this program's) and put in place by `commit_folder`, the note
+    printed. A failure leaves `out` as it was and removes the unfinished folder."""
+    out = Path(out)
+    safe_files.check_path(out)
+    staging = staging_for(out)
+    try:
+        yield staging
+        write_manifest(staging)
+        note = commit_folder(staging, out)
+    except BaseException:
+        safe_files.remove(staging)
+        raise
+    if note:
+        print(note)
 
 
 def _merge_into_run(staging: Path, run_dir: Path) -> str | None:

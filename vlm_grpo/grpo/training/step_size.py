@@ -46,8 +46,8 @@ def free_memory(device: torch.device) -> int | None:
 
 
 def _largest(config, name: str):
-    """A config's value of `name`; on a config whose layers differ in it (Gemma 4's per-layer head dims, which
-    transformers refuses to read globally), the largest layer's: a lower bound stays a lower bound."""
+    """A config's value of `name`; on a config whose layers differ in it (per-layer head dims, which transformers
+    refuses to read globally), the largest layer's: a lower bound stays a lower bound."""
     try:
         return getattr(config, name, None)
     except RuntimeError:  # transformers' AmbiguousGlobalPerLayerAttributeError
