@@ -113,3 +113,22 @@ def test_test_splits_only_with_test_and_the_summary_holds_the_table(run):
     assert len(rows) == 3 and {"index", "type", "answer", "stated", "correct", "blank_correct"} == set(rows[0])
     text = (out / "summary.md").read_text()
     assert "## val (validation)" in text and "the best control" in text and "Answer marginal while GRPO trained" in text
+
+
+def test_a_stopped_rft_stage_fine_tunes_again_on_the_completions_it_kept(run, capsys):
+    """Sampling is the costly half of RFT: a stage stopped after it resumes from the kept completions, not a new draw."""
+    import shutil
+
+    out, path = run
+    kept = out / "seed1" / "rft.accepted.json"
+    before = kept.read_text()
+    shutil.rmtree(out / "seed1" / "rft")  # as a run stopped before its first checkpoint leaves it
+    capsys.readouterr()
+    patch = pytest.MonkeyPatch()
+    patch.setattr("vlm_grpo.experiment.arms.sample_and_keep", lambda *a, **k: pytest.fail("sampled again"))
+    try:
+        assert main(["experiment", str(path), "--seed", "1", "--stages", "rft"]) == 0
+    finally:
+        patch.undo()
+    assert "accepted earlier" in capsys.readouterr().out and kept.read_text() == before
+    assert json.loads((out / "seed1" / "rft" / "stage.json").read_text())["accepted"] == json.loads(before)["accepted"]
