@@ -45,12 +45,12 @@ def test_experiment_stages_are_valid_settings(path):
     """Each training stage's settings load as `vlm-grpo sft/train` would load them (a wrong key fails here, in the
     fast tier, not after the stages before it ran)."""
     from vlm_grpo.experiment.plan import TRAINING_STAGES, read_experiment
-    from vlm_grpo.experiment.stages import stage_settings
+    from vlm_grpo.experiment.stages import own_settings, stage_settings
     from vlm_grpo.grpo.settings.sources import load_recipe_config
     from vlm_grpo.recipes import get_recipe
 
     exp = read_experiment(path)
-    for stage in TRAINING_STAGES:
+    for stage in (*TRAINING_STAGES, *exp.arms):  # the arms too: a GRPO variant's `set` over grpo's settings
         if stage == "align" and exp.aligns_to_words():  # no trainer settings: its recipe names every cell's words
             task = exp.stages[stage]["data"]
             sample = get_recipe(task["recipe"]).build(split="train", size=1, **task.get("recipe_options", {}))[0]
@@ -58,7 +58,7 @@ def test_experiment_stages_are_valid_settings(path):
             continue
         cfg, recipe = load_recipe_config(settings=stage_settings(exp, stage, seed=0))
         assert cfg.max_steps > 0 and cfg.logging.output_dir == str(exp.stage_dir(stage, 0)), stage
-        assert recipe.name == exp.stages[stage]["data"]["recipe"]
+        assert recipe.name == own_settings(exp, stage)["data"]["recipe"]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])

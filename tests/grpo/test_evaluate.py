@@ -109,3 +109,21 @@ def test_accuracy_by_question_type_where_the_recipe_names_it():
     assert "accuracy on kind questions  0.250" in format_report(report)
     untyped = [{k: v for k, v in r.items() if k != "question_type"} for r in records]
     assert by_question_type(untyped) == {} and summarize(untyped, ["ok"], "ok")["by_question_type"] == {}
+
+
+def test_each_record_keeps_its_answer_and_its_blanked_result():
+    """Image-dependent accuracy is paired question by question (the answer with the image against the answer with
+    it blanked), and the constant-answer baseline counts the right answers: both are in every record."""
+    adapter = tiny_adapter("qwen2_5_vl")
+    recipe = Recipe(name="toy", build=get_recipe("scene_count").build,
+                    rewards=[Reward("odd", odd_length)], accuracy_reward="odd")
+    options = {"task": "attribute", "image_size": 56}
+    report = evaluate(adapter, recipe, split="val", size=4, seed=0, batch_size=4, max_new_tokens=3,
+                      recipe_options=options, image_reliance=True)
+    data = get_recipe("scene_count").build(split="val", size=4, seed=0, **options)
+    assert [r["answer"] for r in report["samples"]] == [data[i].fields["answer"] for i in range(4)]
+    assert all(isinstance(r["blank_correct"], bool) for r in report["samples"])
+    blank = sum(r["blank_correct"] for r in report["samples"]) / 4
+    assert report["image_reliance"]["blank_accuracy"] == blank
+    plain = evaluate(adapter, recipe, split="val", size=2, seed=0, batch_size=2, max_new_tokens=3, recipe_options=options)
+    assert all("blank_correct" not in r for r in plain["samples"])

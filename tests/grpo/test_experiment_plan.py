@@ -32,7 +32,7 @@ def test_a_good_config_and_overrides(tmp_path):
     exp = read_experiment(write(tmp_path, GOOD), ["grpo.max_steps=5", "grpo.loss.beta=0.1", "eval.size=9"])
     assert exp.stages["grpo"]["max_steps"] == 5 and exp.stages["grpo"]["loss"] == {"beta": 0.1}
     assert exp.eval["size"] == 9 and exp.stages["sft"]["max_steps"] == 2
-    assert exp.stage_dir("align", 3) == exp.base_dir() / "align"  # shared by every seed
+    assert exp.stage_dir("align", 3) == exp.stage_dir("align", 4) == tmp_path / "runs" / "base-seed0" / "align"  # shared
     assert exp.stage_dir("grpo", 3) == tmp_path / "runs" / "seed3" / "grpo"
     pretrained = GOOD.replace("patch_size: 16}}", "patch_size: 16}}, tower_pretrain: {{steps: 2, batch_size: 2, "
                               "learning_rate: 0.001, counts: true}}")
@@ -66,6 +66,23 @@ def test_a_good_config_and_overrides(tmp_path):
     ("eval: {data: {recipe: scene_count, size: 3}}", "eval.data names the questions every model is asked"),
     ("eval: {data: [scene_count]}", "eval.data names the questions every model is asked"),
     ("eval: {data: {recipe: scene_count, recipe_options: [task]}}", "eval.data.recipe_options must be a mapping"),
+    ("arms: {rft2: {method: star}}", "arms.rft2: an arm is a mapping with method (grpo, answer_sft, rft, sft_more)"),
+    ("arms: {rft: {method: rft, steps: 3}}", "arms.rft: an arm is a mapping with method"),
+    ("arms: {rft: [rft]}", "arms.rft: an arm is a mapping with method"),
+    ("arms: {grpo: {method: grpo}}", "arms: 'grpo' is not a usable name"),
+    ("arms: {Long Run: {method: grpo}}", "arms: 'Long Run' is not a usable name"),
+    ("arms: {long: {method: grpo, set: [1]}}", "arms.long.set must be a mapping"),
+    ("arms: {long: {method: grpo, set: {seed: 3}}}", "arms.long.set: the seed, resuming, the model"),
+    ("arms: {long: {method: grpo, set: {model: {init_from: x}}}}", "arms.long.set: the seed, resuming, the model"),
+    ("arms: {long: {method: grpo, set: {logging: {output_dir: x}}}}", "arms.long.set: the seed, resuming, the model"),
+    ("arms: {long: {method: grpo, question_types: [kind]}}", "arms.long.question_types: a non-empty list"),
+    ("arms: {shape: {method: answer_sft, question_types: kind}}", "arms.shape.question_types: a non-empty list"),
+    ("arms: {shape: {method: answer_sft, question_types: []}}", "arms.shape.question_types: a non-empty list"),
+    ("arms: [rft]", "arms must be a mapping"),
+    ("independent_seeds: yes please", "independent_seeds must be true or false"),
+    ("eval: {splits: [val, test], test_splits: [test]}", "['test'] are in both splits"),
+    ("eval: {splits: val}", "eval.splits must be a list of split names"),
+    ("eval: {test_splits: [1]}", "eval.test_splits must be a list of split names"),
 ])
 def test_bad_configs_name_the_file_and_the_key(tmp_path, change, message):
     path = write(tmp_path, GOOD + "\n" + change.replace("{", "{{").replace("}", "}}") + "\n")
@@ -113,3 +130,57 @@ def test_eval_asks_the_grpo_stage_questions_unless_eval_names_its_own(tmp_path):
         assert eval_settings(exp, model, "test", 0)["data"] == {"recipe": "scene_count", "recipe_options": {"task": "attribute"}}
     exp = read_experiment(write(tmp_path, partial), ["eval.data={recipe: scene_count, recipe_options: {task: count}}"])
     assert eval_settings(exp, "sft", "ood", 0)["data"] == {"recipe": "scene_count", "recipe_options": {"task": "count"}}
+
+
+ARMS = GOOD + """
+arms: {{shape: {{method: answer_sft, question_types: [kind]}}, rft: {{method: rft}}, more: {{method: sft_more}},
+        hot: {{method: grpo, set: {{generation: {{temperature: 1.5}}, max_steps: 4}}}}}}
+"""
+
+
+def test_arms_are_stages_from_the_sft_checkpoint_on_grpo_prompts(tmp_path):
+    """Each arm runs after grpo, starts from SFT's final model, and copies the stage it varies; GRPO draws its prompts
+    in an order of its own (not SFT's rows again), which its variants and sft_more share."""
+    from vlm_grpo.experiment.stages import stage_settings
+
+    exp = read_experiment(write(tmp_path, ARMS), [])
+    assert exp.stage_names() == ("compose", "align", "sft", "grpo", "shape", "rft", "more", "hot", "eval")
+    assert exp.models() == ("base", "sft", "grpo", "shape", "rft", "more", "hot")
+    sft_final = str(exp.stage_dir("sft", 2) / "final")
+    settings = {name: stage_settings(exp, name, 2) for name in exp.stage_names()[2:-1]}
+    for name in ("grpo", "shape", "rft", "more", "hot"):
+        assert settings[name]["model"]["init_from"] == sft_final, name
+        assert settings[name]["logging"]["output_dir"] == str(tmp_path / "runs" / "seed2" / name)
+    hot = settings["hot"]
+    assert hot["max_steps"] == 4 and hot["generation"] == {"temperature": 1.5} and hot["data"]["recipe"] == "scene_count"
+    orders = {name: (s.get("data") or {}).get("data_seed") for name, s in settings.items()}
+    assert orders["sft"] is None and orders["grpo"] not in (None, 2)
+    assert orders["hot"] == orders["more"] == orders["grpo"] and orders["shape"] is None
+    # a data order the stage sets itself is kept
+    own = read_experiment(write(tmp_path, ARMS), ["grpo.data.data_seed=11"])
+    assert stage_settings(own, "grpo", 2)["data"]["data_seed"] == 11
+
+
+def test_independent_seeds_compose_and_align_their_own_base(tmp_path):
+    from vlm_grpo.experiment.stages import composed_model, report_path, stage_settings
+
+    exp = read_experiment(write(tmp_path, GOOD), ["independent_seeds=true"])
+    assert exp.stage_dir("compose", 3) == tmp_path / "runs" / "base-seed3" / "compose"
+    assert exp.stage_dir("align", 4) == tmp_path / "runs" / "base-seed4" / "align"
+    assert stage_settings(exp, "align", 3)["seed"] == 3
+    assert composed_model(exp, 4).endswith("base-seed4/compose/model")
+    assert report_path(exp, "base", "val", 4).parent == tmp_path / "runs" / "base-seed4" / "eval"
+    shared = read_experiment(write(tmp_path, GOOD), [])
+    assert stage_settings(shared, "align", 3)["seed"] == 0 and composed_model(shared, 4).endswith("base-seed0/compose/model")
+
+
+def test_grpo_prompts_are_not_the_sft_rows_again():
+    """With the example's sizes (1,000,000 rows; SFT 100 x 16, GRPO 100 x 8), the two stages' orders share almost no
+    row: the rows GRPO trains on are new to the model."""
+    from vlm_grpo.experiment.stages import GRPO_ORDER
+    from vlm_grpo.grpo.data.order import batch_indices
+
+    for seed in (0, 1, 2):
+        sft = {i for step in range(100) for i in batch_indices(1_000_000, 16, step, seed)}
+        grpo = {i for step in range(100) for i in batch_indices(1_000_000, 8, step, seed + GRPO_ORDER)}
+        assert len(grpo) == 800 and len(sft & grpo) <= 8

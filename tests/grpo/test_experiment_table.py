@@ -1,38 +1,120 @@
-"""The experiment summary's accuracy by question type: every type any model's report names, one row per seed and
-type; a report written before types were named (an older base evaluation) shows a dash, not a missing row."""
+"""The experiment's table: per split and question type, accuracy and image-dependent accuracy with SEs clustered by
+question (the seeds share the questions) and a t-interval across seeds, the constant-answer baseline, each model's
+commonest answer, and every GRPO model against the best control (vlm_grpo/experiment/stats.py, table.py)."""
 
 from __future__ import annotations
 
-from vlm_grpo.experiment.table import by_type_lines
+import math
+import statistics
+
+import pytest
+
+from vlm_grpo.experiment.plan import Experiment
+from vlm_grpo.experiment.stats import beats, clustered_mean, commonest, difference, t_quantile
+from vlm_grpo.experiment.table import markdown, split_table
 
 
-def kinds(**accuracy: float) -> dict:
-    return {k: {"n": 10, "accuracy": a, "accuracy_se": 0.1} for k, a in accuracy.items()}
+@pytest.mark.parametrize("df", [1, 2, 3, 5, 10, 29, 30, 31, 45, 120])
+def test_t_quantile_is_students(df):
+    scipy_stats = pytest.importorskip("scipy.stats")
+    assert t_quantile(df) == pytest.approx(float(scipy_stats.t.ppf(0.975, df)), abs=1.5e-3)
 
 
-def test_rows_for_every_type_any_model_names():
-    split = {"base": {"by_question_type": {}}, "sft": {"by_question_type": kinds(colour=1.0, kind=0.1)},
-             "grpo": {"by_question_type": kinds(colour=1.0, kind=0.5)}}
-    summary = {"pooled": {"test": {}, "ood": {}},
-               "seeds": [{"seed": 3, "splits": {"test": split, "ood": {m: {"by_question_type": {}} for m in split}}}]}
-    lines = by_type_lines(summary)
-    assert "## test: accuracy by question type" in lines and not any("## ood" in line for line in lines)
-    assert "| 3 | colour | 10 | - | 100.0 +/- 10.0 | 100.0 +/- 10.0 |" in lines
-    assert "| 3 | kind | 10 | - | 10.0 +/- 10.0 | 50.0 +/- 10.0 |" in lines
+def test_t_quantile_refuses_a_single_seed():
+    with pytest.raises(ValueError, match="at least 1 degree of freedom"):
+        t_quantile(0)
 
 
-def test_grpo_minus_sft_over_seeds_has_both_standard_errors():
-    """The paired SEs combined see only the images' sampling; the seeds' spread shows a seed that gained nothing."""
-    import math
-    import statistics
+def test_the_se_is_clustered_by_question_not_by_answer():
+    """Three seeds that answer alike: pooling their 3 x 4 answers as independent would shrink the SE by sqrt(3); the
+    clustered SE is the per-question means' SD over sqrt(questions), and the seeds' spread is zero."""
+    seed = {0: 1.0, 1: 0.0, 2: 1.0, 3: 1.0}
+    s = clustered_mean([seed, dict(seed), dict(seed)])
+    assert s["mean"] == 0.75 and s["questions"] == 4 and s["seeds"] == 3
+    assert s["se_clustered"] == pytest.approx(statistics.stdev(seed.values()) / 2)
+    naive = statistics.stdev([v for _ in range(3) for v in seed.values()]) / math.sqrt(12)
+    assert s["se_clustered"] > 1.5 * naive
+    assert s["across_seeds"]["df"] == 2 and s["across_seeds"]["se"] == 0.0
 
-    from vlm_grpo.experiment.table import pooled
 
-    diffs, ses = [0.025, 0.175, 0.0], [0.015, 0.029, 0.0]
-    results = [{"splits": {"test": {"base": {"accuracy": 0.0}, "sft": {"accuracy": 0.5}, "grpo": {"accuracy": 0.5 + d},
-                                    "grpo_minus_sft": {"difference": d, "se": se}}}} for d, se in zip(diffs, ses)]
-    d = pooled(results, "test")["grpo_minus_sft"]
-    assert math.isclose(d["difference"], statistics.mean(diffs))
-    assert math.isclose(d["se"], math.sqrt(sum(s * s for s in ses)) / 3)
-    assert math.isclose(d["se_across_seeds"], statistics.stdev(diffs) / math.sqrt(3))
-    assert d["z"] > 2 > d["z_across_seeds"]  # this run's held-out result: significant per image, not per seed
+def test_the_seeds_t_interval_sees_a_seed_that_gained_nothing():
+    """Per question the gain looks sure (+0.5 on every question of two seeds); one seed gained nothing, and the t
+    interval with 2 degrees of freedom spans zero."""
+    n = 40
+    grpo = [{i: 1.0 for i in range(n)}, {i: 1.0 for i in range(n)}, {i: float(i % 2) for i in range(n)}]
+    sft = [{i: float(i % 2) for i in range(n)} for _ in range(3)]
+    d = difference(grpo, sft)
+    assert d["per_seed"] == [0.5, 0.5, 0.0] and d["mean"] == pytest.approx(1 / 3)
+    assert beats(d)  # clustered by question: significant
+    low, high = d["across_seeds"]["ci95"]
+    assert low < 0 < high and d["across_seeds"]["df"] == 2
+    half = t_quantile(2) * statistics.stdev([0.5, 0.5, 0.0]) / math.sqrt(3)
+    assert high - d["mean"] == pytest.approx(half)
+
+
+def test_only_questions_every_seed_answered_count():
+    s = clustered_mean([{0: 1.0, 1: 0.0, 2: 1.0}, {1: 1.0, 2: 1.0}])
+    assert s["questions"] == 2 and s["mean"] == 0.75
+    assert clustered_mean([{0: 1.0}, {1: 1.0}]) is None and clustered_mean([]) is None
+    with pytest.raises(ValueError, match="the same seeds on both sides"):
+        difference([{0: 1.0}], [{0: 1.0}, {0: 0.0}])
+
+
+def test_commonest_answer_and_baseline():
+    assert commonest(["triangle", "square", "triangle", "circle"]) == {"answer": "triangle", "share": 0.5, "n": 4}
+    assert commonest([]) is None
+    assert not beats(None) and not beats({"mean": 0.1, "se_clustered": 0.06}) and beats({"mean": 0.13, "se_clustered": 0.06})
+
+
+def rows(correct: list[int], blank: list[int], stated: list[str], answers: list[str], types: list[str]) -> list[dict]:
+    return [{"index": i, "type": t, "answer": a, "stated": s, "correct": bool(c), "blank_correct": bool(b)}
+            for i, (c, b, s, a, t) in enumerate(zip(correct, blank, stated, answers, types))]
+
+
+TYPES = ["colour", "colour", "kind", "kind", "kind", "kind"]
+ANSWERS = ["red", "blue", "triangle", "triangle", "square", "circle"]
+
+
+def test_split_table_image_dependence_baseline_leaning_and_verdict(tmp_path):
+    """GRPO answers every shape question "triangle": its accuracy on them equals the constant baseline and, with the
+    image blanked, stays the same, so its image-dependent accuracy there is zero; the control that reads the image
+    is the best control, and GRPO does not beat it."""
+    exp = Experiment(source="x.yaml", name="x", output_dir=tmp_path, base_seed=0, compose={}, stages={},
+                     eval={"splits": ["val"]}, arms={"rft": {"method": "rft", "set": {}, "question_types": None}})
+    sft = rows([1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0], ["red", "blue", "red", "red", "red", "red"], ANSWERS, TYPES)
+    grpo = rows([1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 0, 0], ["red", "blue", *["triangle"] * 4], ANSWERS, TYPES)
+    rft = rows([1, 1, 1, 1, 1, 0], [0, 0, 0, 0, 0, 0], ["red", "blue", "triangle", "triangle", "square", "square"],
+               ANSWERS, TYPES)
+    base = rows([0] * 6, [0] * 6, ["x"] * 6, ANSWERS, TYPES)
+    by = {"base": base, "sft": sft, "grpo": grpo, "rft": rft}
+    table = split_table(exp, [0, 1], "val", {(s, m): r for s in (0, 1) for m, r in by.items()})
+    assert table["role"] == "validation" and table["kinds"] == ["all", "colour", "kind"]
+    assert table["baseline"]["kind"] == {"answer": "triangle", "share": 0.5, "n": 4}
+    kind = table["models"]["grpo"]["kind"]
+    assert kind["accuracy"]["mean"] == 0.5 and kind["image_dependent"]["mean"] == 0.0
+    assert kind["commonest_answer"][0] == {"answer": "triangle", "share": 1.0, "n": 4}
+    assert table["models"]["rft"]["kind"]["image_dependent"]["mean"] == 0.75
+    assert table["comparisons"]["grpo - sft"]["kind"]["accuracy"]["mean"] == 0.5
+    assert table["comparisons"]["grpo - rft"]["all"]["image_dependent"]["mean"] == pytest.approx(-3 / 6)
+    verdict = table["verdict"]
+    assert verdict["best_control"] == "rft" and verdict["grpo"]["grpo"]["beats_by_2_se"] is False
+    summary = {"experiment": "x", "config": "x.yaml", "written": "2026-11-28",
+               "versions": {"commit": "abc", "torch": "2", "transformers": "5"}, "seeds": [0, 1],
+               "independent_seeds": True, "splits": {"val": table}, "times": {0: {"sft": 1.0, "eval": None}},
+               "monitor": {0: {"grpo": {w: {"step": s, "all": 0.5, "kind": 0.9} for w, s in
+                                        (("first", 1), ("middle", 2), ("last", 3))}}}, "changed": []}
+    text = markdown(summary)
+    assert "## val (validation)" in text
+    assert "**grpo - rft (the best control), image-dependent accuracy: -50.0" in text and "does not beat it" in text
+    assert "| grpo | kind | 4 | 50.0 +/- 28.9 | 0.0 +/- 0.0 | 50.0 (triangle) | triangle 100.0, triangle 100.0 |" in text
+    assert "| 0 | grpo | kind | 90.0 (step 1) | 90.0 (step 2) | 90.0 (step 3) |" in text
+    assert "each seed composed and aligned its own tower and projector" in text
+
+
+def test_a_report_without_blanked_answers_has_no_image_dependent_accuracy(tmp_path):
+    exp = Experiment(source="x.yaml", name="x", output_dir=tmp_path, base_seed=0, compose={}, stages={},
+                     eval={"splits": ["val"]})
+    plain = [{**r, "blank_correct": None} for r in rows([1, 0], [0, 0], ["a", "b"], ["a", "a"], ["t", "t"])]
+    table = split_table(exp, [0], "val", {(0, m): plain for m in ("base", "sft", "grpo")})
+    assert table["models"]["grpo"]["all"]["image_dependent"] is None and table["verdict"] is None
+    assert table["models"]["grpo"]["all"]["accuracy"]["across_seeds"] is None  # one seed: no t-interval

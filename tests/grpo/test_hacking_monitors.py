@@ -65,3 +65,25 @@ def test_what_counts_as_enumerating_answers():
     assert enumerates("1 2 3 4 5", counts) and enumerates("maybe 2, 3 or 4", counts)
     assert not enumerates("So the number of squares is 3", counts) and not enumerates("12 or 34", counts)
     assert enumerates("True False", ["True", "False"]) and not enumerates("true", ["True", "False"])
+
+
+def test_the_answer_marginal_per_question_type():
+    """The share of the commonest stated answer among a step's completions, over all and per question type: a
+    policy saying "triangle" to every shape question shows 1.0 there, whatever the colour questions do."""
+    from types import SimpleNamespace
+
+    from vlm_grpo.grpo.training.hacking_watch import answer_marginal, stated_answers
+    from vlm_grpo.recipes.audit_hints import DEFAULT_HINTS
+
+    samples = [SimpleNamespace(fields={"question_type": "kind"}), SimpleNamespace(fields={"question_type": "colour"}),
+               SimpleNamespace(fields={})]
+    completions = ["<think>x</think>\n<answer>Triangle</answer>", "<answer> triangle </answer>",
+                   "<think>y</think>\n<answer>red</answer>", "<answer>blue</answer>", "<answer>red</answer>", "no tags"]
+    rows = stated_answers(SimpleNamespace(num_generations=2, completions=completions), samples, DEFAULT_HINTS)
+    assert [r["type"] for r in rows] == ["kind", "kind", "colour", "colour", "", ""]
+    assert [r["answer"] for r in rows[:2]] == ["triangle", "triangle"]
+    shares = answer_marginal(rows)
+    assert shares == {"guards/answer_share": 2 / 6, "guards/answer_share/kind": 1.0, "guards/answer_share/colour": 0.5}
+    assert answer_marginal([{"type": "count all", "answer": "1"}]) == {"guards/answer_share": 1.0,
+                                                                      "guards/answer_share/count_all": 1.0}
+    assert answer_marginal([]) == {}

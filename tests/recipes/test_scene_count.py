@@ -1,6 +1,6 @@
 """The scene_count recipe (the SmolLM2-learns-to-see task): splits are reproducible and distinct, every answer is
 the number of shapes the question asks about, the OOD look differs from the training look, and the rewards are
-clevr_count's (seed 004's)."""
+clevr_count's (those of the blog post "Can an LLM Learn to See?")."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_the_reference_answer_is_the_count_the_question_asks_for():
         stated = dict(part.rsplit(" ", 1) for part in thinking.split(", so")[0].split(", "))
         for name, count in stated.items():
             assert int(count) == sum(name in (colour, kind) for colour, kind in shapes), (name, thinking)
-        # the reference earns both of seed 004's rewards
+        # the reference earns both of the blog post's rewards
         assert strict_format([sample.reference]) == [0.5]
         assert correctness([sample.reference], [sample.fields["answer"]]) == [2.0]
 
@@ -190,7 +190,7 @@ def test_caption_states_every_colour_and_kind_count():
     assert "red N, green N, blue N, yellow N; circle N, square N, triangle N" in sample.prompt[-1]["content"][-1]["text"]
 
 
-@pytest.mark.parametrize("option,value,message", [("split", "val", "choose one of train, test, ood"),
+@pytest.mark.parametrize("option,value,message", [("split", "dev", "choose one of train, val, test, ood, ood_val"),
                                                   ("task", "vqa", "choose one of count, caption, attribute"),
                                                   ("image_size", 8, "at least 16 pixels"),
                                                   ("reasoning", "prose", "choose one of counts, cells"),
@@ -198,3 +198,16 @@ def test_caption_states_every_colour_and_kind_count():
 def test_bad_options_are_refused_by_name(option, value, message):
     with pytest.raises(ValueError, match=message):
         RECIPE.build(**{option: value})
+
+
+def test_validation_splits_are_other_draws_of_each_look():
+    """Design choices are judged on val and ood_val: the same looks as test and ood, never the same questions."""
+    def white(image):
+        return sum(p == (255, 255, 255) for p in image.get_flattened_data()) / (image.width * image.height)
+
+    drawn = {split: RECIPE.build(split=split, size=6, seed=1, task="attribute") for split in ("val", "test", "ood_val", "ood")}
+    for a, b in (("val", "test"), ("ood_val", "ood")):
+        assert [drawn[a][i].reference for i in range(6)] != [drawn[b][i].reference for i in range(6)]
+    assert all(white(drawn["val"][i].images[0]) > 0.3 for i in range(6))
+    assert all(white(drawn["ood_val"][i].images[0]) == 0 for i in range(6))
+    assert "cells" in drawn["val"][0].fields and "cells" not in drawn["ood_val"][0].fields

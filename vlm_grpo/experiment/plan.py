@@ -4,6 +4,7 @@ before anything runs (a wrong key names itself and the file)."""
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,15 +13,19 @@ import yaml
 
 from vlm_grpo.grpo.settings.sources import refuse_trust_keys
 
-STAGES = ("compose", "align", "sft", "grpo", "eval")
+STAGES = ("compose", "align", "sft", "grpo", "eval")  # the arms run between grpo and eval (Experiment.stage_names)
 TRAINING_STAGES = ("align", "sft", "grpo")
-TOP_KEYS = {"name", "output_dir", "base_seed", "compose", "eval", *TRAINING_STAGES}
+TOP_KEYS = {"name", "output_dir", "base_seed", "independent_seeds", "compose", "eval", "arms", *TRAINING_STAGES}
+# arms: more models trained from the SFT checkpoint beside GRPO, each a stage (arms.py says what each method does)
+ARM_METHODS = ("grpo", "answer_sft", "rft", "sft_more")
+ARM_KEYS = {"method", "set", "question_types"}
+ARM_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 COMPOSE_KEYS = {"llm", "vision", "tower", "tower_pretrain"}
 TOWER_PRETRAIN_KEYS = {"steps", "batch_size", "learning_rate"}
 TOWER_PRETRAIN_OPTIONAL = {"counts"}
 WORDS_KEYS = TOWER_PRETRAIN_KEYS  # align.words: the projector trained to the LM's words, a loop of the same shape
 WORDS_ALIGN_KEYS = {"words", "data"}
-EVAL_KEYS = {"splits", "size", "eval_batch_size", "data_seed", "max_new_tokens", "image_reliance", "samples", "dtype", "data"}
+EVAL_KEYS = {"splits", "test_splits", "size", "eval_batch_size", "data_seed", "max_new_tokens", "image_reliance", "samples", "dtype", "data"}
 EVAL_DATA_KEYS = {"recipe", "recipe_options"}  # eval.data: the questions, when not the GRPO stage's
 # set by the runner for every training stage: where the model comes from, where the run goes, its seed
 RUNNER_KEYS = {"seed", "resume", "resume_from"}
@@ -40,20 +45,36 @@ class Experiment:
     compose: dict[str, Any]
     stages: dict[str, dict[str, Any]]  # align, sft, grpo: settings as `vlm-grpo sft/train --config` reads them
     eval: dict[str, Any] = field(default_factory=dict)
+    arms: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {method, set, question_types}
+    # true: every seed composes and aligns its own tower and projector (base-seedN), nothing shared between seeds;
+    # false: compose and align run once with base_seed and every seed starts from that aligned model
+    independent_seeds: bool = False
+
+    def stage_names(self) -> tuple[str, ...]:
+        """Every stage in pipeline order: compose, align, sft, grpo, the arms in file order, eval."""
+        return (*STAGES[:4], *self.arms, STAGES[4])
+
+    def models(self) -> tuple[str, ...]:
+        """The models each seed evaluates and reports, in order: base (the aligned model), sft, grpo, the arms."""
+        return ("base", "sft", "grpo", *self.arms)
+
+    def base_seed_of(self, seed: int) -> int:
+        """The seed compose and align run with for `seed`'s models."""
+        return seed if self.independent_seeds else self.base_seed
 
     def aligns_to_words(self) -> bool:
         """The align stage trains the projector to the LM's words (words.py), not by `vlm-grpo sft` settings."""
         return "words" in self.stages["align"]
 
-    def base_dir(self) -> Path:
-        """Compose and align run once, with `base_seed`: the aligned model every seed starts from."""
-        return self.output_dir / f"base-seed{self.base_seed}"
+    def base_dir(self, seed: int) -> Path:
+        """Where compose and align of `seed`'s models run: base-seedN of base_seed_of(seed)."""
+        return self.output_dir / f"base-seed{self.base_seed_of(seed)}"
 
     def seed_dir(self, seed: int) -> Path:
         return self.output_dir / f"seed{seed}"
 
     def stage_dir(self, stage: str, seed: int) -> Path:
-        return self.base_dir() / stage if stage in ("compose", "align") else self.seed_dir(seed) / stage
+        return self.base_dir(seed) / stage if stage in ("compose", "align") else self.seed_dir(seed) / stage
 
 
 def set_value(data: dict[str, Any], assignment: str, source: str) -> None:
@@ -126,9 +147,54 @@ def read_experiment(path: str | Path, overrides: list[str] = ()) -> Experiment:
                               f"known: {', '.join(sorted(EVAL_KEYS))}")
     if "data" in evaluation:
         check_eval_data(evaluation["data"], source)
+    check_splits(evaluation, source)
+    arms = {name: check_arm(name, arm, source) for name, arm in _section(data, "arms", source).items()}
+    independent = data.get("independent_seeds", False)
+    if not isinstance(independent, bool):
+        raise ExperimentError(f"{source}: independent_seeds must be true or false, got {independent!r}")
     return Experiment(source=source, name=str(data.get("name") or Path(path).stem),
                       output_dir=Path(data.get("output_dir") or f"runs/{Path(path).stem}"),
-                      base_seed=int(data.get("base_seed", 0)), compose=compose, stages=stages, eval=evaluation)
+                      base_seed=int(data.get("base_seed", 0)), compose=compose, stages=stages, eval=evaluation,
+                      arms=arms, independent_seeds=independent)
+
+
+def check_arm(name: Any, arm: Any, source: str) -> dict[str, Any]:
+    """An arm: a method, optionally `set` (settings over the stage it copies: grpo's for a GRPO variant, sft's for
+    the others) and `question_types` (answer_sft, rft: the GRPO prompts of these types only)."""
+    where = f"{source}: arms.{name}"
+    if not isinstance(name, str) or not ARM_NAME.fullmatch(name) or name in (*STAGES, "base", "none"):
+        raise ExperimentError(f"{source}: arms: {name!r} is not a usable name (lower-case letters, digits and _, "
+                              f"starting with a letter; not {', '.join((*STAGES, 'base', 'none'))})")
+    if not isinstance(arm, dict) or arm.get("method") not in ARM_METHODS or set(arm) - ARM_KEYS:
+        raise ExperimentError(f"{where}: an arm is a mapping with method ({', '.join(ARM_METHODS)}) and optionally "
+                              f"set, question_types; got {arm!r}")
+    overrides = arm.get("set") or {}
+    if not isinstance(overrides, dict):
+        raise ExperimentError(f"{where}.set must be a mapping of settings, got {overrides!r}")
+    taken = sorted(RUNNER_KEYS & set(overrides))
+    if taken or RUNNER_MODEL_KEYS & set(overrides.get("model") or {}) or "output_dir" in (overrides.get("logging") or {}):
+        raise ExperimentError(f"{where}.set: the seed, resuming, the model and logging.output_dir are set by the "
+                              "experiment; remove them")
+    refuse_trust_keys(overrides, where)
+    types = arm.get("question_types")
+    if types is not None and (arm["method"] not in ("answer_sft", "rft") or not isinstance(types, list) or not types
+                              or not all(isinstance(t, str) and t for t in types)):
+        raise ExperimentError(f"{where}.question_types: a non-empty list of question types (the recipe's "
+                              f"question_type field), for answer_sft and rft only; got {types!r}")
+    return {"method": arm["method"], "set": copy.deepcopy(overrides), "question_types": types}
+
+
+def check_splits(evaluation: dict[str, Any], source: str) -> None:
+    """eval.splits: where design choices are judged (validation splits); eval.test_splits: the final table's, asked
+    only with --test. A split in both would let a design choice see the test questions."""
+    for key in ("splits", "test_splits"):
+        value = evaluation.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise ExperimentError(f"{source}: eval.{key} must be a list of split names, got {value!r}")
+    both = sorted(set(evaluation.get("splits", [])) & set(evaluation.get("test_splits", [])))
+    if both:
+        raise ExperimentError(f"{source}: eval: {both} are in both splits (validation, for design choices) and "
+                              "test_splits (the final table): a split is one or the other")
 
 
 def check_words_align(settings: dict[str, Any], source: str) -> None:

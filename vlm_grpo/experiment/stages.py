@@ -7,9 +7,16 @@ training stage stopped part-way continues from its newest checkpoint, an evaluat
 - align: `vlm-grpo sft` settings, from the composed model (the tower and projector learn; the LM frozen), or with
   `words:` the projector alone learns to put each image token at the LM's words for its cell (words.py);
 - sft: from align's final model; grpo: from sft's final model (`vlm-grpo train` settings);
-- eval: `vlm-grpo eval` on each split for the aligned base, the SFT model and the GRPO model.
+- the arms (arms.py): controls and GRPO variants, each from sft's final model;
+- eval: `vlm-grpo eval` on each split for the aligned base, the SFT model, the GRPO model and every arm; the
+  validation splits (eval.splits) always, the test splits (eval.test_splits) only when asked (`--test`).
 
-compose and align run once per `base_seed` and are shared by every seed, as a pretrained tower would be.
+compose and align run once per `base_seed` and are shared by every seed, as a pretrained tower would be, unless
+`independent_seeds` gives each seed its own (base-seedN of the seed itself).
+
+Each training stage draws its rows in its own order (data.data_seed, unless the stage sets it): SFT's from the seed,
+GRPO's (and the arms that use GRPO's prompts or as many fresh SFT rows) from the seed plus GRPO_ORDER, so GRPO's
+prompts are not SFT's own samples again.
 """
 
 from __future__ import annotations
@@ -20,12 +27,20 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from vlm_grpo.experiment.plan import STAGES, Experiment
+from vlm_grpo.experiment.plan import Experiment
 
 DONE = "stage.json"
-EVALUATED = ("base", "sft", "grpo")  # the models each seed reports, in order
-FINAL_OF = {"base": "align", "sft": "sft", "grpo": "grpo"}
 PREVIOUS = {"align": "compose", "sft": "align", "grpo": "sft"}  # the stage whose output each training stage starts from
+GRPO_ORDER = 7001  # GRPO's data order seed is the seed plus this: its prompts are not the SFT rows again (module doc)
+
+
+def model_stage(model: str) -> str:
+    """The stage whose final/ is the evaluated model: the aligned model for "base", else the model's own stage."""
+    return "align" if model == "base" else model
+
+
+def previous_stage(stage: str) -> str:
+    return PREVIOUS.get(stage, "sft")  # every arm starts from the SFT checkpoint
 
 
 def done(path: Path) -> dict[str, Any] | None:
@@ -54,8 +69,8 @@ def mark_done(path: Path, started: float, **facts: Any) -> None:
     (path / DONE).write_text(json.dumps({"seconds": round(seconds, 1), **facts}, indent=2))
 
 
-def composed_model(exp: Experiment) -> str:
-    return f"hybrid:{exp.stage_dir('compose', exp.base_seed) / 'model'}"
+def composed_model(exp: Experiment, seed: int) -> str:
+    return f"hybrid:{exp.stage_dir('compose', seed) / 'model'}"
 
 
 def final_of(exp: Experiment, stage: str, seed: int) -> Path:
@@ -69,27 +84,28 @@ def run_compose(exp: Experiment, seed: int, say: Callable[[str], None]) -> None:
     started = time.time()
     work = out / "partial"
     shutil.rmtree(work, ignore_errors=True)  # a stage cut short left nothing usable: composing takes seconds
-    vision, facts = exp.compose.get("vision"), {}
+    vision, facts, base_seed = exp.compose.get("vision"), {}, exp.base_seed_of(seed)
     if not vision:
-        vision = str(random_tower(work / "tower", exp.compose["tower"], exp.base_seed))
+        vision = str(random_tower(work / "tower", exp.compose["tower"], base_seed))
         if exp.compose.get("tower_pretrain"):
             from vlm_grpo.experiment.tower import pretrain_tower
             from vlm_grpo.recipes import get_recipe
 
             task = exp.stages["align"].get("data", {})
             facts = pretrain_tower(work / "tower", get_recipe(task.get("recipe", "scene_count")),
-                                   dict(task.get("recipe_options") or {}), seed=exp.base_seed, say=say,
+                                   dict(task.get("recipe_options") or {}), seed=base_seed, say=say,
                                    **exp.compose["tower_pretrain"])
     from vlm_grpo.compose import compose
 
-    compose(vision, str(exp.compose["llm"]), str(work / "model"), seed=exp.base_seed)
+    compose(vision, str(exp.compose["llm"]), str(work / "model"), seed=base_seed)
     shutil.rmtree(out / "model", ignore_errors=True)
     (work / "model").rename(out / "model")
     if (work / "tower").is_dir():
         shutil.rmtree(out / "tower", ignore_errors=True)
         (work / "tower").rename(out / "tower")
     shutil.rmtree(work, ignore_errors=True)
-    mark_done(out, started, vision=exp.compose.get("vision") or "random tower", llm=str(exp.compose["llm"]), **facts)
+    mark_done(out, started, vision=exp.compose.get("vision") or "random tower", llm=str(exp.compose["llm"]),
+              seed=base_seed, **facts)
     say(f"compose: {out / 'model'}")
 
 
@@ -109,57 +125,103 @@ def random_tower(out: Path, shape: dict[str, Any], seed: int) -> Path:
     return out
 
 
+def own_settings(exp: Experiment, stage: str) -> dict[str, Any]:
+    """A stage's settings as the file gives them; an arm's: the stage it copies (grpo's for a GRPO variant, sft's for
+    the others) with the arm's `set` over it, section by section."""
+    from vlm_grpo.grpo.settings.sources import merge_settings
+
+    if stage not in exp.arms:
+        return dict(exp.stages[stage])
+    arm = exp.arms[stage]
+    return merge_settings(exp.stages["grpo" if arm["method"] == "grpo" else "sft"], arm["set"])
+
+
+def order_seed(exp: Experiment, stage: str, seed: int) -> int | None:
+    """The data order seed the experiment gives a stage (None: the stage's seed, the trainer's default): GRPO, its
+    variants and sft_more read fresh rows (module doc); the other arms train on rows given to them."""
+    if stage == "grpo" or exp.arms.get(stage, {}).get("method") in ("grpo", "sft_more"):
+        return seed + GRPO_ORDER
+    return None
+
+
 def stage_settings(exp: Experiment, stage: str, seed: int) -> dict[str, Any]:
-    """The stage's settings with what the experiment decides: the model it starts from, its folder, its seed, resume."""
+    """The stage's settings with what the experiment decides: the model it starts from, its folder, its seed, its data
+    order (unless the stage sets data.data_seed), resume."""
     from vlm_grpo.grpo.run.checkpoints import latest_checkpoint
 
     out = exp.stage_dir(stage, seed)
-    start = None if PREVIOUS[stage] == "compose" else final_of(exp, PREVIOUS[stage], seed)
-    settings = dict(exp.stages[stage])
-    settings["model"] = {**settings.get("model", {}), "name": composed_model(exp),
+    start = None if previous_stage(stage) == "compose" else final_of(exp, previous_stage(stage), seed)
+    settings = own_settings(exp, stage)
+    settings["model"] = {**settings.get("model", {}), "name": composed_model(exp, seed),
                          "init_from": None if start is None else str(start)}
     resume = out.is_dir() and latest_checkpoint(out) is not None
     # a folder without a checkpoint holds only the logs of a start that saved nothing: started again
     settings["logging"] = {**settings.get("logging", {}), "output_dir": str(out), "overwrite_output_dir": not resume}
-    settings["seed"] = exp.base_seed if stage == "align" else seed
+    settings["seed"] = exp.base_seed_of(seed) if stage == "align" else seed
     settings["resume"] = resume
+    order = order_seed(exp, stage, seed)
+    if order is not None and (settings.get("data") or {}).get("data_seed") is None:
+        settings["data"] = {**settings.get("data", {}), "data_seed": order}
     return settings
 
 
 def require_previous(exp: Experiment, stage: str, seed: int) -> None:
-    previous = PREVIOUS[stage]
+    previous = previous_stage(stage)
     if not done(exp.stage_dir(previous, seed)):
         raise RuntimeError(f"{stage} starts from the {previous} stage, which has not finished ({exp.stage_dir(previous, seed)}); "
                            f"run it first (--stages {previous},{stage})")
 
 
-def run_training(stage: str) -> Callable[[Experiment, int, Callable[[str], None]], None]:
-    def run(exp: Experiment, seed: int, say: Callable[[str], None]) -> None:
-        from vlm_grpo.grpo.settings.sources import load_recipe_config
+def train_stage(exp: Experiment, stage: str, seed: int, say: Callable[[str], None], prepare: Callable | None = None) -> None:
+    """One training stage: `vlm-grpo train` for GRPO and its variants, `vlm-grpo sft` for the others. `prepare(exp,
+    stage, seed, settings, say)`, for an arm trained on rows it is given, returns (settings, rows or None, facts): the
+    rows replace the recipe's training split, the facts go into stage.json."""
+    from vlm_grpo.grpo.settings.sources import load_recipe_config
 
-        out = exp.stage_dir(stage, seed)
-        if done(out):
-            return say(f"{stage}: done earlier ({out})")
-        require_previous(exp, stage, seed)
-        settings = stage_settings(exp, stage, seed)
-        started = time.time()
+    out = exp.stage_dir(stage, seed)
+    if done(out):
+        return say(f"{stage}: done earlier ({out})")
+    require_previous(exp, stage, seed)
+    settings = stage_settings(exp, stage, seed)
+    started, facts = time.time(), {}
+    grpo = stage == "grpo" or exp.arms.get(stage, {}).get("method") == "grpo"
+    try:
+        rows = None
+        if prepare is not None:
+            settings, rows, facts = prepare(exp, stage, seed, settings, say)
         cfg, recipe = load_recipe_config(settings=settings)
-        if stage == "grpo":
+        if rows is not None:
+            recipe = with_rows(recipe, rows)
+        if grpo:
             from vlm_grpo.api.trainers import GRPOTrainer as Trainer
         else:
             from vlm_grpo.api.trainers import SFTTrainer as Trainer
         say(f"{stage}: {cfg.max_steps} steps into {out}" + (" (resumed)" if settings["resume"] else ""))
         trainer = Trainer.from_settings(cfg, recipe=recipe)
-        try:
-            trainer.train()
-        except BaseException:
-            record_spent(out, started)  # a stopped run's time counts toward the stage's when it resumes
-            raise
-        history = trainer.ctx.log_history  # the run's steps, those before a resume included
-        complete = bool(history) and history[-1]["step"] == cfg.max_steps and final_of(exp, stage, seed).is_dir()
-        if not complete:
-            raise RuntimeError(f"{stage} stopped before its last step ({out}); run the command again to resume it")
-        mark_done(out, started, steps=cfg.max_steps, resumed=settings["resume"])
+        trainer.train()
+    except BaseException:
+        record_spent(out, started)  # a stopped run's time counts toward the stage's when it resumes
+        raise
+    history = trainer.ctx.log_history  # the run's steps, those before a resume included
+    complete = bool(history) and history[-1]["step"] == cfg.max_steps and final_of(exp, stage, seed).is_dir()
+    if not complete:
+        raise RuntimeError(f"{stage} stopped before its last step ({out}); run the command again to resume it")
+    mark_done(out, started, steps=cfg.max_steps, resumed=settings["resume"], **facts)
+
+
+def with_rows(recipe, rows: list):
+    """The recipe with `rows` as its training split (its other splits as they were)."""
+    from dataclasses import replace
+
+    def build(split: str = "train", size: int = 0, seed: int = 0, **options):
+        return list(rows) if split == "train" else recipe.build(split=split, size=size, seed=seed, **options)
+
+    return replace(recipe, build=build)
+
+
+def run_training(stage: str) -> Callable[[Experiment, int, Callable[[str], None]], None]:
+    def run(exp: Experiment, seed: int, say: Callable[[str], None]) -> None:
+        train_stage(exp, stage, seed, say)
     return run
 
 
@@ -173,9 +235,8 @@ def eval_task(exp: Experiment) -> dict[str, Any]:
 def eval_settings(exp: Experiment, model: str, split: str, seed: int) -> dict[str, Any]:
     """`vlm-grpo eval` settings of one report: the task of eval_task, the experiment's eval section."""
     ev = exp.eval
-    stage = FINAL_OF[model]
     return {
-        "model": {"name": composed_model(exp), "init_from": str(final_of(exp, stage, seed)),
+        "model": {"name": composed_model(exp, seed), "init_from": str(final_of(exp, model_stage(model), seed)),
                   "dtype": str(ev.get("dtype", "auto"))},
         "data": eval_task(exp),
         "generation": {"max_new_tokens": int(ev.get("max_new_tokens", 64))},
@@ -186,21 +247,30 @@ def eval_settings(exp: Experiment, model: str, split: str, seed: int) -> dict[st
 
 
 def report_path(exp: Experiment, model: str, split: str, seed: int) -> Path:
-    # the base model is the same for every seed: evaluated once, beside it
-    folder = exp.base_dir() / "eval" if model == "base" else exp.seed_dir(seed) / "eval"
+    # the base model is its base seed's: evaluated once, beside it
+    folder = exp.base_dir(seed) / "eval" if model == "base" else exp.seed_dir(seed) / "eval"
     return folder / f"{model}-{split}.json"
 
 
-def run_eval(exp: Experiment, seed: int, say: Callable[[str], None]) -> None:
+def eval_splits(exp: Experiment, test: bool = False) -> list[str]:
+    """The validation splits (eval.splits), and the test splits (eval.test_splits) when `test`: the final table's."""
+    return [*exp.eval.get("splits", ["test"]), *(exp.eval.get("test_splits", []) if test else [])]
+
+
+def run_eval(exp: Experiment, seed: int, say: Callable[[str], None], test: bool = False) -> None:
+    """Every model's report on each split (eval_splits); a report written earlier is kept, never asked again: a test
+    split is answered once."""
     from vlm_grpo.grpo.evaluate import evaluate_run, write_report
     from vlm_grpo.grpo.settings.sources import load_recipe_config
     from vlm_grpo.grpo.training.policy import load_policy
 
     started = time.time()
-    for model in EVALUATED:
-        if not done(exp.stage_dir(FINAL_OF[model], seed)):
-            raise RuntimeError(f"eval of the {model} model: its stage ({FINAL_OF[model]}) has not finished; run it first")
-        splits = [s for s in exp.eval.get("splits", ["test"]) if not report_path(exp, model, s, seed).is_file()]
+    for model in exp.models():
+        stage = model_stage(model)
+        if not done(exp.stage_dir(stage, seed)):
+            raise RuntimeError(f"eval of the {model} model: its stage ({stage}) has not finished; run it first "
+                               f"(--stages {stage})")
+        splits = [s for s in eval_splits(exp, test) if not report_path(exp, model, s, seed).is_file()]
         if not splits:
             continue
         policy = None
@@ -230,7 +300,7 @@ def run_word_align(exp: Experiment, seed: int, say: Callable[[str], None]) -> No
     settings = exp.stages["align"]
     task = settings.get("data", {})
     facts = align_to_words(exp.stage_dir("compose", seed) / "model", work, get_recipe(task.get("recipe", "scene_count")),
-                           dict(task.get("recipe_options") or {}), seed=exp.base_seed, say=say, **settings["words"])
+                           dict(task.get("recipe_options") or {}), seed=exp.base_seed_of(seed), say=say, **settings["words"])
     shutil.rmtree(final_of(exp, "align", seed), ignore_errors=True)
     work.rename(final_of(exp, "align", seed))
     mark_done(out, started, method="words", steps=settings["words"]["steps"], **facts)
@@ -239,13 +309,3 @@ def run_word_align(exp: Experiment, seed: int, say: Callable[[str], None]) -> No
 def run_align(exp: Experiment, seed: int, say: Callable[[str], None]) -> None:
     runner = run_word_align if exp.aligns_to_words() else run_training("align")
     runner(exp, seed, say)
-
-
-RUNNERS = {"compose": run_compose, "align": run_align, "sft": run_training("sft"),
-           "grpo": run_training("grpo"), "eval": run_eval}
-
-
-def run_experiment(exp: Experiment, seed: int, stages: tuple[str, ...] = STAGES, say: Callable[[str], None] = print) -> None:
-    for stage in STAGES:
-        if stage in stages:
-            RUNNERS[stage](exp, seed, say)

@@ -1,154 +1,291 @@
-"""The experiment's results across seeds: accuracy with its standard error and 95% interval for each model and
-split, image reliance, GRPO minus SFT as a paired difference (same images) with its standard error, stage times,
-and a few answers of the same held-out images after SFT and after GRPO. Written as summary.md and summary.json."""
+"""The experiment's table across seeds (summary.md, summary.json, and a compact copy of every report: small files
+to commit beside the page that quotes them).
+
+For each split (validation: eval.splits; test: eval.test_splits, once asked) and question type (and all together),
+for every model (the aligned base, SFT, GRPO, each arm): accuracy, image-dependent accuracy (accuracy minus the
+accuracy with each image blanked, question by question), the constant-answer baseline (always the commonest right
+answer) and the share of the model's commonest answer; then each GRPO model (grpo and the GRPO variants) minus every
+control (SFT and the arms that are not GRPO variants) on both, with the SE clustered by question and a t-interval
+across seeds (stats.py), and whether it beats the best control by more than 2 SE. Also: the answer marginal each
+GRPO run logged while it trained, stage times, versions, and a few answers GRPO changed.
+"""
 
 from __future__ import annotations
 
+import datetime
 import json
-import math
 import re
-import statistics
+import subprocess
 from pathlib import Path
 from typing import Any
 
 from vlm_grpo.experiment.plan import Experiment
-from vlm_grpo.experiment.stages import EVALUATED, done, report_path
-from vlm_grpo.grpo.eval_stats import Z95, paired_difference
+from vlm_grpo.experiment.stages import done, eval_task, model_stage, report_path
+from vlm_grpo.experiment.stats import beats, clustered_mean, commonest, difference
+
+ALL = "all"  # every question type together
+MONITOR = "guards/answer_share"  # the answer marginal the GRPO runs log (grpo/training/hacking_watch.py)
 
 
-def seeds_found(exp: Experiment) -> list[int]:
+def seeds_found(exp: Experiment, splits: list[str]) -> list[int]:
     found = [int(m.group(1)) for p in exp.output_dir.glob("seed*") if (m := re.fullmatch(r"seed(\d+)", p.name))]
-    return sorted(s for s in found if all(report_path(exp, model, split, s).is_file() for model in EVALUATED
-                                          for split in exp.eval.get("splits", ["test"])))
+    return sorted(s for s in found if all(report_path(exp, model, split, s).is_file() for model in exp.models()
+                                          for split in splits))
 
 
-def seed_result(exp: Experiment, seed: int) -> dict[str, Any]:
-    splits = exp.eval.get("splits", ["test"])
-    reports = {(m, s): json.loads(report_path(exp, m, s, seed).read_text()) for m in EVALUATED for s in splits}
-    times = {stage: (done(exp.stage_dir(stage, seed)) or {}).get("seconds") for stage in ("compose", "align", "sft", "grpo")}
-    times["eval"] = (done(exp.seed_dir(seed) / "eval") or {}).get("seconds")
-    out: dict[str, Any] = {"seed": seed, "seconds": times, "splits": {}}
-    for split in splits:
-        row = {}
-        for model in EVALUATED:
-            r = reports[(model, split)]
-            row[model] = {"accuracy": r["accuracy"], "se": r["accuracy_se"], "ci95": r["accuracy_ci95"],
-                          "n": r["size"], "format": r["rewards"].get("format"),
-                          "image_reliance": r.get("image_reliance"), "by_question_type": r.get("by_question_type") or {}}
-        row["grpo_minus_sft"] = paired_difference(reports[("sft", split)], reports[("grpo", split)])
-        row["samples"] = _samples(reports[("sft", split)], reports[("grpo", split)], int(exp.eval.get("samples", 4)))
-        out["splits"][split] = row
+def grpo_models(exp: Experiment) -> list[str]:
+    return ["grpo", *(name for name, arm in exp.arms.items() if arm["method"] == "grpo")]
+
+
+def control_models(exp: Experiment) -> list[str]:
+    """What GRPO is measured against: the SFT model it starts from and every arm that is not a GRPO variant."""
+    return ["sft", *(name for name, arm in exp.arms.items() if arm["method"] != "grpo")]
+
+
+def stated_answer(span, completion: str) -> str:
+    return " ".join(span(completion).split()).lower()
+
+
+def compact(report: dict[str, Any], span) -> list[dict[str, Any]]:
+    """A report's questions, one small row each: what the table is computed from (and committed)."""
+    return [{"index": r["index"], "type": r.get("question_type"), "answer": r.get("answer"),
+             "stated": stated_answer(span, r["completion"]), "correct": bool(r["correct"]),
+             "blank_correct": r.get("blank_correct")} for r in report["samples"] if r.get("correct") is not None]
+
+
+def values(rows: list[dict[str, Any]], kind: str, what: str) -> dict[int, float] | None:
+    """Question index -> the value `what` (accuracy, image_dependent) over the rows of question type `kind`; None
+    when a row lacks it (a report without blanked answers has no image-dependent accuracy)."""
+    rows = [r for r in rows if kind == ALL or r["type"] == kind]
+    if what == "accuracy":
+        return {r["index"]: float(r["correct"]) for r in rows}
+    if any(r["blank_correct"] is None for r in rows):
+        return None
+    return {r["index"]: float(r["correct"]) - float(r["blank_correct"]) for r in rows}
+
+
+def split_table(exp: Experiment, seeds: list[int], split: str, rows: dict[tuple[int, str], list]) -> dict[str, Any]:
+    """One split: per model and question type the statistics, the constant-answer baseline, the comparisons."""
+    first = rows[(seeds[0], "sft")]
+    kinds = [ALL, *sorted({r["type"] for r in first if r["type"] is not None})]
+    baseline = {kind: commonest([r["answer"] for r in first if (kind == ALL or r["type"] == kind) and r["answer"] is not None])
+                for kind in kinds}
+    models: dict[str, Any] = {}
+    for model in exp.models():
+        models[model] = {}
+        for kind in kinds:
+            acc = [values(rows[(s, model)], kind, "accuracy") for s in seeds]
+            dep = [values(rows[(s, model)], kind, "image_dependent") for s in seeds]
+            stated = [commonest([r["stated"] for r in rows[(s, model)] if kind == ALL or r["type"] == kind]) for s in seeds]
+            models[model][kind] = {"accuracy": clustered_mean(acc),
+                                   "image_dependent": None if None in dep else clustered_mean(dep),
+                                   "commonest_answer": stated}
+    comparisons: dict[str, Any] = {}
+    for grpo in grpo_models(exp):
+        for other in control_models(exp):
+            comparisons[f"{grpo} - {other}"] = {kind: {what: _diff(rows, seeds, grpo, other, kind, what)
+                                                       for what in ("accuracy", "image_dependent")} for kind in kinds}
+    return {"role": "test" if split in exp.eval.get("test_splits", []) else "validation", "kinds": kinds,
+            "baseline": baseline, "models": models, "comparisons": comparisons, "verdict": verdict(exp, models, comparisons)}
+
+
+def _diff(rows, seeds, first: str, second: str, kind: str, what: str):
+    a = [values(rows[(s, first)], kind, what) for s in seeds]
+    b = [values(rows[(s, second)], kind, what) for s in seeds]
+    return None if None in a or None in b else difference(a, b)
+
+
+def verdict(exp: Experiment, models: dict[str, Any], comparisons: dict[str, Any]) -> dict[str, Any] | None:
+    """Each GRPO model against the best control on image-dependent accuracy over all questions: the control with the
+    highest mean, and whether the GRPO model beats it by more than 2 clustered SEs."""
+    scored = {m: models[m][ALL]["image_dependent"] for m in control_models(exp)}
+    if any(v is None for v in scored.values()):
+        return None
+    best = max(scored, key=lambda m: scored[m]["mean"])
+    return {"best_control": best, "image_dependent": scored[best]["mean"],
+            "grpo": {g: {"difference": comparisons[f"{g} - {best}"][ALL]["image_dependent"],
+                         "beats_by_2_se": beats(comparisons[f"{g} - {best}"][ALL]["image_dependent"])}
+                     for g in grpo_models(exp)}}
+
+
+def monitor(exp: Experiment, seed: int) -> dict[str, Any]:
+    """Each GRPO run's answer marginal (metrics.jsonl's guards/answer_share keys): first, middle and last step."""
+    out = {}
+    for stage in grpo_models(exp):
+        path = exp.stage_dir(stage, seed) / "metrics.jsonl"
+        if not path.is_file():
+            continue
+        steps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        steps = [s for s in steps if any(k.startswith(MONITOR) for k in s)]
+        if steps:
+            picked = {"first": steps[0], "middle": steps[len(steps) // 2], "last": steps[-1]}
+            out[stage] = {when: {"step": s.get("step"), **{k[len(MONITOR):].lstrip("/") or ALL: v
+                                                           for k, v in s.items() if k.startswith(MONITOR)}}
+                          for when, s in picked.items()}
     return out
 
 
-def _samples(sft: dict[str, Any], grpo: dict[str, Any], limit: int) -> list[dict[str, Any]]:
-    """Held-out images whose answer GRPO changed, those it made right first."""
-    later = {r["index"]: r for r in grpo["samples"]}
-    changed = [(r, later[r["index"]]) for r in sft["samples"] if r["index"] in later and r["correct"] != later[r["index"]]["correct"]]
-    changed.sort(key=lambda pair: not pair[1]["correct"])
-    return [{"index": a["index"], "prompt": a["prompt"], "sft": a["completion"], "sft_correct": a["correct"],
-             "grpo": b["completion"], "grpo_correct": b["correct"]} for a, b in changed[:limit]]
+def versions() -> dict[str, str]:
+    """What produced the table: the package versions and the source's commit (when it is a git checkout)."""
+    from importlib import metadata
 
+    import torch
+    import transformers
 
-def se_across(values: list[float]) -> float | None:
-    """The standard error of the seeds' mean (sample SD / sqrt k); None for a single seed."""
-    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
-
-
-def pooled(results: list[dict[str, Any]], split: str) -> dict[str, Any]:
-    """Over seeds: each model's mean accuracy with the standard error across seeds, and the mean paired GRPO - SFT
-    difference with two standard errors: the seeds' paired errors combined (sqrt(sum se^2) / k) and the spread of
-    the seeds' differences (sd / sqrt k)."""
-    k = len(results)
-    out: dict[str, Any] = {"seeds": k}
-    for model in EVALUATED:
-        values = [r["splits"][split][model]["accuracy"] for r in results]
-        out[model] = {"accuracy": statistics.fmean(values), "se_across_seeds": se_across(values)}
-    diffs = [r["splits"][split]["grpo_minus_sft"]["difference"] for r in results]
-    mean = statistics.fmean(diffs)
-    se = math.sqrt(sum(r["splits"][split]["grpo_minus_sft"]["se"] ** 2 for r in results)) / k
-    # the seeds' own spread: what another seed would give, which the paired errors (same images) do not see
-    spread = se_across(diffs)
-    out["grpo_minus_sft"] = {"difference": mean, "se": se, "ci95": [mean - Z95 * se, mean + Z95 * se],
-                             "z": mean / se if se > 0 else 0.0, "se_across_seeds": spread,
-                             "z_across_seeds": mean / spread if spread else None}
+    try:
+        own = metadata.version("vlm-grpo")
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        own = "unknown"
+    out = {"torch": torch.__version__, "transformers": transformers.__version__, "vlm_grpo": own}
+    try:
+        root = Path(__file__).resolve().parents[2]
+        out["commit"] = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                       text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        out["commit"] = "unknown"
     return out
 
 
 def summarize_experiment(exp: Experiment) -> dict[str, Any]:
-    seeds = seeds_found(exp)
+    from vlm_grpo.grpo.training.hacking_watch import run_hints
+    from vlm_grpo.recipes import get_recipe
+
+    validation = list(exp.eval.get("splits", ["test"]))
+    seeds = seeds_found(exp, validation)
     if not seeds:
         raise RuntimeError(f"no seed of {exp.name} has all its reports in {exp.output_dir}; run `vlm-grpo experiment "
                            f"{exp.source} --seed N` first")
-    results = [seed_result(exp, s) for s in seeds]
-    summary = {"experiment": exp.name, "seeds": results,
-               "pooled": {split: pooled(results, split) for split in exp.eval.get("splits", ["test"])}}
-    (exp.output_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    tests = [s for s in exp.eval.get("test_splits", []) if seeds_found(exp, [s]) == seeds]
+    span = run_hints(get_recipe(eval_task(exp)["recipe"]), custom_rewards=False).span
+    tables, kept = {}, exp.output_dir / "reports"
+    for split in validation + tests:
+        rows = {}
+        for seed in seeds:
+            for model in exp.models():
+                rows[(seed, model)] = compact(json.loads(report_path(exp, model, split, seed).read_text()), span)
+                out = kept / f"seed{seed}" / f"{model}-{split}.json"
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps(rows[(seed, model)], separators=(",", ":")) + "\n")
+        tables[split] = split_table(exp, seeds, split, rows)
+    times = {seed: {stage: (done(exp.stage_dir(stage, seed)) or {}).get("seconds")
+                    for stage in exp.stage_names() if stage != "eval"} for seed in seeds}
+    for seed in seeds:
+        times[seed]["eval"] = (done(exp.seed_dir(seed) / "eval") or {}).get("seconds")
+    summary = {"experiment": exp.name, "config": exp.source, "written": datetime.date.today().isoformat(),
+               "versions": versions(), "seeds": seeds, "independent_seeds": exp.independent_seeds,
+               "arms": exp.arms, "splits": tables, "times": times,
+               "monitor": {seed: monitor(exp, seed) for seed in seeds},
+               "changed": changed_answers(exp, seeds[0], validation[0], int(exp.eval.get("samples", 4)))}
+    (exp.output_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     (exp.output_dir / "summary.md").write_text(markdown(summary))
     return summary
 
 
-def pct(value: float) -> str:
-    return f"{100 * value:.1f}"
+def changed_answers(exp: Experiment, seed: int, split: str, limit: int) -> list[dict[str, Any]]:
+    """Questions whose answer GRPO changed from SFT's (one seed, one split), those it made right first."""
+    sft, grpo = (json.loads(report_path(exp, m, split, seed).read_text())["samples"] for m in ("sft", "grpo"))
+    later = {r["index"]: r for r in grpo}
+    pairs = [(r, later[r["index"]]) for r in sft if r["index"] in later and r["correct"] != later[r["index"]]["correct"]]
+    pairs.sort(key=lambda pair: not pair[1]["correct"])
+    return [{"seed": seed, "split": split, "index": a["index"], "prompt": a["prompt"], "sft": a["completion"],
+             "sft_correct": a["correct"], "grpo": b["completion"], "grpo_correct": b["correct"]} for a, b in pairs[:limit]]
+
+
+# ------------------------------------------------------------------------------------------------ markdown
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+def stat(s: dict[str, Any] | None, signed: bool = False) -> str:
+    """mean +/- clustered SE, in points."""
+    if s is None:
+        return "-"
+    mean = f"{100 * s['mean']:+.1f}" if signed else pct(s["mean"])
+    return mean + ("" if s["se_clustered"] is None else f" +/- {pct(s['se_clustered'])}")
+
+
+def across(s: dict[str, Any] | None) -> str:
+    if s is None or s["across_seeds"] is None:
+        return "-"
+    a = s["across_seeds"]
+    return f"[{100 * a['ci95'][0]:+.1f}, {100 * a['ci95'][1]:+.1f}] (df {a['df']})"
+
+
+def leaning(stated: list[dict[str, Any] | None]) -> str:
+    return ", ".join("-" if c is None else f"{c['answer'] or '(empty)'} {pct(c['share'])}" for c in stated)
 
 
 def markdown(summary: dict[str, Any]) -> str:
+    v = summary["versions"]
+    seeds = summary["seeds"]
     lines = [f"# {summary['experiment']}", "",
-             "Accuracy in % +/- its standard error [95% Wilson interval]; image reliance: accuracy with the image "
-             "blanked; GRPO - SFT: paired difference on the same images +/- its standard error (z = difference / SE).", ""]
-    for split, pool in summary["pooled"].items():
-        lines += [f"## {split}", "", "| seed | base | after SFT | after GRPO | blanked (base / SFT / GRPO) | GRPO - SFT | z |",
+             f"Written {summary['written']} by `vlm-grpo experiment {summary['config']} --stages none --summary` "
+             f"(commit {v['commit']}; torch {v['torch']}, transformers {v['transformers']}). Seeds {seeds}; "
+             + ("each seed composed and aligned its own tower and projector." if summary["independent_seeds"] else
+                "the seeds share the composed and aligned model (tower and projector) of one base seed."),
+             "",
+             "Accuracy and image-dependent accuracy (accuracy minus accuracy with each image blanked) in %, mean over "
+             "seeds +/- SE clustered by question (the seeds answer the same questions); the seeds' t-interval: the 95% "
+             "interval of the mean from the seeds' own means (df = seeds - 1). Constant: always answering the "
+             "commonest right answer. Leaning: each seed's commonest answer and its share.", ""]
+    for split, table in summary["splits"].items():
+        lines += [f"## {split} ({table['role']})", ""]
+        verdict = table["verdict"]
+        if verdict:
+            for grpo, result in verdict["grpo"].items():
+                d = result["difference"]
+                lines.append(f"**{grpo} - {verdict['best_control']} (the best control), image-dependent accuracy: "
+                             f"{stat(d, signed=True)}; seeds' t-interval {across(d)}: "
+                             f"{'beats it by more than 2 SE' if result['beats_by_2_se'] else 'does not beat it by 2 SE'}.**")
+            lines.append("")
+        lines += ["| model | question type | n | accuracy | image-dependent | constant | leaning (per seed) |",
                   "| --- | --- | --- | --- | --- | --- | --- |"]
-        for result in summary["seeds"]:
-            row = result["splits"][split]
-            cells = [f"{pct(row[m]['accuracy'])} +/- {pct(row[m]['se'])} [{pct(row[m]['ci95'][0])}, {pct(row[m]['ci95'][1])}]"
-                     for m in EVALUATED]
-            blank = " / ".join(pct(row[m]["image_reliance"]["blank_accuracy"]) if row[m]["image_reliance"] else "-"
-                               for m in EVALUATED)
-            d = row["grpo_minus_sft"]
-            lines.append(f"| {result['seed']} | " + " | ".join(cells) +
-                         f" | {blank} | {100 * d['difference']:+.1f} +/- {pct(d['se'])} | {d['z']:.1f} |")
-        d = pool["grpo_minus_sft"]
-        means = " | ".join(pct(pool[m]["accuracy"]) + (f" +/- {pct(pool[m]['se_across_seeds'])}" if pool[m]["se_across_seeds"] is not None else "")
-                           for m in EVALUATED)
-        lines += [f"| mean of {pool['seeds']} | {means} | | {100 * d['difference']:+.1f} +/- {pct(d['se'])} | {d['z']:.1f} |", ""]
-        if d["se_across_seeds"] is not None:
-            z = "-" if d["z_across_seeds"] is None else f"{d['z_across_seeds']:.1f}"
-            lines += [f"GRPO - SFT across the seeds: {100 * d['difference']:+.1f} +/- {pct(d['se_across_seeds'])} "
-                      f"(z = {z}), the SE of the {pool['seeds']} seeds' differences; the +/- above combines their "
-                      "paired SEs (the images' sampling error only).", ""]
-    lines += by_type_lines(summary)
-    lines += ["## Stage times (seconds)", "", "| seed | compose | align | sft | grpo | eval |", "| --- | --- | --- | --- | --- | --- |"]
-    for result in summary["seeds"]:
-        t = result["seconds"]
-        lines.append(f"| {result['seed']} | " + " | ".join("-" if t[s] is None else f"{t[s]:.0f}" for s in ("compose", "align", "sft", "grpo", "eval")) + " |")
-    lines += ["", "compose and align run once (shared by the seeds).", "", "## Answers GRPO changed (first seed)", ""]
-    first = summary["seeds"][0]
-    for split in summary["pooled"]:
-        for s in first["splits"][split]["samples"]:
-            lines += [f"- {split} #{s['index']}: {s['prompt']}",
-                      f"  - after SFT ({'right' if s['sft_correct'] else 'wrong'}): `{_one_line(s['sft'])}`",
-                      f"  - after GRPO ({'right' if s['grpo_correct'] else 'wrong'}): `{_one_line(s['grpo'])}`"]
+        for model, kinds in table["models"].items():
+            for kind in table["kinds"]:
+                s, base = kinds[kind], table["baseline"][kind]
+                n = "-" if s["accuracy"] is None else s["accuracy"]["questions"]
+                constant = "-" if base is None else f"{pct(base['share'])} ({base['answer']})"
+                lines.append(f"| {model} | {kind} | {n} | {stat(s['accuracy'])} | {stat(s['image_dependent'])} | "
+                             f"{constant} | {leaning(s['commonest_answer'])} |")
+        lines += ["", "| difference | question type | accuracy | seeds' t-interval | image-dependent | seeds' t-interval |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for name, kinds in table["comparisons"].items():
+            for kind in table["kinds"]:
+                c = kinds[kind]
+                lines.append(f"| {name} | {kind} | {stat(c['accuracy'], True)} | {across(c['accuracy'])} | "
+                             f"{stat(c['image_dependent'], True)} | {across(c['image_dependent'])} |")
+        lines.append("")
+    lines += monitor_lines(summary)
+    stages = list(next(iter(summary["times"].values())))
+    lines += ["## Stage times (seconds)", "", "| seed | " + " | ".join(stages) + " |", "| --- " * (len(stages) + 1) + "|"]
+    for seed, t in summary["times"].items():
+        lines.append(f"| {seed} | " + " | ".join("-" if t[s] is None else f"{t[s]:.0f}" for s in stages) + " |")
+    lines += ["", "## Answers GRPO changed", ""]
+    for s in summary["changed"]:
+        lines += [f"- seed {s['seed']}, {s['split']} #{s['index']}: {s['prompt']}",
+                  f"  - after SFT ({'right' if s['sft_correct'] else 'wrong'}): `{_one_line(s['sft'])}`",
+                  f"  - after GRPO ({'right' if s['grpo_correct'] else 'wrong'}): `{_one_line(s['grpo'])}`"]
     return "\n".join(lines) + "\n"
 
 
-def by_type_lines(summary: dict[str, Any]) -> list[str]:
-    """Accuracy on each kind of question, where the recipe names them: what SFT left to GRPO shows here."""
-    lines = []
-    for split in summary["pooled"]:
-        rows = []
-        for result in summary["seeds"]:
-            by_model = [result["splits"][split][m]["by_question_type"] for m in EVALUATED]
-            for kind in sorted({k for types in by_model for k in types}):  # an older report without types has none
-                cells = [types.get(kind) for types in by_model]
-                n = next(c["n"] for c in cells if c is not None)
-                rows.append(f"| {result['seed']} | {kind} | {n} | " + " | ".join(
-                    "-" if c is None else f"{pct(c['accuracy'])} +/- {pct(c['accuracy_se'])}" for c in cells) + " |")
-        if rows:
-            lines += [f"## {split}: accuracy by question type", "", "| seed | question type | n | base | after SFT | after GRPO |",
-                      "| --- | --- | --- | --- | --- | --- |", *rows, ""]
-    return lines
+def monitor_lines(summary: dict[str, Any]) -> list[str]:
+    rows = []
+    for seed, stages in summary["monitor"].items():
+        for stage, points in stages.items():
+            kinds = sorted({k for p in points.values() for k in p if k != "step"})
+            for kind in kinds:
+                rows.append(f"| {seed} | {stage} | {kind} | " + " | ".join(
+                    f"{pct(points[w].get(kind))} (step {points[w]['step']})" for w in ("first", "middle", "last")) + " |")
+    if not rows:
+        return []
+    return ["## Answer marginal while GRPO trained", "",
+            "The share of the commonest stated answer among each step's sampled completions (metrics.jsonl "
+            "guards/answer_share), per question type.", "",
+            "| seed | run | question type | first | middle | last |", "| --- | --- | --- | --- | --- | --- |", *rows, ""]
 
 
 def _one_line(text: str) -> str:
     return text.replace("\n", "\\n").replace("`", "'")
+

@@ -110,6 +110,9 @@ def evaluate(
                             global_step, max_steps)
     finally:
         model.train(was_training)
+    if blank is not None and accuracy_key is not None:
+        for record, without in zip(records, blank):  # each question's answer without its image, for paired statistics
+            record["blank_correct"] = bool(without["correct"])
     report = summarize(records, [r.name for r in rewards], accuracy_key, split=split, length_edges=length_edges)
     if blank is not None and report["accuracy"] is not None:
         report["image_reliance"] = reliance_summary(records, blank)
@@ -169,6 +172,9 @@ def _answer(adapter, dataset, batch_size, max_new_tokens, rewards, accuracy_key,
                     "correct": None if accuracy_key is None else parts[accuracy_key] > 0,
                     **({"question_type": str(samples[row].fields["question_type"])}
                        if samples[row].fields.get("question_type") is not None else {}),
+                    # the right answer, where the sample names one: constant-answer baselines are counted from it
+                    **({"answer": str(samples[row].fields["answer"])}
+                       if isinstance(samples[row].fields.get("answer"), (str, int, float)) else {}),
                 }
             )
     return records

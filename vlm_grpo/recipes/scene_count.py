@@ -1,12 +1,13 @@
 """`scene_count`: questions about the shapes of a generated scene (name one shape's colour or kind, or count them);
-the task of the SmolLM2-learns-to-see experiment (docs/smollm2-learns-to-see.md), built as seed 004 is on CLEVR and
-SuperCLEVR.
+the task of the SmolLM2-learns-to-see experiment (docs/smollm2-learns-to-see.md), built as "Can an LLM Learn to See?"
+(a blog post fine-tuning a 0.5B instruct LM with SFT + GRPO) is on CLEVR and SuperCLEVR.
 
 Splits, each drawn deterministically from (seed, split, index), so nothing is stored:
-- `train` and `test` (held out: the same look, unseen images): shapes on a white canvas, one per cell of a 4 x 4
-  grid, each filling most of its cell;
-- `ood` (a different look, as SuperCLEVR is to CLEVR): a tinted, speckled background, smaller shapes at free
-  positions (not on the grid), dark outlines. The questions, colours, kinds and counts are the training ones.
+- `train`, `val` and `test` (the same look, other draws: `val` for design choices, `test` held out for the final
+  table): shapes on a white canvas, one per cell of a 4 x 4 grid, each filling most of its cell;
+- `ood` and `ood_val` (a different look, as SuperCLEVR is to CLEVR; `ood_val` for design choices): a tinted,
+  speckled background, smaller shapes at free positions (not on the grid), dark outlines. The questions, colours,
+  kinds and counts are the training ones.
   Cell labels and words (`cells`, `cell_words`) are given for the training look only.
 
 Tasks (`task`):
@@ -15,8 +16,8 @@ Tasks (`task`):
   questions); the reference is
   `<think>the red shape is a triangle</think>\n<answer>red</answer>`. Reading one image token, which a 135M LM
   does once the token sits at its words (vlm_grpo/experiment/words.py).
-- `count` (seed 004's task): how many shapes of a colour, of a kind, or in all; the reference is the reasoning then
-  the answer, seed 004's `<think>...</think>\n<answer>...</answer>`: the counts of the kind of attribute asked
+- `count` (the blog post's task): how many shapes of a colour, of a kind, or in all; the reference is the reasoning then
+  the answer, the blog post's `<think>...</think>\n<answer>...</answer>`: the counts of the kind of attribute asked
   about, then the answer picked or summed from them. A 135M LM stayed at chance on it after SFT
   (docs/smollm2-learns-to-see.md).
 - `caption` (the scene's counts by colour and by kind): a caption alignment target for the tower and projector
@@ -24,7 +25,7 @@ Tasks (`task`):
   frozen LM reads far sooner than an order (an ordered-list caption left the image unused after 100 alignment
   steps: its loss stayed at the text prior's).
 
-The reasoning (`reasoning`): `counts` (seed 004's form, above) or `cells` (each grid cell in reading order, the
+The reasoning (`reasoning`): `counts` (the blog post's form, above) or `cells` (each grid cell in reading order, the
 counted shapes numbered as they are reached: `cell_walk`).
 
 Each question's sample names its `question_type` (colour or kind; count all, count colour or count kind), so the
@@ -34,7 +35,7 @@ Count questions draw their answer first, uniform over 1..8, and build the scene 
 gives no better guess than 1 in 8 (`question`); attribute questions draw theirs uniform over the colours or kinds
 (`attribute_question`). Captions describe scenes drawn as they come.
 
-The rewards are the clevr_count recipe's (seed 004's): format 0.5, correctness 2.0.
+The rewards are the clevr_count recipe's (the blog post's): format 0.5, correctness 2.0.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ KINDS = ("circle", "square", "triangle")
 CANVAS, GRID = 256, 4
 CELL = CANVAS // GRID
 MAX_OBJECTS = 8
-SPLITS = ("train", "test", "ood")
+SPLITS = ("train", "val", "test", "ood", "ood_val")
+OOD_SPLITS = ("ood", "ood_val")  # the other look
 TASKS = ("count", "caption", "attribute")
 ASKS = ("both", "colour", "kind")  # which attribute questions `task: attribute` asks
 SYSTEM_PROMPT = "Reason inside <think></think>, then give the number inside <answer></answer>."
@@ -242,7 +244,7 @@ class SceneDataset:
         if not 0 <= index < self.size:
             raise IndexError(index)
         rng = random.Random(f"scene_count/{self.seed}/{self.split}/{index}")
-        ood = self.split == "ood"
+        ood = self.split in OOD_SPLITS
         if self.task == "caption":
             shapes = scene(rng, ood)
             image, cells = self.picture(shapes, rng, ood)

@@ -6,6 +6,8 @@
   identical groups, completions listing several allowed answers, completions cut at the length limit, the share of
   right answers, each reward's mean and largest value; every `reliance_every` steps image reliance and the
   attention-to-image share (image_reliance.py). All averaged over processes, so every process judges alike;
+  and the answer marginal, over every process's completions: the share of the commonest stated answer, overall and
+  per question type (`guards/answer_share[/<type>]` in metrics.jsonl), which rises when the policy drifts to one answer;
 - a tripped monitor warns once per cause with example completions, is counted every step it holds
   (`guards/trips/<monitor>`), flags the completions that show it in completions.jsonl and, with
   `guard.on_hacking stop`, asks the loop to save the step and stop (`halt`).
@@ -18,6 +20,7 @@ import json
 import logging
 import math
 import re
+from collections import Counter
 from typing import Any, Callable
 
 import torch
@@ -96,6 +99,31 @@ def completion_stats(traj: Trajectory, samples, hints: AuditHints, accuracy: str
     return stats, rows
 
 
+def stated_answers(traj: Trajectory, samples, hints: AuditHints) -> list[dict[str, str]]:
+    """Each completion's stated answer (the recipe's answer span, trimmed, lower-cased) and its prompt's question
+    type (the sample's `question_type` field, "" when it names none)."""
+    g = traj.num_generations
+    return [{"type": str((getattr(samples[i // g], "fields", None) or {}).get("question_type") or ""),
+             "answer": " ".join(hints.span(text).split()).lower()} for i, text in enumerate(traj.completions)]
+
+
+def answer_marginal(rows: list[dict[str, str]]) -> dict[str, float]:
+    """The share of the commonest stated answer among the step's completions (`guards/answer_share`), and for each
+    question type (`guards/answer_share/<type>`): a policy that drifts to one answer whatever the image shows raises
+    it above the share its right answers hold (the recipe's constant-answer baseline)."""
+    if not rows:
+        return {}
+    groups: dict[str, list[str]] = {"": [r["answer"] for r in rows]}
+    for r in rows:
+        if r["type"]:
+            groups.setdefault(r["type"], []).append(r["answer"])
+    out = {}
+    for kind, answers in groups.items():
+        key = "guards/answer_share" + (f"/{kind.replace(' ', '_')}" if kind else "")
+        out[key] = Counter(answers).most_common(1)[0][1] / len(answers)
+    return out
+
+
 class HackingWatch:
     def __init__(self, ctx, data, policy, score: Callable[[Trajectory, list[int]], torch.Tensor]):
         """`data`: the run's recipe, rewards and training split; `score(traj, rows)`: the policy's log-probs of
@@ -143,6 +171,8 @@ class HackingWatch:
             stats.update(measured)
             rows["reliance"] = self.reliance.rows
         stats = self.ctx.mean_over_processes(stats)
+        # over every process's completions at once: the question types in each process's batch differ
+        stats.update(answer_marginal(self.ctx.gather_rows(stated_answers(traj, samples, self.hints))))
         stats["n/completions"] = len(traj) * self.ctx.accelerator.num_processes
         trips = [trip for m in self.monitors.values() for trip in m.observe(step + 1, stats, rows)]
         self.flagged = {}

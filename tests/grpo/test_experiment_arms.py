@@ -1,0 +1,134 @@
+"""The experiment's arms on tiny twins, by its command: GRPO and its controls start from the same SFT checkpoint and
+see GRPO's prompts (answer-only SFT on the shape prompts, rejection-sampling fine-tuning on the completions the reward
+accepts, SFT trained on for as many rows, a GRPO variant), every seed composes its own tower, validation splits are
+answered by default and test splits only with --test, GRPO logs its answer marginal, and the summary holds the
+table (vlm_grpo/experiment/arms.py, table.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from vlm_grpo.adapters.families.hybrid_llava import TINY_LM
+from vlm_grpo.adapters.families.qwen2_5_vl import qwen2_lm
+from vlm_grpo.cli import main
+from vlm_grpo.recipes.scene_count import RECIPE
+
+TOWER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32,
+             patch_size=8)
+TASK = {"recipe": "scene_count", "recipe_options": {"task": "attribute", "image_size": 32}, "train_size": 1000}
+RUN = {"max_steps": 1, "generation": {"max_new_tokens": 4}, "mixed_precision": "no",
+       "logging": {"plot": False, "report": False, "progress": False}}
+
+
+def even_is_right(completions, **_):
+    """Random weights never answer right: call every completion of even length right, so some are kept."""
+    return [2.0 if len(c) % 2 == 0 else 0.0 for c in completions]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("arms")
+    lm, tokenizer = qwen2_lm(dict(TINY_LM, tie_word_embeddings=True), 4)
+    lm.save_pretrained(root / "lm")
+    tokenizer.save_pretrained(root / "lm")
+    config = {
+        "name": "tiny", "output_dir": str(root / "runs"), "independent_seeds": True,
+        "compose": {"llm": str(root / "lm"), "tower": TOWER},
+        "align": {"data": {"recipe": "scene_count", "recipe_options": {"task": "caption", "image_size": 32}},
+                  "words": {"steps": 1, "batch_size": 2, "learning_rate": 1e-3}},
+        "sft": {**RUN, "data": {**TASK, "recipe_options": {**TASK["recipe_options"], "asks": "colour"}, "batch_size": 2}},
+        "grpo": {**RUN, "data": {**TASK, "batch_size": 4, "num_generations": 2}},
+        "arms": {"answer_sft": {"method": "answer_sft", "question_types": ["kind"]}, "rft": {"method": "rft"},
+                 "sft_more": {"method": "sft_more"},
+                 "grpo_hot": {"method": "grpo", "set": {"generation": {"max_new_tokens": 4, "temperature": 1.5}}}},
+        "eval": {"splits": ["val"], "test_splits": ["test"], "size": 3, "eval_batch_size": 3, "max_new_tokens": 4,
+                 "data_seed": 1},
+    }
+    path = root / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    patch = pytest.MonkeyPatch()
+    patch.setattr(RECIPE.rewards[1], "fn", even_is_right)
+    try:
+        assert main(["experiment", str(path), "--seed", "0", "1"]) == 0
+        assert main(["experiment", str(path), "--seed", "0", "--stages", "eval", "--test", "--summary"]) == 0
+    finally:
+        patch.undo()
+    return root / "runs", path
+
+
+def test_every_arm_starts_from_the_sft_checkpoint_and_trains(run):
+    out, _ = run
+    for arm in ("answer_sft", "rft", "sft_more", "grpo_hot"):
+        stage = out / "seed0" / arm
+        assert json.loads((stage / "stage.json").read_text())["steps"] >= 1, arm
+        assert (stage / "final" / "config.json").is_file(), arm
+    # sft_more: as many rows as GRPO's 4 prompts, at SFT's batch of 2
+    assert json.loads((out / "seed0" / "sft_more" / "stage.json").read_text())["steps"] == 2
+    # answer_sft: GRPO's shape prompts only
+    answer = json.loads((out / "seed0" / "answer_sft" / "stage.json").read_text())
+    assert answer["grpo_prompts"] == 4 and 1 <= answer["rows"] <= 4 and answer["steps"] == -(-answer["rows"] // 2)
+
+
+def test_rft_keeps_only_what_the_reward_accepts_of_g_samples_per_grpo_prompt(run):
+    out, _ = run
+    kept = json.loads((out / "seed0" / "rft.accepted.json").read_text())
+    assert kept["prompts"] == 4 and kept["sampled"] == 4 * 2  # GRPO's prompts, G = 2 each
+    assert kept["accepted"] == len(kept["rows"]) >= 1
+    assert all(len(r["completion"]) % 2 == 0 for r in kept["rows"])  # the reward's choice, nothing else
+    facts = json.loads((out / "seed0" / "rft" / "stage.json").read_text())
+    assert facts["accepted"] == kept["accepted"] and facts["steps"] >= 1
+
+
+def test_each_seed_has_its_own_base_and_grpo_logs_its_answer_marginal(run):
+    out, _ = run
+    for seed in (0, 1):
+        assert json.loads((out / f"base-seed{seed}" / "compose" / "stage.json").read_text())["seed"] == seed
+    metrics = [json.loads(line) for line in (out / "seed0" / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    shares = [m for m in metrics if "guards/answer_share" in m]
+    assert shares and all(0 < m["guards/answer_share"] <= 1 for m in shares)
+    assert any(k.startswith("guards/answer_share/") for m in shares for k in m)
+
+
+def test_test_splits_only_with_test_and_the_summary_holds_the_table(run):
+    out, _ = run
+    assert (out / "seed0" / "eval" / "grpo-test.json").is_file()
+    assert not (out / "seed1" / "eval" / "grpo-test.json").is_file()  # seed 1 ran without --test
+    assert (out / "seed1" / "eval" / "rft-val.json").is_file()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["seeds"] == [0, 1] and summary["independent_seeds"] is True
+    assert list(summary["splits"]) == ["val"]  # seed 1 has no test report: the test table waits for every seed
+    table = summary["splits"]["val"]
+    assert table["role"] == "validation"
+    for model in ("base", "sft", "grpo", "answer_sft", "rft", "sft_more", "grpo_hot"):
+        acc = table["models"][model]["all"]["accuracy"]
+        assert acc["seeds"] == 2 and acc["questions"] == 3 and acc["across_seeds"]["df"] == 1
+        assert table["models"][model]["all"]["image_dependent"] is not None
+    assert {"grpo - rft", "grpo - answer_sft", "grpo - sft_more", "grpo - sft", "grpo_hot - rft"} <= set(table["comparisons"])
+    assert table["verdict"]["best_control"] in ("sft", "answer_sft", "rft", "sft_more")
+    assert table["baseline"]["all"]["n"] == 3
+    rows = json.loads((out / "reports" / "seed1" / "rft-val.json").read_text())
+    assert len(rows) == 3 and {"index", "type", "answer", "stated", "correct", "blank_correct"} == set(rows[0])
+    text = (out / "summary.md").read_text()
+    assert "## val (validation)" in text and "the best control" in text and "Answer marginal while GRPO trained" in text
+
+
+def test_a_stopped_rft_stage_fine_tunes_again_on_the_completions_it_kept(run, capsys):
+    """Sampling is the costly half of RFT: a stage stopped after it resumes from the kept completions, not a new draw."""
+    import shutil
+
+    out, path = run
+    kept = out / "seed1" / "rft.accepted.json"
+    before = kept.read_text()
+    shutil.rmtree(out / "seed1" / "rft")  # as a run stopped before its first checkpoint leaves it
+    capsys.readouterr()
+    patch = pytest.MonkeyPatch()
+    patch.setattr("vlm_grpo.experiment.arms.sample_and_keep", lambda *a, **k: pytest.fail("sampled again"))
+    try:
+        assert main(["experiment", str(path), "--seed", "1", "--stages", "rft"]) == 0
+    finally:
+        patch.undo()
+    assert "accepted earlier" in capsys.readouterr().out and kept.read_text() == before
+    assert json.loads((out / "seed1" / "rft" / "stage.json").read_text())["accepted"] == json.loads(before)["accepted"]
