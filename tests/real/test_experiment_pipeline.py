@@ -20,7 +20,7 @@ pytestmark = REAL
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2_learns_to_see.yaml"
 TOY = [  # a few steps per stage, a few samples, short answers
     "compose.tower_pretrain.steps=3", "compose.tower_pretrain.batch_size=4",
-    "align.words.steps=2", "align.words.batch_size=4", "sft.max_steps=2",
+    "align.words.steps=2", "align.words.batch_size=4", "sft.max_steps=2", "sft.data.batch_size=4",
     "grpo.max_steps=2", "grpo.logging.save_every=1", "grpo.logging.keep_checkpoints=2", "grpo.data.batch_size=2", "grpo.data.num_generations=2",
     "grpo.generation.max_new_tokens=6", "eval.size=3", "eval.eval_batch_size=3", "eval.max_new_tokens=6",
     # one control on the real model (the rest on tiny twins): answer-only SFT on GRPO's shape prompts, 1 step
