@@ -34,17 +34,18 @@ demo: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/vlm-grpo train
 
 # One test process per core (2 here), one torch thread each; a test file runs whole on one process (its fixed
-# launch ports and fixtures stay together).
+# launch ports and fixtures stay together), the longest files first (tests/conftest.py orders them by
+# tests/durations.json; --no-loadscope-reorder keeps that order instead of xdist's by test count).
 test: $(REAL_STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not browser"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not browser"
 
 # The fast tier (under 90 s on 2 cores): tests recorded at <= 0.15 s (tests/durations.json), no training runs;
 # `make durations` refreshes the record from a whole run.
 test-fast: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not browser" --fast
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not browser" --fast
 
 durations: $(REAL_STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not browser" --junitxml=$(VENV)/junit.xml; \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not browser" --junitxml=$(VENV)/junit.xml; \
 		status=$$?; $(BIN)/python scripts/test_durations.py $(VENV)/junit.xml; exit $$status
 
 # Opt-in: report.html in headless Chromium (images load, charts drawn, filters work); writes docs/images/report.png.

@@ -106,7 +106,23 @@ def _slow(items, config) -> list:
     return [item for item in items if seconds.get(item.nodeid, 0.0) > FAST_SECONDS]
 
 
+def _longest_files_first(items) -> None:
+    """Whole files by their recorded time, longest first, each file's tests in their own order: with
+    `--dist loadfile --no-loadscope-reorder` (make test) the two processes take the long files (multi-process launches,
+    the real LM) at the start instead of finishing on them one by one."""
+    if not DURATIONS.is_file():
+        return
+    seconds = json.loads(DURATIONS.read_text())
+    per_file: dict[str, float] = {}
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        per_file[path] = per_file.get(path, 0.0) + seconds.get(item.nodeid, 0.0)
+    order = {id(item): k for k, item in enumerate(items)}
+    items.sort(key=lambda item: (-per_file[item.nodeid.split("::", 1)[0]], item.nodeid.split("::", 1)[0], order[id(item)]))
+
+
 def pytest_collection_modifyitems(config, items):
+    _longest_files_first(items)
     slow = _slow(items, config)
     if slow:
         config.hook.pytest_deselected(items=slow)
