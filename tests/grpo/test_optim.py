@@ -85,7 +85,7 @@ def test_steps_move_only_trainable_groups_at_their_lr(family, frozen):
             assert not torch.equal(param, before[name]), f"{name} ({group}) is trainable but did not change"
 
 
-def _expected_seed_hybrid(adapter, projector_linear: str, lm_layers: int) -> set[str]:
+def _expected_projector_and_early_lm(adapter, projector_linear: str, lm_layers: int) -> set[str]:
     names = [n for n, _ in adapter.model.named_parameters()]
     layers = {f"model.language_model.layers.{i}." for i in range(lm_layers)}
     return (
@@ -95,27 +95,33 @@ def _expected_seed_hybrid(adapter, projector_linear: str, lm_layers: int) -> set
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "hybrid"])
-def test_seed_hybrid_preset_is_the_seeds_policy(family):
+def test_projector_and_early_lm_preset_is_the_blog_posts_policy(family):
     adapter = fresh(family)
-    apply_freeze(adapter, OptimConfig(freeze_preset="seed_hybrid"))
+    apply_freeze(adapter, OptimConfig(freeze_preset="projector_and_early_lm"))
     trainable = {n for n, p in adapter.model.named_parameters() if p.requires_grad}
     n_layers = adapter.model.config.text_config.num_hidden_layers
     assert n_layers < 5  # the tiny twins are shallower than 5 layers: every decoder layer trains
-    assert trainable == _expected_seed_hybrid(adapter, "model.visual.merger.mlp.2", n_layers)
+    assert trainable == _expected_projector_and_early_lm(adapter, "model.visual.merger.mlp.2", n_layers)
 
 
-def test_seed_hybrid_stops_after_five_language_layers():
+def test_projector_and_early_lm_stops_after_five_language_layers():
     adapter = Qwen2_5_VLAdapter.build(Architecture(TINY_VISION, {**TINY_TEXT, "num_hidden_layers": 7}, TINY_PIXELS), seed=0)
-    apply_freeze(adapter, OptimConfig(freeze_preset="seed_hybrid"))
+    apply_freeze(adapter, OptimConfig(freeze_preset="projector_and_early_lm"))
     trainable = {n for n, p in adapter.model.named_parameters() if p.requires_grad}
-    assert trainable == _expected_seed_hybrid(adapter, "model.visual.merger.mlp.2", 5)
+    assert trainable == _expected_projector_and_early_lm(adapter, "model.visual.merger.mlp.2", 5)
     assert not any(".layers.5." in n or ".layers.6." in n for n in trainable)
 
 
+def test_the_presets_earlier_name_is_read_as_the_new_one_with_a_warning(caplog):
+    with caplog.at_level("WARNING"):
+        assert OptimConfig(freeze_preset="seed_hybrid").freeze_preset == "projector_and_early_lm"
+    assert "freeze preset 'seed_hybrid' is now called 'projector_and_early_lm'" in caplog.text
+
+
 @pytest.mark.parametrize("family", ALL_FAMILIES)
-def test_seed_hybrid_finds_projector_output_and_embedding_on_every_family(family):
+def test_projector_and_early_lm_finds_projector_output_and_embedding_on_every_family(family):
     adapter = fresh(family)
-    optimizer = build_optimizer(adapter, OptimConfig(freeze_preset="seed_hybrid"))
+    optimizer = build_optimizer(adapter, OptimConfig(freeze_preset="projector_and_early_lm"))
     assert [g["name"] for g in optimizer.param_groups] == optimizer_groups(adapter, ["projector", "language"])
     trainable = {n for n, p in adapter.model.named_parameters() if p.requires_grad}
     projector = {n for n in trainable if adapter.module_group_of(n) == "projector"}

@@ -70,7 +70,7 @@ def test_grpo_with_lora_saves_a_final_that_reloads_and_evaluates(hybrid_dir, hyb
 
 def test_sft_two_steps_train_the_projector_and_reload(hybrid_dir, hybrid, tmp_path):
     out = tmp_path / "sft"
-    args = ["sft", "--model", f"hybrid:{hybrid_dir}", "--freeze-preset", "seed_hybrid", "--learning-rate", "1e-3",
+    args = ["sft", "--model", f"hybrid:{hybrid_dir}", "--freeze-preset", "projector_and_early_lm", "--learning-rate", "1e-3",
             "--max-steps", "2", "--output-dir", str(out)]
     assert main([*args, *SMALL]) == 0
     again = load_model(str(out / "final"), device="cpu", decide_cache=False)

@@ -4,7 +4,7 @@ How `apply_freeze` decides whether a parameter trains, in order:
 1. the baseline: every parameter trains; on a LoRA-wrapped model only the LoRA matrices do;
 2. the groups named in `freeze` (and in the preset's freeze list) are frozen; a group freezes its sub-groups
    (`language` freezes `experts`), a sub-group only itself;
-3. a preset with an allow-list (`seed_hybrid`) freezes whatever it does not name;
+3. a preset with an allow-list (`projector_and_early_lm`) freezes whatever it does not name;
 4. `trainable_patterns` (regexes searched in the unwrapped parameter name) unfreeze again.
 """
 
@@ -43,7 +43,7 @@ class FreezePreset:
     allow: Callable[..., Callable[[str], bool]] | None = None
 
 
-def seed_hybrid_allow(adapter, lm_layers: int = 5) -> Callable[[str], bool]:
+def early_lm_allow(adapter, lm_layers: int = 5) -> Callable[[str], bool]:
     """The freeze policy of the "LLM learns to see" recipe (a ViT + 0.5B-LM hybrid, SFT then GRPO): train only
     the projector's output layer (the layout's `projector_output`, else its last Linear), the input embedding
     and the first `lm_layers` decoder layers of the language model. Found from the module layout, not from any
@@ -62,7 +62,7 @@ def seed_hybrid_allow(adapter, lm_layers: int = 5) -> Callable[[str], bool]:
         prefixes.append(emb_names[0])
     language = [strip_wrapper_prefix(n) for n, _ in model.named_parameters() if adapter.module_group_of(n) == "language"]
     if not any(_LAYER_INDEX.search(n) for n in language):
-        raise ValueError(f"freeze preset 'seed_hybrid': no numbered decoder layers found in the language model of {adapter.family}")
+        raise ValueError(f"freeze preset 'projector_and_early_lm': no numbered decoder layers found in the language model of {adapter.family}")
 
     def allowed(name: str) -> bool:
         name = strip_wrapper_prefix(name)
@@ -82,7 +82,7 @@ def _projector_output(adapter) -> Callable[[str], bool]:
     names = [strip_wrapper_prefix(n) for n, _ in adapter.model.named_parameters()]
     if declared:
         if not any(re.match(p, n) for p in declared for n in names):
-            raise ValueError(f"freeze preset 'seed_hybrid': {adapter.family}'s projector_output {declared} matches nothing")
+            raise ValueError(f"freeze preset 'projector_and_early_lm': {adapter.family}'s projector_output {declared} matches nothing")
         return lambda name: any(re.match(p, name) for p in declared)
     linears = [
         _module_name(n)
@@ -90,7 +90,7 @@ def _projector_output(adapter) -> Callable[[str], bool]:
         if isinstance(m, torch.nn.Linear) and n and ".lora_" not in n and adapter.module_group_of(n + ".weight") == "projector"
     ]
     if not linears:
-        raise ValueError(f"freeze preset 'seed_hybrid': the projector of {adapter.family} has no Linear layer "
+        raise ValueError(f"freeze preset 'projector_and_early_lm': the projector of {adapter.family} has no Linear layer "
                          "and its module layout declares no projector_output")
     last = linears[-1]  # registration order: the output layer is declared last
     return lambda name: name.startswith(last + ".")
@@ -102,10 +102,13 @@ def _module_name(name: str) -> str:
     return name[: -len(".base_layer")] if name.endswith(".base_layer") else name
 
 
+# earlier names still read, with a warning: name -> the preset's name now
+RENAMED_PRESETS = {"seed_hybrid": "projector_and_early_lm"}
+
 FREEZE_PRESETS: dict[str, FreezePreset] = {
-    "seed_hybrid": FreezePreset(
+    "projector_and_early_lm": FreezePreset(
         "train the projector's last Linear, the input embedding and LM layers 0-4; freeze the rest",
-        allow=seed_hybrid_allow,
+        allow=early_lm_allow,
     ),
     "vision_frozen": FreezePreset("freeze the vision tower", freeze=("vision",)),
     "lm_only": FreezePreset("freeze the vision tower and the projector", freeze=("vision", "projector")),

@@ -30,7 +30,7 @@ class ModuleLayout:
     projector: tuple[str, ...]
     language: tuple[str, ...]
     head: tuple[str, ...] = (r"lm_head\.",)
-    # The projector's output layer (parameter-name regexes), for policies that train only it (`seed_hybrid`);
+    # The projector's output layer (parameter-name regexes), for policies that train only it (`projector_and_early_lm`);
     # empty: the projector's last Linear module (most families register their output layer last).
     projector_output: tuple[str, ...] = ()
     # The `experts` sub-group of `language` (parameter-name regexes): a mixture-of-experts model's routers and

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from vlm_grpo.adapters.module_groups import GROUP_NAMES, SUB_GROUPS
 from vlm_grpo.grpo.setting_fields import SettingError, check_fields, setting
-from vlm_grpo.adapters.freeze import FREEZE_PRESETS
+from vlm_grpo.adapters.freeze import FREEZE_PRESETS, RENAMED_PRESETS
 
 # transformers Trainer's optimizer names that run here (grpo/training/optimizer.py builds them with its own helper)
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adafactor", "sgd", "adamw_bnb_8bit", "paged_adamw_8bit")
@@ -50,6 +51,11 @@ class OptimConfig:
             raise SettingError(
                 "freeze", f"unknown module group(s) {unknown} in freeze; valid module groups: {', '.join(GROUP_NAMES)}"
             )
+        if self.freeze_preset in RENAMED_PRESETS:  # a config written before the rename
+            new = RENAMED_PRESETS[self.freeze_preset]
+            logging.getLogger(__name__).warning("freeze preset %r is now called %r; the old name will be removed",
+                                                self.freeze_preset, new)
+            self.freeze_preset = new
         if self.freeze_preset is not None and self.freeze_preset not in FREEZE_PRESETS:
             raise SettingError("freeze_preset", f"unknown freeze preset {self.freeze_preset!r}; known presets: "
                                f"{', '.join(sorted(FREEZE_PRESETS))}")
