@@ -175,14 +175,7 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, keep_earlie
 
 def _move_aside(run_dir: Path, paths: list[Path]) -> Path:
     """The earlier run's files, moved (renamed, never copied) into `earlier-<UTC time of its last write>/`."""
-    import datetime
-
-    last = max(p.stat().st_mtime for p in paths)
-    stamp = datetime.datetime.fromtimestamp(last, datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    target, n = run_dir / f"earlier-{stamp}", 1
-    while os.path.lexists(target):
-        n += 1
-        target = run_dir / f"earlier-{stamp}-{n}"
+    target = safe_files.dated_free_name(run_dir, "earlier-", max(p.stat().st_mtime for p in paths))
     target.mkdir()
     for path in paths:
         path.rename(target / path.name)

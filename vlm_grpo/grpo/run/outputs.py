@@ -16,7 +16,6 @@ is moved aside (never overwritten, never deleted) and the message names both pat
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import os
 from pathlib import Path
@@ -28,12 +27,7 @@ from vlm_grpo.grpo.run.manifest import MANIFEST, write_manifest
 
 def aside_path(path: Path) -> Path:
     """A free name beside `path` for what was there: NAME.replaced-<UTC time>[-N]."""
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    target, n = path.with_name(f"{path.name}.replaced-{stamp}"), 1
-    while os.path.lexists(target):
-        n += 1
-        target = path.with_name(f"{path.name}.replaced-{stamp}-{n}")
-    return target
+    return safe_files.dated_free_name(path.parent, f"{path.name}.replaced-")
 
 
 def _move_aside(path: Path, what: str) -> str:

@@ -18,6 +18,7 @@ opened through a symlink or a file with other hard links, and listed in the run'
 
 from __future__ import annotations
 
+import datetime
 import errno
 import json
 import os
@@ -154,6 +155,19 @@ def remove(path: Path) -> None:
         shutil.rmtree(path)  # fd-based on Linux: a symlink inside is removed, its target left alone
     else:
         path.unlink()
+
+
+def dated_free_name(parent: Path, prefix: str, when: float | None = None) -> Path:
+    """`parent/PREFIX<UTC time>`, or with `-2`, `-3` ... when taken: a name nothing is at (`when`: a timestamp,
+    default now)."""
+    moment = datetime.datetime.fromtimestamp(when, datetime.timezone.utc) if when is not None else \
+        datetime.datetime.now(datetime.timezone.utc)
+    stamp = moment.strftime("%Y%m%d-%H%M%S")
+    target, n = Path(parent) / f"{prefix}{stamp}", 1
+    while os.path.lexists(target):
+        n += 1
+        target = Path(parent) / f"{prefix}{stamp}-{n}"
+    return target
 
 
 def fresh_dir(path: Path) -> Path:
