@@ -255,9 +255,9 @@ class CreatedFiles:
         """The list made anew: `names` (each the run's own), with what is at each now."""
         self._write({n: identity(self.run_dir / n) for n in set(names)})
 
-    def add(self, *names: str) -> None:
+    def add(self, *names: str) -> dict[str, dict[str, Any] | None]:
         """Claim `names` before writing them: an absent name is listed, the run's own entry kept; an entry the run
-        did not write is refused (NotTheRuns), never replaced."""
+        did not write is refused (NotTheRuns), never replaced. Returns the list as it now stands (for `record`)."""
         entries = self.entries()
         changed = not self.exists
         for name in names:
@@ -271,10 +271,12 @@ class CreatedFiles:
             changed = True
         if changed:
             self._write(entries)
+        return entries
 
-    def record(self, *names: str) -> None:
-        """What the run just wrote (or renamed) at `names`, recorded as its own."""
-        entries = self.entries()
+    def record(self, *names: str, entries: dict[str, dict[str, Any] | None] | None = None) -> None:
+        """What the run just wrote (or renamed) at `names`, recorded as its own (`entries`: the list as `add`
+        returned it, not read again)."""
+        entries = self.entries() if entries is None else entries
         fresh = {n: identity(self.run_dir / n) for n in names}
         if any(entries.get(n, "missing") != v for n, v in fresh.items()) or not self.exists:
             self._write({**entries, **fresh})
@@ -308,17 +310,17 @@ def top_name(run_dir: Path, path: Path) -> str:
 def write_run_file(run_dir: Path, name: str, data: bytes | str) -> Path:
     """A whole top-level run file (config.yaml, eval-*.json ...), written safely and recorded as the run's."""
     listed = CreatedFiles(run_dir)
-    listed.add(name)
+    entries = listed.add(name)
     path = write_file(Path(run_dir) / name, data)
-    listed.record(name)
+    listed.record(name, entries=entries)
     return path
 
 
 def append_run_file(run_dir: Path, name: str, text: str) -> None:
     listed = CreatedFiles(run_dir)
-    listed.add(name)
+    entries = listed.add(name)
     append_file(Path(run_dir) / name, text)
-    listed.record(name)
+    listed.record(name, entries=entries)
 
 
 def write_run_path(run_dir: Path, relative: str, data: bytes | str) -> Path:
@@ -329,7 +331,7 @@ def write_run_path(run_dir: Path, relative: str, data: bytes | str) -> Path:
     if not parts or Path(relative).is_absolute() or ".." in parts:
         raise ValueError(f"{relative!r} is not a path inside the run directory")
     listed = CreatedFiles(run_dir)
-    listed.add(parts[0])
+    entries = listed.add(parts[0])
     folder = run_dir
     for part in parts[:-1]:
         folder = folder / part
@@ -337,7 +339,7 @@ def write_run_path(run_dir: Path, relative: str, data: bytes | str) -> Path:
         if not folder.is_dir():
             os.mkdir(folder)
     path = write_file(run_dir / relative, data)
-    listed.record(parts[0])
+    listed.record(parts[0], entries=entries)
     return path
 
 
