@@ -12,6 +12,8 @@ first and says so).
 from __future__ import annotations
 
 import argparse
+import gc
+import logging
 import os
 import sys
 import traceback
@@ -120,17 +122,26 @@ def _main(argv: list[str]) -> int:
 
 
 def entry() -> None:
-    """The `vlm-grpo` program: main(), then exit with its code. A launched process (accelerate, torchrun) takes its
-    process group down first: left to interpreter exit, gloo's threads can abort the process ("terminate called
-    without an active exception") after the run's work is saved."""
+    """The `vlm-grpo` program: main(), then exit with its code. A launched process (accelerate, torchrun) ends
+    without interpreter finalization: the group's processes meet (after a success), the process group is taken down,
+    and the process leaves with os._exit. Left to finalization, gloo's worker threads can still hold tensors whose
+    release needs the interpreter being torn down, and the process aborts ("terminate called without an active
+    exception", SIGABRT) after the run's work is saved."""
     code = main()
     distributed = sys.modules.get("torch.distributed")
-    if distributed is not None and distributed.is_available() and distributed.is_initialized():
-        try:
-            distributed.destroy_process_group()
-        except (RuntimeError, ValueError):  # already torn down by a failing peer: nothing left to release
-            pass
-    sys.exit(code)
+    if distributed is None or not distributed.is_available() or not distributed.is_initialized():
+        sys.exit(code)
+    try:
+        if code == 0:  # a failed process leaves at once: its launcher stops the others
+            distributed.barrier()
+        distributed.destroy_process_group()
+    except (RuntimeError, ValueError):  # already torn down by a failing peer: nothing left to release
+        pass
+    gc.collect()  # sharded parameters hold the group's mesh: free them while the interpreter is whole
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else 1)
 
 
 if __name__ == "__main__":
