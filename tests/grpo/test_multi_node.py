@@ -3,8 +3,9 @@
 
 Default run: an FSDP run on two machines (gradient accumulation, a sharded reference) saves, dies, is resumed on one
 machine with the same process count and ends bit-identical to the uninterrupted run, with a `final/` that
-from_pretrained loads; a run directory that one machine does not share is refused at the
-start; a checkpoint resumed with another process count is refused in one line; prompts follow the global rank.
+from_pretrained loads (each prompt's group generated on one process, every process's images saved by the main one);
+a run directory that one machine does not share is refused at the start; a checkpoint resumed with another process
+count is refused in one line; prompts follow the global rank.
 `pytest -m multinode tests/grpo/test_multi_node.py` adds the full matrix (about 5 minutes on 2 busy cores): DDP and
 FSDP on 2 machines x 1 process (run, checkpoint, resume) equal to 1 machine x 2 processes, and 2 machines x 2
 processes under torchrun equal to 1 machine x 4 processes under accelerate.
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -63,6 +66,20 @@ def assert_one_writer(run: Path, processes: int) -> None:
         assert sorted(p.name for p in shards.glob("*.distcp")) == [f"__{r}_0.distcp" for r in range(processes)]
 
 
+def assert_groups_whole_and_images_saved(run: Path, generations: int) -> None:
+    """Each prompt's group was generated on one process; every process's prompt images reached the main process,
+    which saved them inside the run and wrote each step's parquet with their paths."""
+    rows = read_jsonl(run / "completions.jsonl")
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["step"], r["process"], r["sample_index"])].append(r)
+    assert {process for _, process, _ in groups} == {0, 1}
+    assert all(len(group) == generations for group in groups.values()), {k: len(g) for k, g in groups.items()}
+    assert all(len(r["images"]) == 1 and (run / r["images"][0]).is_file() for r in rows)
+    step2 = pq.read_table(run / "completions" / "completions_00002.parquet").to_pylist()
+    assert [r["images"] for r in step2] == [r["images"] for r in rows if r["step"] == 2]
+
+
 def test_fsdp_on_two_machines_resumes_exactly_on_one(tmp_path, capsys):
     """The policy and its reference copy sharded over 2 machines, gradient accumulation without reduce-scatter in
     between; the run dies after checkpoint-1 and is resumed on one machine with 2 processes (its shards read as plain
@@ -70,6 +87,7 @@ def test_fsdp_on_two_machines_resumes_exactly_on_one(tmp_path, capsys):
     run, args = tmp_path / "run", [*COMMON, "--gradient-accumulation-steps", "2"]
     on_machines(FSDP, 2, 1, lambda rank: cli(*args, "--output-dir", run))
     assert_one_writer(run, 2)
+    assert_groups_whole_and_images_saved(run, generations=4)
     listed = json.loads((run / "checkpoint-2" / "manifest.json").read_text())["files"]
     assert {"sharded/__0_0.distcp", "sharded/__1_0.distcp", "sharded/.metadata"} <= set(listed)
     assert json.loads((run / "checkpoint-2" / "run_state.json").read_text())["fsdp"] == "full_shard"

@@ -11,6 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from tests.real.marks import REAL
 from vlm_grpo.cli import main
@@ -58,6 +60,13 @@ def test_every_stage_ran_and_the_summary_holds_the_table(finished, capsys):
     assert (base / "align" / "final" / "manifest.json").is_file()
     for model in ("sft", "grpo"):
         assert (seed / model / "final" / "config.json").is_file()
+    # SFT under the blog post's freeze policy: the projector's output layer learns, the tower and late LM layers stay
+    aligned = load_file(base / "align" / "final" / "model.safetensors")
+    tuned = load_file(seed / "sft" / "final" / "model.safetensors")
+    out_layer = "multi_modal_projector.linear_2.weight"
+    assert not torch.equal(aligned[out_layer].float(), tuned[out_layer].float())
+    frozen = [k for k in aligned if k.startswith(("vision_tower.", "language_model.model.layers.29."))]
+    assert frozen and all(torch.equal(aligned[k].float(), tuned[k].float()) for k in frozen)
     summary = json.loads((finished / "summary.json").read_text())
     assert summary["seeds"] == [0] and list(summary["splits"]) == ["val"]  # the test split waits for --test
     table = summary["splits"]["val"]
