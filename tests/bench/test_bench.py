@@ -8,12 +8,16 @@ from vlm_grpo.cli import main
 
 
 def test_bench_runs_both_frameworks_and_counts_images(tmp_path):
+    """Completions end at lengths drawn per row (--lengths; the fixed length: the other bench tests), the same
+    draws in both frameworks (one generate() call per step in each)."""
     out = tmp_path / "report.json"
-    args = ["bench", "--model", "tiny:qwen2_5_vl", "--batch-size", "2", "--num-generations", "2", "--max-new-tokens", "3",
-            "--image-size", "56", "--steps", "1", "--warmup", "0", "--threads", "1", "--json", str(out)]
+    args = ["bench", "--model", "tiny:qwen2_5_vl", "--batch-size", "2", "--num-generations", "2", "--max-new-tokens", "4",
+            "--lengths", "uniform:1:4", "--image-size", "56", "--steps", "1", "--warmup", "0", "--threads", "1",
+            "--json", str(out)]
     assert main(args) == 0
     report = json.loads(out.read_text())
     ours, trl = report["results"]["vlm-grpo"], report["results"]["trl"]
+    assert ours["mean_completion_length"] == trl["mean_completion_length"] and 1 <= ours["mean_completion_length"] < 4
     assert ours["step_time_s"] > 0 and trl["step_time_s"] > 0
     assert ours["step_cpu_time_s"] > 0 and trl["step_cpu_time_s"] > 0  # the process's CPU seconds per step
     assert report["settings"]["model"] == "tiny:qwen2_5_vl" and "trl" in report["versions"]

@@ -21,7 +21,8 @@ class FrameworkResult:
     vision_images: list[int] = field(default_factory=list)
     peak_memory_bytes: int = 0
     memory_kind: str = ""
-    completion_tokens_per_step: int = 0
+    completion_tokens_per_step: float = 0  # B x G x T, or the drawn lengths' sum per measured step
+    mean_length: float | None = None  # drawn completion lengths (bench --lengths), over the measured steps
     parts: dict[str, Any] | None = None  # vLLM rollouts: where the step's time went (engine_parts.py)
 
     @property
@@ -46,6 +47,7 @@ class FrameworkResult:
             "vision_calls_per_step": statistics.median(self.vision_calls) if self.vision_calls else None,
             "vision_images_per_step": statistics.median(self.vision_images) if self.vision_images else None,
             "peak_memory_mib": self.peak_memory_bytes / 2**20,
+            "mean_completion_length": self.mean_length,
             "memory_kind": self.memory_kind,
             "step_times_s": self.step_times,
             "rollout_times_s": self.rollout_times,

@@ -47,11 +47,16 @@ def run_benchmark(settings: BenchSettings) -> dict[str, Any]:
     return report
 
 
+def _lengths_said(lengths: str) -> str:
+    return "fixed" if lengths == "fixed" else f"lengths drawn {lengths}"
+
+
 def format_report(report: dict[str, Any]) -> str:
     s = report["settings"]
     lines = [
         (
-            f"model {s['model']}: B={s['batch_size']} G={s['num_generations']} T={s['max_new_tokens']} (fixed), "
+            f"model {s['model']}: B={s['batch_size']} G={s['num_generations']} T={s['max_new_tokens']} "
+            f"({_lengths_said(s.get('lengths', 'fixed'))}), "
             f"beta={s['beta']} loss={s['loss_type']} ({s['importance_sampling_level']} level) "
             f"image {s['image_size']} px, "
             f"{'QLoRA (4-bit base), ' if s.get('load_in_4bit') else ''}"
@@ -71,6 +76,10 @@ def format_report(report: dict[str, Any]) -> str:
             f"{r['vision_calls_per_step']} | {r['vision_images_per_step']} | {r['peak_memory_mib']:.0f} | "
             f"{r['step_cpu_time_s']:.2f} |"
         )
+    for name, r in report["results"].items():
+        if r.get("mean_completion_length") is not None:
+            lines.append(f"\n{name}: completions ended at drawn lengths, mean {r['mean_completion_length']:.1f} "
+                         f"tokens over the measured steps")
     for name, r in report["results"].items():
         if "parts" in r:
             parts = ", ".join(f"{k[:-2].replace('_', ' ')} {v:.3f} s" for k, v in r["parts"].items()

@@ -2,7 +2,8 @@
 
 Both start from the same saved weights (TRL reloads its reference model from that directory when beta > 0),
 draw prompts from the same recipe, sample fixed-length completions (EOS ignored: min_new_tokens =
-max_new_tokens) with the same suppressed ids, and use the same loss type, beta, learning rate and trainable set.
+max_new_tokens) or completions ended at drawn lengths (--lengths, lengths.py) with the same suppressed ids, and use
+the same loss type, beta, learning rate and trainable set.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.bench.engine_parts import EngineParts
+from vlm_grpo.bench.lengths import LengthPlan, end_generations_at, parse_lengths
 from vlm_grpo.bench.measure import FrameworkResult, PeakMemory, sync
 from vlm_grpo.bench.settings import BenchSettings, precision_on
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
@@ -39,8 +41,15 @@ TRL_VLLM_ON_CPU = ("TRL's use_vllm (colocate) could not push its weights into vL
 
 
 def check_frameworks(settings: BenchSettings) -> None:
-    """Refuse, before anything is built, a loss that one of the frameworks asked for does not have, and a 4-bit
-    base with nothing to train on it."""
+    """Refuse, before anything is built, a loss that one of the frameworks asked for does not have, a 4-bit
+    base with nothing to train on it, and lengths that cannot be drawn."""
+    try:
+        lengths = parse_lengths(settings.lengths, settings.max_new_tokens)
+    except ValueError as err:
+        raise SettingError("lengths", str(err)) from None
+    if lengths.varies and settings.engine != "transformers":
+        raise SettingError("lengths", f"bench --lengths {settings.lengths} ends completions inside generate(): "
+                           "use it with --engine transformers")
     if settings.load_in_4bit and settings.lora_r <= 0:
         raise SettingError("load_in_4bit", "bench --load-in-4bit trains LoRA matrices on the 4-bit base: give "
                            "--lora-r > 0")
@@ -70,6 +79,26 @@ def _samples(settings: BenchSettings, count: int):
     return [dataset[i] for i in range(count)]
 
 
+def _end_at_drawn_lengths(settings: BenchSettings, model: torch.nn.Module, eos: int) -> LengthPlan | None:
+    """With --lengths varying: `model.generate` (the one the framework calls) ends each row at a drawn length."""
+    lengths = parse_lengths(settings.lengths, settings.max_new_tokens)
+    if not lengths.varies:
+        return None
+    plan = LengthPlan(lengths, settings.seed)
+    end_generations_at(model, plan, eos)
+    return plan
+
+
+def _count_tokens(result: FrameworkResult, settings: BenchSettings, plan: LengthPlan | None, first: int) -> None:
+    """Completion tokens per measured step: B x G x T, or what was drawn from index `first` on (the measured steps')."""
+    if plan is None:
+        result.completion_tokens_per_step = settings.batch_size * settings.num_generations * settings.max_new_tokens
+        return
+    measured = plan.drawn[first:]
+    result.completion_tokens_per_step = sum(measured) / max(1, settings.steps)
+    result.mean_length = sum(measured) / max(1, len(measured))
+
+
 def _load(source: str, device: torch.device, decide_cache: bool = True, load_in_4bit: bool = False):
     return load_model(source, dtype=torch.float32, device=device, decide_cache=decide_cache, load_in_4bit=load_in_4bit)
 
@@ -84,7 +113,8 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
         "--model", source, "--recipe", "shapes", "--data.recipe_options", json.dumps({"image_size": settings.image_size}),
         "--train-size", str(max(64, settings.batch_size * total)), "--batch-size", str(settings.batch_size),
         "--num-generations", str(settings.num_generations), "--max-new-tokens", str(settings.max_new_tokens),
-        "--min-new-tokens", str(settings.max_new_tokens), "--beta", str(settings.beta), "--loss-type", settings.loss_type,
+        "--min-new-tokens", str(0 if parse_lengths(settings.lengths, settings.max_new_tokens).varies else settings.max_new_tokens),
+        "--beta", str(settings.beta), "--loss-type", settings.loss_type,
         "--importance-sampling-level", settings.importance_sampling_level,
         "--learning-rate", str(settings.learning_rate), "--max-steps", str(total), "--seed", str(settings.seed),
         "--output-dir", str(work / "vlm-grpo"), "--log-completions", "false", "--progress", "false",
@@ -101,10 +131,12 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
     cfg = load_config(overrides=overrides)
     with contextlib.redirect_stdout(None):  # the trainable-parameter table
         trainer = GRPOTrainer.from_settings(cfg, adapter=adapter)
-    result = FrameworkResult("vlm-grpo", completion_tokens_per_step=settings.batch_size * settings.num_generations * settings.max_new_tokens)
+    result = FrameworkResult("vlm-grpo")
+    plan = _end_at_drawn_lengths(settings, trainer.adapter.model, trainer.adapter.eos_token_ids[0])
     parts = EngineParts(trainer) if settings.engine == "vllm" else None  # opens the engine, timed
     for step in range(settings.warmup):
         trainer.train_step(step)
+    first = len(plan.drawn) if plan else 0
     with PeakMemory(device) as memory:
         for step in range(settings.warmup, total):
             sync(device)
@@ -121,6 +153,7 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
             if parts:
                 parts.end_step()
     result.peak_memory_bytes, result.memory_kind = memory.peak, memory.kind
+    _count_tokens(result, settings, plan, first)
     if parts:
         result.parts = parts.summary()
     trainer.vision_counter.close()
@@ -135,7 +168,8 @@ def _trl_engine(settings: BenchSettings, adapter, device: torch.device) -> dict[
     """GRPOConfig's rollout fields: generate(), or vLLM in TRL's process (use_vllm, vllm_mode colocate), with the same
     fixed length and suppressed ids in the engine's own words."""
     if settings.engine != "vllm":
-        return {"generation_kwargs": {"min_new_tokens": settings.max_new_tokens,
+        fixed = not parse_lengths(settings.lengths, settings.max_new_tokens).varies
+        return {"generation_kwargs": {"min_new_tokens": settings.max_new_tokens if fixed else None,
                                       "suppress_tokens": adapter.suppressed_token_ids()}}
     if device.type == "cpu":
         from vlm_grpo.grpo.rollout.vllm_engine import cpu_environment
@@ -194,15 +228,16 @@ def run_trl(settings: BenchSettings, source: str, device: torch.device, work: Pa
         disable_tqdm=True,
         log_completions=False,
     )
-    result = FrameworkResult("trl", completion_tokens_per_step=settings.batch_size * settings.num_generations * settings.max_new_tokens)
+    result = FrameworkResult("trl")
     trainer = GRPOTrainer(
         model=adapter.model, reward_funcs=[letter_share], args=args, train_dataset=data, processing_class=adapter.processor,
         peft_config=peft_config,
     )
+    plan = _end_at_drawn_lengths(settings, trainer.model, adapter.eos_token_ids[0])  # the model TRL generates with
+    state: dict[str, Any] = {"first": 0}
     models = [trainer.model] + ([trainer.ref_model] if trainer.ref_model is not None else [])
     counter = VisionCounter(adapter, models)
     memory = PeakMemory(device)
-    state: dict[str, Any] = {}
 
     generate = trainer._generate  # instrumentation only: time TRL's rollout (tokenize + generate + decode)
 
@@ -220,6 +255,7 @@ def run_trl(settings: BenchSettings, source: str, device: torch.device, work: Pa
         def on_step_begin(self, args, st, control, **kw):
             if st.global_step == settings.warmup:
                 memory.__enter__()
+                state["first"] = len(plan.drawn) if plan else 0
             counter.reset()
             sync(device)
             state["start"], state["cpu"] = time.perf_counter(), time.process_time()
@@ -244,6 +280,7 @@ def run_trl(settings: BenchSettings, source: str, device: torch.device, work: Pa
             raise
     memory.__exit__(None, None, None)
     result.peak_memory_bytes, result.memory_kind = memory.peak, memory.kind
+    _count_tokens(result, settings, plan, state["first"])
     counter.close()
     del trainer, adapter
     gc.collect()

@@ -27,7 +27,8 @@ class BenchSettings:
     model: str = "preset:qwen2_5_vl_small"  # a --model value (CPU: preset:qwen2_5_vl_small / hybrid_vit_heavy)
     batch_size: int = 4  # prompts per step (B)
     num_generations: int = 8  # completions per prompt (G)
-    max_new_tokens: int = 64  # every completion has exactly this many tokens (EOS ignored)
+    max_new_tokens: int = 64  # every completion has exactly this many tokens (EOS ignored), unless `lengths` varies
+    lengths: str = "fixed"  # or uniform:LO:HI / longtail:LO:HI: each completion ends at a drawn length (lengths.py)
     beta: float = 0.04
     loss_type: str = "dapo"  # a registered loss; with "trl" in frameworks, one of TRL's (runners.TRL_LOSS_TYPES)
     importance_sampling_level: str = "token"  # or "sequence" (GSPO)

@@ -26,7 +26,11 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default="preset:qwen2_5_vl_small", help="any --model value (a preset, tiny twin or checkpoint)")
     p.add_argument("--batch-size", type=int, default=4, help="prompts per step (B)")
     p.add_argument("--num-generations", type=int, default=8, help="completions per prompt (G)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="completion length (EOS ignored)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="completion length (EOS ignored), or the longest")
+    p.add_argument("--lengths", default="fixed",
+                   help="fixed (every completion --max-new-tokens long), uniform:LO:HI or longtail:LO:HI (log-uniform): "
+                   "each completion ends at a length drawn per row, in both frameworks alike, so the padding the "
+                   "training forwards carry shows"),
     p.add_argument("--beta", type=float, default=0.04)
     # choices are the registry's, checked when the command runs: listing them here would load torch for --help
     p.add_argument("--loss-type", default="dapo",
@@ -96,7 +100,7 @@ def run(args) -> int:
 
     settings = BenchSettings(
         model=args.model, batch_size=args.batch_size, num_generations=args.num_generations,
-        max_new_tokens=args.max_new_tokens, beta=args.beta, loss_type=args.loss_type,
+        max_new_tokens=args.max_new_tokens, lengths=args.lengths, beta=args.beta, loss_type=args.loss_type,
         importance_sampling_level=args.importance_sampling_level, learning_rate=args.learning_rate,
         image_size=args.image_size, steps=args.steps, warmup=args.warmup, threads=args.threads, seed=args.seed,
         frameworks=tuple(frameworks),
