@@ -20,7 +20,7 @@ from typing import Any
 
 from vlm_grpo.recipes.audit_hints import AuditHints, inline_think_layout
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
-from vlm_grpo.recipes.file_recipe import read_samples
+from vlm_grpo.recipes.file_recipe import read_samples, with_source_options
 from vlm_grpo.recipes.rewards import tags_filled
 from vlm_grpo.recipes.rows import RecordDataset, RowChecker
 
@@ -85,6 +85,7 @@ def to_sample(record: dict, image_size: int | None) -> Sample:
     )
 
 
+@with_source_options
 def build(require_thinking: bool = False, **source: Any) -> RecordDataset:
     """The first `size` rows (all when 0/None; recipes/file_recipe.py: the options); `require_thinking=True` insists
     on SFT rows."""

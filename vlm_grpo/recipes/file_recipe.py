@@ -2,6 +2,7 @@
 which split, how many, what a bad row does, the image size; the rows read and checked once, each sample built on
 access. A recipe keeps only its own row check and its own sample:
 
+    @with_source_options
     def build(**source):
         return read_samples(check_row, to_sample, **source)
 
@@ -11,6 +12,7 @@ bad value) and `to_sample(record, image_size) -> Sample`. Such a recipe sets `Re
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,3 +43,15 @@ def read_samples(
     records = load_records(check_row, path, hub_id, split, size, image_root, on_bad_sample,
                            dataset_config=dataset_config, rows=rows)
     return RecordDataset(records, lambda record: to_sample(record, image_size))
+
+
+SOURCE_OPTIONS = [p.replace(kind=p.KEYWORD_ONLY) for name, p in inspect.signature(read_samples).parameters.items()
+                  if name not in ("check_row", "to_sample")]
+
+
+def with_source_options(build: Callable) -> Callable:
+    """`build(own options..., **source)` with a signature that lists the source options too: help() shows them, and
+    the settings' checks (which options a recipe takes: on_bad_sample, the column names) read the signature."""
+    own = [p for p in inspect.signature(build).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    build.__signature__ = inspect.Signature([*own, *SOURCE_OPTIONS], return_annotation=RecordDataset)
+    return build

@@ -24,7 +24,7 @@ from typing import Any
 
 from vlm_grpo.recipes.audit_hints import AuditHints
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
-from vlm_grpo.recipes.file_recipe import read_samples
+from vlm_grpo.recipes.file_recipe import read_samples, with_source_options
 from vlm_grpo.recipes.rows import RecordDataset, RowChecker
 from vlm_grpo.recipes.rewards import answer_or_text, normalize_answer, tags_filled
 
@@ -135,6 +135,7 @@ def to_sample(record: dict, image_size: int | None) -> Sample:
     )
 
 
+@with_source_options
 def build(**source: Any) -> RecordDataset:
     """The first `size` rows (all when 0/None), in the source's order (recipes/file_recipe.py: the options)."""
     return read_samples(check_row, to_sample, **source)

@@ -27,7 +27,7 @@ from typing import Any
 
 from vlm_grpo.adapters.batch import image_parts, video_parts
 from vlm_grpo.recipes.base import REWARD_ARGUMENTS, Recipe, Sample, user_turn
-from vlm_grpo.recipes.file_recipe import read_samples
+from vlm_grpo.recipes.file_recipe import read_samples, with_source_options
 from vlm_grpo.recipes.rows import ImageRef, RecordDataset, RowChecker
 from vlm_grpo.recipes.video_rows import VideoSettings, check_videos
 
@@ -171,6 +171,7 @@ def to_sample(record: dict, image_size: int | None, video: VideoSettings = Video
                   data_prompt=record["data_prompt"], videos=[ref.load(video) for ref in record["videos"]])
 
 
+@with_source_options
 def build(
     prompt_key: str | None = None,
     image_key: str | None = None,
