@@ -47,6 +47,7 @@ from vlm_grpo.grpo.training.guards import KLWatchdog, LearningSignalMonitor, Non
 from vlm_grpo.grpo.training.lora import is_lora_wrapped
 from vlm_grpo.grpo.training.policy import load_policy
 from vlm_grpo.grpo.user_calls import UserCodeError
+from vlm_grpo.inspect.run_pages import run_pages
 
 
 @dataclass
@@ -56,7 +57,7 @@ class RunInputs:
     adapter: Any = None  # the policy's adapter (None: loaded from model.init_from / model.name)
     recipe: Any = None
     rewards: Sequence[Any] | None = None  # the run's rewards (None: the settings' or the recipe's)
-    after_run: Sequence[Callable[[Path], Any]] = ()  # called with the run directory at the end (plots, report)
+    after_run: Sequence[Callable[[Path], Any]] = ()  # called with the run directory at the end, after its own pages
     step_hooks: Sequence[Callable[[Any, dict], Any]] = ()  # hook(trainer, metrics) after each step; true stops there
     tools: Sequence[Any] = ()  # TRL 1.16's tools, added to the settings' (GRPO)
     environment_factory: Any = None  # TRL 1.16's, replacing the settings' environment (GRPO)
@@ -80,7 +81,7 @@ class Stage:
     def _build(self, cfg: TrainConfig, inputs: RunInputs, args: Any, callbacks: Sequence[Any]) -> None:
         self.args, self.cfg = args, cfg
         self.callback_bridge = CallbackBridge(callbacks, args)
-        self.after_run = list(inputs.after_run)
+        self.after_run = [*run_pages(cfg.logging), *inputs.after_run]  # charts (logging.plot), report.html (logging.report)
         self.step_hooks = [self._callbacks_after_step, *inputs.step_hooks]
         self.history: list[dict[str, Any]] = []  # this train()'s steps (ctx.log_history: the run's, resumes included)
         self.step = 0

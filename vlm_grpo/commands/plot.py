@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-
-log = logging.getLogger(__name__)
-
 
 def add_parser(sub) -> None:
     p = sub.add_parser("plot", help="PNG charts of a training run (reward, KL, length, accuracy ...)")
@@ -32,15 +27,3 @@ def run(args) -> int:
     for path in written:
         print(path)
     return 0
-
-
-def plot_hook(run_dir: Path) -> None:
-    """What `train`/`sft` wire into a run with `logging.plot`: its charts under RUN_DIR/plots; a failure only warns."""
-    from vlm_grpo.inspect.plots import write_plots
-
-    try:
-        written = write_plots(run_dir)
-    except (ValueError, OSError, ImportError) as err:
-        log.warning("could not write the run's plots: %s", err)
-        return
-    print(f"charts written to {run_dir / 'plots'} ({', '.join(p.name for p in written)})")

@@ -20,8 +20,6 @@ def add_parser(sub) -> None:
 
 
 def run(args, extra: list[str]) -> int:
-    from vlm_grpo.commands.plot import plot_hook
-    from vlm_grpo.commands.report import report_hook
     from vlm_grpo.grpo.settings.sources import load_recipe_config
 
     cfg, recipe = load_recipe_config(args.config, extra)
@@ -29,8 +27,7 @@ def run(args, extra: list[str]) -> int:
 
     if cfg.logging.output_dir == DEFAULT_RUN_DIR:
         cfg.logging.output_dir = SFT_RUN_DIR  # never overwrite a GRPO run by accident
-    trainer = SFTTrainer.from_settings(cfg, recipe=recipe,
-                                       after_run=[plot_hook] * cfg.logging.plot + [report_hook] * cfg.logging.report)
+    trainer = SFTTrainer.from_settings(cfg, recipe=recipe)  # the run writes its charts and report itself
     trainer.train()
     history = trainer.history
     if history and trainer.is_main:

@@ -20,9 +20,7 @@ def add_parser(sub) -> None:
 
 
 def run(args, extra: list[str]) -> int:
-    from vlm_grpo.commands.plot import plot_hook
     from vlm_grpo.compat.tested_window import installed
-    from vlm_grpo.commands.report import report_hook
     from vlm_grpo.grpo.settings.sources import load_recipe_config
 
     print("versions: " + ", ".join(f"{p} {installed(p) or 'not installed'}" for p in STARTUP_PACKAGES), flush=True)
@@ -31,8 +29,7 @@ def run(args, extra: list[str]) -> int:
     cfg, recipe = load_recipe_config(args.config, extra)
     from vlm_grpo.api.trainers import GRPOTrainer  # after the settings: a refused one costs no trainer import
 
-    trainer = GRPOTrainer.from_settings(cfg, recipe=recipe,
-                                        after_run=[plot_hook] * cfg.logging.plot + [report_hook] * cfg.logging.report)
+    trainer = GRPOTrainer.from_settings(cfg, recipe=recipe)  # the run writes its charts and report itself
     trainer.train()
     history = trainer.history
     if history and trainer.is_main:

@@ -16,13 +16,13 @@ The values are the rewards themselves (weights stay 1.0), so logged components r
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 from vlm_grpo.recipes.audit_hints import AuditHints, inline_think_layout
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
+from vlm_grpo.recipes.file_recipe import read_samples, with_source_options
 from vlm_grpo.recipes.rewards import tags_filled
-from vlm_grpo.recipes.rows import RecordDataset, RowChecker, load_records
+from vlm_grpo.recipes.rows import RecordDataset, RowChecker
 
 SYSTEM_PROMPT = (
     "You answer questions about an image. Reason about it first, then give the final answer, using exactly "
@@ -73,37 +73,23 @@ def correctness(completions: list[str], answer: list[str], **_) -> list[float]:
     return [CORRECT_REWARD if extract_answer(t) == str(a).strip() else 0.0 for t, a in zip(completions, answer)]
 
 
-def build(
-    split: str = "train",
-    size: int | None = None,
-    seed: int = 0,
-    path: str | Path | None = None,
-    hub_id: str | None = None,
-    image_root: str | Path | None = None,
-    image_size: int | None = None,
-    require_thinking: bool = False,
-    on_bad_sample: str = "error",
-    dataset_config: str | None = None,
-    rows: Any = None,
-):
-    """The first `size` rows (all when 0/None); `require_thinking=True` insists on SFT rows."""
-    records = load_records(
-        lambda c, i, r: check_row(c, i, r, require_thinking), path, hub_id, split, size, image_root, on_bad_sample,
-        dataset_config=dataset_config, rows=rows,
+def to_sample(record: dict, image_size: int | None) -> Sample:
+    reference = None
+    if record["thinking"] is not None:
+        reference = f"<think>{record['thinking']}</think>\n<answer>{record['solution']}</answer>"
+    return Sample(
+        prompt=[{"role": "system", "content": SYSTEM_PROMPT}, *user_turn(record["problem"])],
+        images=[record["image"].load(image_size)],
+        fields={"answer": record["solution"]},
+        reference=reference,
     )
 
-    def to_sample(record: dict) -> Sample:
-        reference = None
-        if record["thinking"] is not None:
-            reference = f"<think>{record['thinking']}</think>\n<answer>{record['solution']}</answer>"
-        return Sample(
-            prompt=[{"role": "system", "content": SYSTEM_PROMPT}, *user_turn(record["problem"])],
-            images=[record["image"].load(image_size)],
-            fields={"answer": record["solution"]},
-            reference=reference,
-        )
 
-    return RecordDataset(records, to_sample)
+@with_source_options
+def build(require_thinking: bool = False, **source: Any) -> RecordDataset:
+    """The first `size` rows (all when 0/None; recipes/file_recipe.py: the options); `require_thinking=True` insists
+    on SFT rows."""
+    return read_samples(lambda c, i, r: check_row(c, i, r, require_thinking), to_sample, **source)
 
 
 RECIPE = Recipe(

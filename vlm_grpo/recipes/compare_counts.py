@@ -21,9 +21,9 @@ from PIL import Image, ImageDraw
 
 from vlm_grpo.recipes.audit_hints import AuditHints
 from vlm_grpo.recipes.base import Recipe, Reward, Sample
+from vlm_grpo.recipes.generated import GeneratedSamples
 
 ORDINALS = ("first", "second", "third", "fourth")
-SPLIT_OFFSETS = {"train": 0, "test": 1_000_003, "eval": 1_000_003}
 _WORDS = re.compile(r"\b(first|second|third|fourth|yes|no)\b", re.IGNORECASE)
 
 
@@ -48,21 +48,13 @@ def interleaved_turn(question: str, n_images: int) -> list[dict]:
 
 
 @dataclass
-class CompareCountsDataset:
-    size: int
-    seed: int = 0
-    split: str = "train"
+class CompareCountsDataset(GeneratedSamples):
+    stream = "compare_counts"
     images_per_prompt: int = 2
     image_size: int = 56
     mixed_counts: bool = False
 
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> Sample:
-        if not 0 <= index < self.size:
-            raise IndexError(index)
-        rng = random.Random(f"compare_counts/{self.seed}/{SPLIT_OFFSETS.get(self.split, 0) + index}")
+    def draw(self, index: int, rng: random.Random) -> Sample:
         n = (1, 2, 4)[index % 3] if self.mixed_counts else self.images_per_prompt
         if n == 1:
             circles = [rng.randint(1, 5)]

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from PIL import Image, ImageDraw
 
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
+from vlm_grpo.recipes.generated import GeneratedSamples
 from vlm_grpo.recipes.tool_rewards import final_number_answer, tool_use
 
-SPLIT_OFFSETS = {"train": 0, "test": 1_000_003, "eval": 1_000_003}
 COLOURS = {"red": (210, 40, 40), "blue": (40, 60, 210), "green": (40, 160, 60)}
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
               ast.USub: operator.neg, ast.UAdd: operator.pos}
@@ -50,20 +50,12 @@ def calculator(expression: str) -> str:
 
 
 @dataclass
-class CountPriceDataset:
-    size: int
-    seed: int = 0
-    split: str = "train"
+class CountPriceDataset(GeneratedSamples):
+    stream = "count_price"
     image_size: int = 224
     counts: tuple[int, int] = (2, 9)
 
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> Sample:
-        if not 0 <= index < self.size:
-            raise IndexError(index)
-        rng = random.Random(f"count_price/{self.seed}/{SPLIT_OFFSETS.get(self.split, 0) + index}")
+    def draw(self, index: int, rng: random.Random) -> Sample:
         colour, other = rng.sample(sorted(COLOURS), 2)
         count, price = rng.randint(*self.counts), rng.randint(3, 19)
         s = self.image_size

@@ -30,10 +30,10 @@ from PIL import Image, ImageDraw, ImageFont
 
 from vlm_grpo.recipes.audit_hints import AuditHints
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
+from vlm_grpo.recipes.generated import GeneratedSamples
 from vlm_grpo.recipes.rewards import edit_distance, similarity, squash_spaces, tag_content, tags_filled
 
 WORDS_FILE = Path(__file__).parent / "data" / "words.txt"
-SPLIT_OFFSETS = {"train": 0, "test": 1_000_003, "eval": 1_000_003}
 LETTERS = string.ascii_lowercase
 COLUMNS, CELL_W, CELL_H, MARGIN = 7, 80, 52, 12
 FORMAT_PATTERN = r"<think>.*?</think>.*?<chars>.*?</chars>.*?<answer>.*?</answer>"
@@ -109,20 +109,12 @@ def reference_response(message: str, cipher: dict[str, str]) -> str:
 
 
 @dataclass
-class CryptogramDataset:
-    size: int
-    seed: int = 0
-    split: str = "train"
+class CryptogramDataset(GeneratedSamples):
+    stream = "cryptogram"
     max_words: int = 3
     image_size: int | None = None  # longest side after resizing (None: as drawn, 584 x 232)
 
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> Sample:
-        if not 0 <= index < self.size:
-            raise IndexError(index)
-        rng = random.Random(f"cryptogram/{self.seed}/{SPLIT_OFFSETS.get(self.split, 0) + index}")
+    def draw(self, index: int, rng: random.Random) -> Sample:
         words = word_list()
         message = " ".join(rng.choice(words) for _ in range(rng.randint(1, self.max_words)))
         cipher = random_cipher(rng)

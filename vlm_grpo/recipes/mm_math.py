@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import re
 import threading
-from pathlib import Path
 from typing import Any
 
 from vlm_grpo.recipes.audit_hints import AuditHints
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
-from vlm_grpo.recipes.rows import RecordDataset, RowChecker, load_records
+from vlm_grpo.recipes.file_recipe import read_samples, with_source_options
+from vlm_grpo.recipes.rows import RecordDataset, RowChecker
 from vlm_grpo.recipes.rewards import answer_or_text, normalize_answer, tags_filled
 
 SYSTEM_PROMPT = (
@@ -127,30 +127,18 @@ def check_row(checker: RowChecker, index: int, row: dict) -> dict:
     return record
 
 
-def build(
-    split: str = "train",
-    size: int | None = None,
-    seed: int = 0,
-    path: str | Path | None = None,
-    hub_id: str | None = None,
-    image_root: str | Path | None = None,
-    image_size: int | None = None,
-    on_bad_sample: str = "error",
-    dataset_config: str | None = None,
-    rows: Any = None,
-):
-    """The first `size` rows (all when 0/None); `seed` is unused (the order is the source's)."""
-    records = load_records(check_row, path, hub_id, split, size, image_root, on_bad_sample,
-                           dataset_config=dataset_config, rows=rows)
+def to_sample(record: dict, image_size: int | None) -> Sample:
+    return Sample(
+        prompt=[{"role": "system", "content": SYSTEM_PROMPT}, *user_turn(record["problem"])],
+        images=[record["image"].load(image_size)],
+        fields={"solution": record["solution"]},
+    )
 
-    def to_sample(record: dict) -> Sample:
-        return Sample(
-            prompt=[{"role": "system", "content": SYSTEM_PROMPT}, *user_turn(record["problem"])],
-            images=[record["image"].load(image_size)],
-            fields={"solution": record["solution"]},
-        )
 
-    return RecordDataset(records, to_sample)
+@with_source_options
+def build(**source: Any) -> RecordDataset:
+    """The first `size` rows (all when 0/None), in the source's order (recipes/file_recipe.py: the options)."""
+    return read_samples(check_row, to_sample, **source)
 
 
 RECIPE = Recipe(

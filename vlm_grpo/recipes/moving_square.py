@@ -19,11 +19,11 @@ from PIL import Image, ImageDraw
 
 from vlm_grpo.recipes.audit_hints import AuditHints
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
+from vlm_grpo.recipes.generated import GeneratedSamples
 from vlm_grpo.videos import Video
 
 DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
 QUESTION = "In which direction does the red square move: left, right, up or down?"
-SPLIT_OFFSETS = {"train": 0, "test": 1_000_003, "eval": 1_000_003}
 FRAME_RATE = 4.0  # frames per second the clip is said to be shot at (timestamps in the prompt for some families)
 _WORDS = re.compile(r"\b(left|right|up|down)\b", re.IGNORECASE)
 
@@ -50,20 +50,12 @@ def draw_clip(direction: str, frames: int, size: int, rng: random.Random) -> lis
 
 
 @dataclass
-class MovingSquareDataset:
-    size: int
-    seed: int = 0
-    split: str = "train"
+class MovingSquareDataset(GeneratedSamples):
+    stream = "moving_square"
     frames: int = 4
     frame_size: int = 56
 
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> Sample:
-        if not 0 <= index < self.size:
-            raise IndexError(index)
-        rng = random.Random(f"moving_square/{self.seed}/{SPLIT_OFFSETS.get(self.split, 0) + index}")
+    def draw(self, index: int, rng: random.Random) -> Sample:
         direction = rng.choice(sorted(DIRECTIONS))
         clip = Video(draw_clip(direction, self.frames, self.frame_size, rng), fps=FRAME_RATE)
         return Sample(

@@ -47,6 +47,7 @@ from PIL import Image, ImageDraw
 
 from vlm_grpo.recipes.audit_hints import AuditHints, generic_candidates, inline_think_layout
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
+from vlm_grpo.recipes.generated import GeneratedSamples
 from vlm_grpo.recipes.clevr_count import correctness, strict_format
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 160, 40), "blue": (30, 60, 220), "yellow": (235, 200, 20)}
@@ -228,22 +229,18 @@ REASONING = {"counts": lambda shapes, asked, counted: reasoning(shapes, asked),
 
 
 @dataclass
-class SceneDataset:
-    size: int
-    seed: int = 0
-    split: str = "train"
+class SceneDataset(GeneratedSamples):
+    stream = "scene_count"
     task: str = "count"
     image_size: int = 64
     reasoning: str = "counts"
     asks: str = "both"  # attribute questions: colour, kind or both
 
-    def __len__(self) -> int:
-        return self.size
+    def position(self, index: int) -> str:
+        """Every split is a stream of its own (named, not offset): the OOD splits are drawn differently anyway."""
+        return f"{self.split}/{index}"
 
-    def __getitem__(self, index: int) -> Sample:
-        if not 0 <= index < self.size:
-            raise IndexError(index)
-        rng = random.Random(f"scene_count/{self.seed}/{self.split}/{index}")
+    def draw(self, index: int, rng: random.Random) -> Sample:
         ood = self.split in OOD_SPLITS
         if self.task == "caption":
             shapes = scene(rng, ood)

@@ -16,6 +16,7 @@ from PIL import Image, ImageDraw
 
 from vlm_grpo.recipes.audit_hints import AuditHints
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
+from vlm_grpo.recipes.generated import GeneratedSamples
 
 SHAPES = ("triangles", "circles", "squares")
 CANVAS = 256
@@ -26,7 +27,6 @@ DESCRIPTION_WORDS = {
     "squares": ("square", "green", "rectangular"),
 }
 REASONING_WORDS = ("therefore", "so", "total", "the count is", "the answer is")
-SPLIT_OFFSETS = {"train": 0, "test": 1_000_003, "eval": 1_000_003}
 
 
 def draw_shapes(counts: dict[str, int], rng: random.Random) -> Image.Image:
@@ -73,21 +73,13 @@ def reference_mix(reference: str | dict[str, float]) -> dict[str, float]:
 
 
 @dataclass
-class ShapesDataset:
-    size: int
-    seed: int = 0
-    split: str = "train"
+class ShapesDataset(GeneratedSamples):
+    stream = "shapes"
     counts: tuple[int, int] = (1, 5)
     image_size: int = CANVAS  # images are drawn at 256 px and resized for small models
     reference: str | dict[str, float] = "chapter"  # style of Sample.reference (SFT only), or a mix of styles
 
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> Sample:
-        if not 0 <= index < self.size:
-            raise IndexError(index)
-        rng = random.Random(f"shapes/{self.seed}/{SPLIT_OFFSETS.get(self.split, 0) + index}")
+    def draw(self, index: int, rng: random.Random) -> Sample:
         counts = {s: rng.randint(*self.counts) for s in SHAPES}
         target = SHAPES[rng.randint(0, 2)]
         image = draw_shapes(counts, rng)
@@ -106,7 +98,7 @@ class ShapesDataset:
         if len(mix) == 1:
             return next(iter(mix))
         # its own random stream: the images and questions do not depend on the mix
-        draw = random.Random(f"shapes-style/{self.seed}/{SPLIT_OFFSETS.get(self.split, 0) + index}").random()
+        draw = self.rng(index, stream="shapes-style").random()
         for style, share in mix.items():
             draw -= share
             if draw < 0:

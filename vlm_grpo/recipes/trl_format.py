@@ -23,12 +23,12 @@ sample is taken; image paths only to that dataset's own files, see recipes/rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from vlm_grpo.adapters.batch import image_parts, video_parts
 from vlm_grpo.recipes.base import REWARD_ARGUMENTS, Recipe, Sample, user_turn
-from vlm_grpo.recipes.rows import ImageRef, RecordDataset, RowChecker, load_records
+from vlm_grpo.recipes.file_recipe import read_samples, with_source_options
+from vlm_grpo.recipes.rows import ImageRef, RecordDataset, RowChecker
 from vlm_grpo.recipes.video_rows import VideoSettings, check_videos
 
 ROLES = ("system", "user", "assistant")
@@ -162,40 +162,32 @@ def check_row(checker: RowChecker, index: int, row: dict, columns: Columns, vide
     }
 
 
+def to_sample(record: dict, image_size: int | None, video: VideoSettings = VideoSettings()) -> Sample:
+    images = [ref.load(image_size) for ref in record["images"]]
+    fields = dict(record["fields"])
+    if record["image_column"] is not None:  # rewards see the image column as TRL passes it: decoded
+        fields[record["image_column"]] = images if record["image_list"] else (images[0] if images else None)
+    return Sample(prompt=record["messages"], images=images, fields=fields, reference=record["reference"],
+                  data_prompt=record["data_prompt"], videos=[ref.load(video) for ref in record["videos"]])
+
+
+@with_source_options
 def build(
-    split: str = "train",
-    size: int | None = None,
-    seed: int = 0,
-    path: str | Path | None = None,
-    hub_id: str | None = None,
-    image_root: str | Path | None = None,
-    image_size: int | None = None,
     prompt_key: str | None = None,
     image_key: str | None = None,
     answer_key: str | None = None,
-    on_bad_sample: str = "error",
-    dataset_config: str | None = None,
-    rows: Any = None,
     video_frames: int = 8,
     video_fps: float = 0.0,
     max_video_frames: int = 16,
     video_max_pixels: int = 224 * 224,
-):
-    """The first `size` rows (all when 0/None); `seed` is unused (the order is the source's)."""
+    **source: Any,
+) -> RecordDataset:
+    """The first `size` rows (all when 0/None), in the source's order (recipes/file_recipe.py: the options); the
+    column names and the video settings are this recipe's own."""
     columns = Columns(prompt_key or "prompt", image_key, answer_key)
     video = VideoSettings(video_frames, video_fps, max_video_frames, video_max_pixels)
-    records = load_records(lambda c, i, r: check_row(c, i, r, columns, video), path, hub_id, split, size, image_root,
-                           on_bad_sample, dataset_config=dataset_config, rows=rows)
-
-    def to_sample(record: dict) -> Sample:
-        images = [ref.load(image_size) for ref in record["images"]]
-        fields = dict(record["fields"])
-        if record["image_column"] is not None:  # rewards see the image column as TRL passes it: decoded
-            fields[record["image_column"]] = images if record["image_list"] else (images[0] if images else None)
-        return Sample(prompt=record["messages"], images=images, fields=fields, reference=record["reference"],
-                      data_prompt=record["data_prompt"], videos=[ref.load(video) for ref in record["videos"]])
-
-    return RecordDataset(records, to_sample)
+    return read_samples(lambda c, i, r: check_row(c, i, r, columns, video),
+                        lambda record, image_size: to_sample(record, image_size, video), **source)
 
 
 RECIPE = Recipe(

@@ -17,12 +17,12 @@ R1-style instruction to think in <think> </think> and answer in <answer> </answe
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 from vlm_grpo.recipes.audit_hints import AuditHints, inline_think_layout
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
-from vlm_grpo.recipes.rows import RecordDataset, RowChecker, load_records
+from vlm_grpo.recipes.file_recipe import read_samples, with_source_options
+from vlm_grpo.recipes.rows import RecordDataset, RowChecker
 from vlm_grpo.recipes.rewards import answer_or_text, tags_filled
 
 QUESTION = "Is the following statement true: {caption}"
@@ -76,34 +76,22 @@ def format_reward(completions: list[str], **_) -> list[float]:
             for t in completions]
 
 
-def build(
-    split: str = "train",
-    size: int | None = None,
-    seed: int = 0,
-    path: str | Path | None = None,
-    hub_id: str | None = None,
-    image_root: str | Path | None = None,
-    image_size: int | None = None,
-    on_bad_sample: str = "error",
-    dataset_config: str | None = None,
-    rows: Any = None,
-):
-    """The first `size` rows of the split (all when size is 0/None); `seed` is unused (the order is the file's)."""
-    records = load_records(check_row, path, hub_id, split, size, image_root, on_bad_sample,
-                           dataset_config=dataset_config, rows=rows)
+def to_sample(record: dict, image_size: int | None) -> Sample:
+    return Sample(
+        prompt=user_turn(QUESTION.format(caption=record["caption"]) + INSTRUCTION),
+        images=[record["image"].load(image_size)],
+        fields={
+            "solution": "True" if record["label"] else "False",
+            "relation": record["relation"],
+            "caption": record["caption"],
+        },
+    )
 
-    def to_sample(record: dict) -> Sample:
-        return Sample(
-            prompt=user_turn(QUESTION.format(caption=record["caption"]) + INSTRUCTION),
-            images=[record["image"].load(image_size)],
-            fields={
-                "solution": "True" if record["label"] else "False",
-                "relation": record["relation"],
-                "caption": record["caption"],
-            },
-        )
 
-    return RecordDataset(records, to_sample)
+@with_source_options
+def build(**source: Any) -> RecordDataset:
+    """The first `size` rows of the split (all when 0/None), in the file's order (recipes/file_recipe.py: the options)."""
+    return read_samples(check_row, to_sample, **source)
 
 
 RECIPE = Recipe(

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from PIL import Image, ImageDraw
 
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
+from vlm_grpo.recipes.generated import GeneratedSamples
 from vlm_grpo.recipes.tool_rewards import final_number_answer, tool_use
 
-SPLIT_OFFSETS = {"train": 0, "test": 1_000_003, "eval": 1_000_003}
 # Seven-segment digits: which of the segments a b c d e f g (top, upper right, lower right, bottom, lower left,
 # upper left, middle) each digit lights.
 SEGMENTS = {"0": "abcdef", "1": "bc", "2": "abdeg", "3": "abcdg", "4": "bcfg", "5": "acdfg", "6": "acdefg",
@@ -75,23 +75,15 @@ class ZoomEnvironment:
 
 
 @dataclass
-class ZoomDataset:
-    size: int
-    seed: int = 0
-    split: str = "train"
+class ZoomDataset(GeneratedSamples):
+    stream = "zoom"
     digits: int = 3
     canvas: int = 512
     view_size: int = 64
     digit_height: int = 14
     zoom_size: int = 128
 
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> Sample:
-        if not 0 <= index < self.size:
-            raise IndexError(index)
-        rng = random.Random(f"zoom/{self.seed}/{SPLIT_OFFSETS.get(self.split, 0) + index}")
+    def draw(self, index: int, rng: random.Random) -> Sample:
         digits = "".join(rng.choice("0123456789") for _ in range(self.digits))
         canvas = draw_canvas(digits, rng, self.canvas, self.digit_height)
         question = (f"The picture is {self.canvas}x{self.canvas} pixels, shown here small. Read the {self.digits} "

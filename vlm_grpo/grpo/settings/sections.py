@@ -245,8 +245,8 @@ class LoggingConfig:
                                       "TRL's save_strategy='no' is save_every 0 and this false)")
     progress: bool = setting(True, help="show a progress bar")
     save_merged: bool = setting(True, help="with LoRA, also write final/merged (the full model, deltas folded in)")
-    plot: bool = setting(False, help="train/sft commands: write the run's charts to <output_dir>/plots at the end")
-    report: bool = setting(True, help="train/sft commands: write <output_dir>/report.html at the end (curves, "
+    plot: bool = setting(False, help="write the run's charts to <output_dir>/plots at the end")
+    report: bool = setting(True, help="write <output_dir>/report.html at the end (curves, "
                            "completions with their images; `vlm-grpo report` writes it for any run)")
     run_name: str | None = setting(None, help="the run's name in wandb / mlflow")
     push_to_hub: bool = setting(False, help="push final/ (weights or LoRA adapter, processor, model card) to the hub")
