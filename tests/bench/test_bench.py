@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from vlm_grpo.cli import main
 
 
@@ -18,6 +20,15 @@ def test_bench_runs_both_frameworks_and_counts_images(tmp_path):
     report = json.loads(out.read_text())
     ours, trl = report["results"]["vlm-grpo"], report["results"]["trl"]
     assert ours["mean_completion_length"] == trl["mean_completion_length"] and 1 <= ours["mean_completion_length"] < 4
+    # the phase table, timed the same way in both: every phase of the step seen, and together they are the step
+    from vlm_grpo.bench.phases import PHASES
+
+    for result in (ours, trl):
+        phases = result["phases_s"]
+        assert list(phases) == list(PHASES) and all(v >= 0 for v in phases.values())
+        assert all(phases[p] > 0 for p in ("preprocessing", "generate", "vision encoder", "LM forward, with grad",
+                                           "backward", "optimizer"))
+        assert sum(phases.values()) == pytest.approx(result["step_times_s"][0], rel=0.05)
     assert ours["step_time_s"] > 0 and trl["step_time_s"] > 0
     assert ours["step_cpu_time_s"] > 0 and trl["step_cpu_time_s"] > 0  # the process's CPU seconds per step
     assert report["settings"]["model"] == "tiny:qwen2_5_vl" and "trl" in report["versions"]

@@ -81,9 +81,14 @@ def group_parameters(layout: ModuleLayout, model: torch.nn.Module, family: str =
 
 def vision_module(layout: ModuleLayout, model: torch.nn.Module, family: str = "") -> torch.nn.Module:
     """The vision tower: the deepest module that holds every `vision` parameter (for call counting)."""
-    names = [n.split(".")[:-1] for n, _ in model.named_parameters() if layout.group_of(n, family) == "vision"]
+    return group_module(layout, model, "vision", family)
+
+
+def group_module(layout: ModuleLayout, model: torch.nn.Module, group: str, family: str = "") -> torch.nn.Module:
+    """The deepest module that holds every parameter of module group `group` (for call counting and timing)."""
+    names = [n.split(".")[:-1] for n, _ in model.named_parameters() if layout.group_of(n, family) == group]
     if not names:
-        raise ValueError(f"{family}: no vision parameters")
+        raise ValueError(f"{family}: no {group} parameters")
     prefix = names[0]
     for parts in names[1:]:
         k = 0

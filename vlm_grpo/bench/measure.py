@@ -24,6 +24,7 @@ class FrameworkResult:
     completion_tokens_per_step: float = 0  # B x G x T, or the drawn lengths' sum per measured step
     mean_length: float | None = None  # drawn completion lengths (bench --lengths), over the measured steps
     parts: dict[str, Any] | None = None  # vLLM rollouts: where the step's time went (engine_parts.py)
+    phases: dict[str, float] | None = None  # median seconds per step in each phase (phases.py)
 
     @property
     def step_time(self) -> float:
@@ -52,6 +53,7 @@ class FrameworkResult:
             "step_times_s": self.step_times,
             "rollout_times_s": self.rollout_times,
             **({"parts": self.parts} if self.parts is not None else {}),
+            **({"phases_s": self.phases} if self.phases else {}),
         }
 
 

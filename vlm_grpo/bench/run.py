@@ -80,6 +80,13 @@ def format_report(report: dict[str, Any]) -> str:
         if r.get("mean_completion_length") is not None:
             lines.append(f"\n{name}: completions ended at drawn lengths, mean {r['mean_completion_length']:.1f} "
                          f"tokens over the measured steps")
+    phased = {name: r["phases_s"] for name, r in report["results"].items() if r.get("phases_s")}
+    if phased:
+        names = list(phased)
+        lines += ["", "where a step's time goes (median seconds per step; bench/phases.py):", "",
+                  "| phase | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for phase in next(iter(phased.values())):
+            lines.append(f"| {phase} | " + " | ".join(f"{phased[n].get(phase, 0.0):.3f}" for n in names) + " |")
     for name, r in report["results"].items():
         if "parts" in r:
             parts = ", ".join(f"{k[:-2].replace('_', ' ')} {v:.3f} s" for k, v in r["parts"].items()

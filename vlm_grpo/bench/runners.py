@@ -21,6 +21,7 @@ from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.bench.engine_parts import EngineParts
 from vlm_grpo.bench.lengths import LengthPlan, end_generations_at, parse_lengths
 from vlm_grpo.bench.measure import FrameworkResult, PeakMemory, sync
+from vlm_grpo.bench.phases import PhaseClock
 from vlm_grpo.bench.settings import BenchSettings, precision_on
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
 from vlm_grpo.grpo.settings.sections import OptimConfig
@@ -134,6 +135,8 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
     result = FrameworkResult("vlm-grpo")
     plan = _end_at_drawn_lengths(settings, trainer.adapter.model, trainer.adapter.eos_token_ids[0])
     parts = EngineParts(trainer) if settings.engine == "vllm" else None  # opens the engine, timed
+    clock = PhaseClock(trainer.adapter, [trainer.adapter.model] + ([trainer.reference] if trainer.reference is not None
+                                                                  else []), trainer.adapter.model)
     for step in range(settings.warmup):
         trainer.train_step(step)
     first = len(plan.drawn) if plan else 0
@@ -143,8 +146,10 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
             if parts:
                 parts.begin_step()
             started, cpu = time.perf_counter(), time.process_time()
+            clock.begin_step()
             metrics = trainer.train_step(step)
             sync(device)
+            clock.end_step()
             result.step_times.append(time.perf_counter() - started)
             result.step_cpu_times.append(time.process_time() - cpu)
             result.rollout_times.append(trainer.timings["rollout"])
@@ -154,6 +159,8 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
                 parts.end_step()
     result.peak_memory_bytes, result.memory_kind = memory.peak, memory.kind
     _count_tokens(result, settings, plan, first)
+    clock.close()
+    result.phases = clock.summary()
     if parts:
         result.parts = parts.summary()
     trainer.vision_counter.close()
@@ -237,6 +244,7 @@ def run_trl(settings: BenchSettings, source: str, device: torch.device, work: Pa
     state: dict[str, Any] = {"first": 0}
     models = [trainer.model] + ([trainer.ref_model] if trainer.ref_model is not None else [])
     counter = VisionCounter(adapter, models)
+    clock = PhaseClock(adapter, models, trainer.model)
     memory = PeakMemory(device)
 
     generate = trainer._generate  # instrumentation only: time TRL's rollout (tokenize + generate + decode)
@@ -259,11 +267,14 @@ def run_trl(settings: BenchSettings, source: str, device: torch.device, work: Pa
             counter.reset()
             sync(device)
             state["start"], state["cpu"] = time.perf_counter(), time.process_time()
+            if st.global_step >= settings.warmup:
+                clock.begin_step()
 
         def on_step_end(self, args, st, control, **kw):
             sync(device)
             elapsed = time.perf_counter() - state["start"]
             if st.global_step > settings.warmup:  # global_step is already incremented here
+                clock.end_step()
                 result.step_times.append(elapsed)
                 result.step_cpu_times.append(time.process_time() - state["cpu"])
                 result.rollout_times.append(state["rollout"])
@@ -282,6 +293,8 @@ def run_trl(settings: BenchSettings, source: str, device: torch.device, work: Pa
     result.peak_memory_bytes, result.memory_kind = memory.peak, memory.kind
     _count_tokens(result, settings, plan, state["first"])
     counter.close()
+    clock.close()
+    result.phases = clock.summary()
     del trainer, adapter
     gc.collect()
     return result
