@@ -47,6 +47,10 @@ class ReadsUnknown(Counted):
 
 class SettingsAsText(Counted):
     settings = "gmpo_clip"
+
+
+class SettingsAsNumber(Counted):
+    settings = 3
 '''
 
 
@@ -93,6 +97,7 @@ def test_a_loss_may_read_a_field_of_the_loss_section(user_module):
 @pytest.mark.parametrize("cls, says", [
     ("ReadsUnknown", "it declares settings (no_such_option), which are not fields of the loss section"),
     ("SettingsAsText", "settings 'gmpo_clip' is not a tuple of the loss section's field names"),
+    ("SettingsAsNumber", "settings 3 is not a tuple of the loss section's field names"),
 ])
 def test_a_loss_naming_no_field_is_refused(user_module, cls, says):
     with pytest.raises(SettingError) as err:

@@ -88,11 +88,13 @@ class MetricStats:
 
 
 def _check(cls: type[PolicyLoss], imported: bool) -> None:
+    """The same rules for a registered class and one imported by path (whether its settings are fields of the loss
+    section is checked when the settings are read: LossConfig)."""
     normalisation = getattr(cls, "normalisation", None)
     if normalisation not in NORMALISATIONS:
         raise ValueError(f"loss {cls.__name__}: normalisation {normalisation!r} is not one of {list(NORMALISATIONS)}")
     names = getattr(cls, "settings", ())
-    if isinstance(names, str) or not all(isinstance(name, str) for name in names):
+    if not isinstance(names, (tuple, list, dict)) or not all(isinstance(name, str) for name in names):
         raise ValueError(f"loss {cls.__name__}: settings {names!r} is not a tuple of the loss section's field names")
 
 
