@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from vlm_grpo.grpo.algorithm.advantages import ADVANTAGES, reward_scores
-from vlm_grpo.grpo.algorithm.losses import LOSSES, LossConfig, policy_loss
+from vlm_grpo.grpo.algorithm.losses import LOSSES, LossConfig, LossInputs, policy_loss
 from vlm_grpo.grpo.algorithm.losses.config import IMPORTANCE_SAMPLING_LEVELS
 from vlm_grpo.grpo.setting_fields import SettingError
 
@@ -87,14 +87,14 @@ def test_every_loss_raises_the_likelihood_of_an_advantaged_completion_only(name)
     logps = torch.full((len(LENGTHS), T), -1.0, dtype=torch.float64, requires_grad=True)
     advantages = torch.zeros(len(LENGTHS), dtype=torch.float64)
     advantages[2] = 1.0
-    loss, metrics = policy_loss(logps, None, None, advantages, mask, _loss_config(name, max_completion_length=T))
+    loss, metrics = policy_loss(LossInputs(logps, advantages, mask), _loss_config(name, max_completion_length=T))
     (grad,) = torch.autograd.grad(loss, logps)
     assert torch.isfinite(loss) and metrics["loss"] == pytest.approx(loss.item())
     assert torch.all(grad[2][mask[2] > 0] < 0)  # minus the gradient points up every trained token's log-prob
     others = torch.ones(len(LENGTHS), dtype=torch.bool)
     others[2] = False
     assert torch.all(grad[others] == 0) and torch.all(grad[mask == 0] == 0)
-    flat, _ = policy_loss(logps, None, None, torch.zeros_like(advantages), mask, _loss_config(name))
+    flat, _ = policy_loss(LossInputs(logps, torch.zeros_like(advantages), mask), _loss_config(name))
     assert torch.all(torch.autograd.grad(flat, logps)[0] == 0)
 
 
@@ -215,7 +215,7 @@ def test_gmpo_matches_the_paper_s_objective_and_gradient(clip):
     advantages = torch.randn(rows, generator=g, dtype=torch.float64)
     advantages[3] = 0.0
     cfg = LossConfig(loss_type="gmpo", gmpo_clip=clip)
-    ours, metrics = policy_loss(logps(), old, None, advantages, mask, cfg)
+    ours, metrics = policy_loss(LossInputs(logps(), advantages, mask, old_logps=old), cfg)
     (grad_ours,) = torch.autograd.grad(ours, logits)
     want = gmpo_reference(logps(), old, advantages, mask, clip)
     (grad_want,) = torch.autograd.grad(want, logits)
@@ -232,6 +232,6 @@ def test_gmpo_matches_the_paper_s_objective_and_gradient(clip):
 def test_gmpo_on_policy_is_minus_the_mean_advantage_of_non_empty_rows():
     advantages = torch.tensor([1.0, -2.0, 0.5, 3.0])
     mask = torch.tensor([[1.0, 1, 0], [1, 0, 0], [0, 0, 0], [1, 1, 1]])
-    loss, _ = policy_loss(torch.zeros(4, 3, requires_grad=True), None, None, advantages, mask,
+    loss, _ = policy_loss(LossInputs(torch.zeros(4, 3, requires_grad=True), advantages, mask),
                           LossConfig(loss_type="gmpo"))
     assert loss.item() == pytest.approx(-(1.0 - 2.0 + 3.0) / 4, abs=1e-7)

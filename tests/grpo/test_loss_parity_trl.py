@@ -30,7 +30,7 @@ from trl.trainer.utils import nanstd  # noqa: E402
 
 from vlm_grpo.grpo.algorithm.advantages import reward_scores  # noqa: E402
 from vlm_grpo.grpo.algorithm.advantages.group import GroupRelative, group_advantages  # noqa: E402
-from vlm_grpo.grpo.algorithm.losses import LOSSES, EntropyControl, LossConfig, policy_loss  # noqa: E402
+from vlm_grpo.grpo.algorithm.losses import LOSSES, EntropyControl, LossConfig, LossInputs, policy_loss  # noqa: E402
 from vlm_grpo.grpo.algorithm.losses.clipped import ClippedSurrogate  # noqa: E402
 from vlm_grpo.grpo.algorithm.losses.config import IMPORTANCE_SAMPLING_LEVELS  # noqa: E402
 from vlm_grpo.grpo.setting_fields import SettingError  # noqa: E402
@@ -168,8 +168,10 @@ def trl_loss(fake: GRPOTrainer, case: Case, num_items: float) -> tuple[torch.Ten
 
 
 def our_loss(cfg, case: Case, control: EntropyControl, normalizer=None, share: float = 1.0):
-    return policy_loss(case.logps(), case.old, case.ref if cfg.beta else None, case.advantages, case.mask, cfg,
-                       entropy=case.entropy(), normalizer=normalizer, share=share, entropy_control=control)
+    inputs = LossInputs(case.logps(), case.advantages, case.mask, old_logps=case.old,
+                        ref_logps=case.ref if cfg.beta else None, entropy=case.entropy(), normalizer=normalizer,
+                        share=share)
+    return policy_loss(inputs, cfg, entropy_control=control)
 
 
 def _refused(**kw) -> bool:
@@ -486,11 +488,11 @@ def test_on_policy_loss_values_by_hand():
         "luspo": weighted / B,
     }
     for loss_type, value in expected.items():
-        loss, metrics = policy_loss(logps, None, None, adv, mask, config(loss_type=loss_type))
+        loss, metrics = policy_loss(LossInputs(logps, adv, mask), config(loss_type=loss_type))
         tol = 1e-7 if loss_type == "sapo" else 1e-12  # TRL and ours hold sapo's temperatures as float32
         assert loss.item() == pytest.approx(value.item(), abs=tol), loss_type
         assert "kl" not in metrics
-    loss, _ = policy_loss(logps, None, None, adv, mask, config(loss_type="dapo"), normalizer=100)
+    loss, _ = policy_loss(LossInputs(logps, adv, mask, normalizer=100), config(loss_type="dapo"))
     assert loss.item() == pytest.approx(weighted.item() / 100, abs=1e-12)
 
 
@@ -530,15 +532,15 @@ def test_loss_rejects_bad_arguments():
     x = torch.zeros(2, 3)
     adv, mask = torch.zeros(2), torch.ones(2, 3)
     with pytest.raises(ValueError, match="ref_logps is required"):
-        policy_loss(x, None, None, adv, mask, LossConfig(beta=0.04))
+        policy_loss(LossInputs(x, adv, mask), LossConfig(beta=0.04))
     with pytest.raises(ValueError, match="completion_mask must have shape"):
-        policy_loss(x, None, None, adv, torch.ones(2, 4), LossConfig())
+        policy_loss(LossInputs(x, adv, torch.ones(2, 4)), LossConfig())
     with pytest.raises(ValueError, match="advantages"):
-        policy_loss(x, None, None, torch.zeros(3), mask, LossConfig())
+        policy_loss(LossInputs(x, torch.zeros(3), mask), LossConfig())
     with pytest.raises(ValueError, match="normalizer"):
-        policy_loss(x, None, None, adv, mask, LossConfig(), normalizer=-1)
+        policy_loss(LossInputs(x, adv, mask, normalizer=-1), LossConfig())
     with pytest.raises(ValueError, match="entropy is required"):
-        policy_loss(x, None, None, adv, mask, LossConfig(entropy_coef=0.1))
+        policy_loss(LossInputs(x, adv, mask), LossConfig(entropy_coef=0.1))
 
 
 def test_normalizer_is_step_tokens_only_and_clamped():
@@ -546,13 +548,13 @@ def test_normalizer_is_step_tokens_only_and_clamped():
     adv, mask = torch.tensor([1.0, -3.0]), torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     for loss_type in ("grpo", "dr_grpo", "bnpo", "sapo", "luspo"):
         cfg = config(loss_type=loss_type)
-        plain, _ = policy_loss(logps, None, None, adv, mask, cfg)
-        given, _ = policy_loss(logps, None, None, adv, mask, cfg, normalizer=torch.tensor(50.0))
+        plain, _ = policy_loss(LossInputs(logps, adv, mask), cfg)
+        given, _ = policy_loss(LossInputs(logps, adv, mask, normalizer=torch.tensor(50.0)), cfg)
         assert given.item() == plain.item(), loss_type
     # An all-empty batch: a zero token count is clamped to 1 (TRL: num_items_in_batch.clamp(min=1.0)), not 0/0.
     for normalizer in (None, 0, torch.tensor(0.0)):
-        loss, _ = policy_loss(logps, None, None, adv, torch.zeros(2, 3), LossConfig(), normalizer=normalizer)
+        loss, _ = policy_loss(LossInputs(logps, adv, torch.zeros(2, 3), normalizer=normalizer), LossConfig())
         assert loss.item() == 0.0
-    loss, _ = policy_loss(logps, None, None, adv, mask, LossConfig(), normalizer=torch.tensor(0.5))
+    loss, _ = policy_loss(LossInputs(logps, adv, mask, normalizer=torch.tensor(0.5)), LossConfig())
     assert loss.item() == pytest.approx(1.0)  # -(2*1 + 1*(-3)) / max(0.5, 1)
     assert not math.isnan(loss.item())

@@ -21,7 +21,7 @@ trl = pytest.importorskip("trl")
 from trl import GRPOTrainer  # noqa: E402
 
 from tests.grpo.test_loss_parity_trl import B, T, TOL, _trl_trainer, config, make_case  # noqa: E402
-from vlm_grpo.grpo.algorithm.losses import EntropyControl, policy_loss  # noqa: E402
+from vlm_grpo.grpo.algorithm.losses import EntropyControl, LossInputs, policy_loss  # noqa: E402
 from vlm_grpo.grpo.algorithm.sampling_correction import sampling_correction  # noqa: E402
 
 MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
@@ -113,11 +113,12 @@ def test_loss_with_the_correction_matches_trl(loss_type, mode):
     }
     theirs = GRPOTrainer._compute_loss(fake, None, inputs)
     (grad_theirs,) = torch.autograd.grad(theirs, case.logits)
-    ours, _ = policy_loss(case.logps(), trainer, case.ref, case.advantages, case.mask, cfg, entropy=case.entropy(),
-                          entropy_control=EntropyControl(cfg), sampling_logps=engine, sampling_ratio=correction.ratio)
+    ours, _ = policy_loss(LossInputs(case.logps(), case.advantages, case.mask, old_logps=trainer, ref_logps=case.ref,
+                                     entropy=case.entropy(), sampling_logps=engine, sampling_ratio=correction.ratio),
+                          cfg, entropy_control=EntropyControl(cfg))
     (grad_ours,) = torch.autograd.grad(ours, case.logits)
     assert abs(ours.item() - theirs.item()) <= TOL
     assert (grad_ours - grad_theirs).abs().max().item() <= TOL and grad_theirs.abs().max().item() > 1e-3
-    plain, _ = policy_loss(case.logps(), trainer, case.ref, case.advantages, case.mask, cfg, entropy=case.entropy(),
-                           entropy_control=EntropyControl(cfg))
+    plain, _ = policy_loss(LossInputs(case.logps(), case.advantages, case.mask, old_logps=trainer, ref_logps=case.ref,
+                                      entropy=case.entropy()), cfg, entropy_control=EntropyControl(cfg))
     assert abs(plain.item() - ours.item()) > 1e-6  # the correction changed the loss

@@ -15,7 +15,7 @@ from vlm_grpo.adapters.sharing import empty_static_cache, generate_shared, image
 from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
 from vlm_grpo.grpo.logprobs.completions import ScoreOptions, group_scores, token_logprobs_and_entropy
-from vlm_grpo.grpo.algorithm.losses import LossConfig, policy_loss as grpo_loss
+from vlm_grpo.grpo.algorithm.losses import LossConfig, LossInputs, policy_loss as grpo_loss
 from vlm_grpo.api.trainers import GRPOTrainer
 from tests.trained import trained
 
@@ -49,7 +49,7 @@ def _vision_param(adapter) -> torch.nn.Parameter:
 def _loss(logps, mask):
     adv = torch.linspace(-1.0, 1.0, logps.shape[0])
     ref = logps.detach() + 0.01
-    return grpo_loss(logps, None, ref, adv, mask, LossConfig(beta=0.04, max_completion_length=T))[0]
+    return grpo_loss(LossInputs(logps, adv, mask, ref_logps=ref), LossConfig(beta=0.04, max_completion_length=T))[0]
 
 
 def _forward(adapter, prompts, ids, mask, **kwargs):

@@ -14,7 +14,7 @@ import torch
 
 from tests.conftest import tiny_adapter
 from tests.grpo.tool_scripts import call_text, every_family, scripted_rollout
-from vlm_grpo.grpo.algorithm.losses import LossConfig, policy_loss
+from vlm_grpo.grpo.algorithm.losses import LossConfig, LossInputs, policy_loss
 from vlm_grpo.grpo.logprobs.completions import ScoreOptions, group_scores
 
 TOL = 1e-5  # as the shared-feature and shared-prompt tests
@@ -94,7 +94,7 @@ def test_tool_result_tokens_get_no_gradient():
     logps.retain_grad()
     loss_mask = ro.completion_mask * ro.tool_mask
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
-    loss, _ = policy_loss(logps, None, logps.detach() + 0.01, advantages, loss_mask,
+    loss, _ = policy_loss(LossInputs(logps, advantages, loss_mask, ref_logps=logps.detach() + 0.01),
                           LossConfig(beta=0.04, max_completion_length=200))
     loss.backward()
     tool_tokens = ro.completion_mask.bool() & ~ro.tool_mask.bool()

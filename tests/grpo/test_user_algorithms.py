@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vlm_grpo.grpo.algorithm.advantages import ADVANTAGES, reward_scores
-from vlm_grpo.grpo.algorithm.losses import LOSSES, LossConfig, policy_loss
+from vlm_grpo.grpo.algorithm.losses import LOSSES, LossConfig, LossInputs, policy_loss
 from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.settings.sources import load_config
 
@@ -63,7 +63,7 @@ def test_a_user_loss_computes_through_the_shared_objective(user_module):
     logps = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.7, -1.1]], requires_grad=True)
     old = logps.detach() - torch.tensor([[0.1, -0.2, 0.0], [0.3, 0.0, 0.0]])
     advantages, mask = torch.tensor([1.0, -2.0]), torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
-    loss, metrics = policy_loss(logps, old, None, advantages, mask, cfg)
+    loss, metrics = policy_loss(LossInputs(logps, advantages, mask, old_logps=old), cfg)
     ratio = torch.exp(logps - old)
     want = (-(ratio * advantages[:, None]) * mask).sum() / mask.sum()
     assert loss.item() == pytest.approx(want.item(), abs=1e-6)

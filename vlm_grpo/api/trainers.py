@@ -27,7 +27,7 @@ from vlm_grpo.api.parts import reward_processing_list
 from vlm_grpo.api.trl_arguments import settings_of
 from vlm_grpo.api.trl_fields import LIGER
 from vlm_grpo.api.trl_surface import settable
-from vlm_grpo.grpo.algorithm.losses import EntropyControl
+from vlm_grpo.grpo.algorithm.losses import Collective, EntropyControl, PolicyObjective
 from vlm_grpo.grpo.algorithm.sampling_correction import weigh_by_engine
 from vlm_grpo.grpo.data.order import step_seed
 from vlm_grpo.grpo.distributed import fsdp
@@ -145,9 +145,14 @@ class GRPOTrainer(Stage):
         self.watch = HackingWatch(ctx, data, policy, score=self.scorer.policy_logps)  # the reward audit, now
         self.sampler = Sampler(ctx, policy, self.scorer, self.toolset, chat_format, inputs.rollout_func, owner=self)
         self.scoring = Scoring(ctx, data.rewards, self.scorer)
-        self.policy_update = PolicyUpdate(ctx, policy, self.scorer, self.entropy_control, self.reference)
+        # the loss, built once: the update's statistics cross processes and step the entropy control; the sampled
+        # evaluation's are its own process's, and it leaves the entropy control alone (no update follows)
+        collective = Collective(reduce_sum=lambda x: ctx.accelerator.reduce(x, reduction="sum"), gather=ctx.gather_tensor)
+        objective = PolicyObjective(cfg.loss, entropy_control=self.entropy_control, collective=collective)
+        self.policy_update = PolicyUpdate(ctx, policy, self.scorer, objective, self.reference)
         self.step_log = StepLog(ctx, data.rewards, policy, self.vision_counter, self.watch.flags)
-        self.sampled_evaluation = SampledEvaluation(ctx, self.sampler, self.scoring, self.scorer)
+        self.sampled_evaluation = SampledEvaluation(ctx, self.sampler, self.scoring, self.scorer,
+                                                    PolicyObjective(cfg.loss))
         if cfg.rollout.uses_vllm and self.toolset.enabled:
             raise ValueError("rollout.engine vllm samples one turn; this run has tools (the recipe's or yours): use "
                              "rollout.engine transformers, or tools.recipe_tools false")

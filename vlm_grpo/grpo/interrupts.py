@@ -1,14 +1,14 @@
 """What may interrupt a run, told apart: a real SIGINT/SIGTERM (`StopSignal`) and user code that exits.
 
 A reward that calls `sys.exit()` or raises `KeyboardInterrupt` must not look like a finished or a stopped run: it is
-an error of that reward (`UserCodeExit`), and the run saves its last completed step and exits non-zero. A real
-signal raises `StopSignal`, a `KeyboardInterrupt` that user code cannot be confused with.
+an error of that reward (grpo/user_calls.py says how it left, with `exit_reason`), and the run saves its last
+completed step and exits non-zero. A real signal raises `StopSignal`, a `KeyboardInterrupt` that user code cannot be
+confused with.
 """
 
 from __future__ import annotations
 
 import signal
-from typing import Any, Callable
 
 
 class StopSignal(KeyboardInterrupt):
@@ -33,23 +33,8 @@ class StopSignal(KeyboardInterrupt):
         return self.message
 
 
-class UserCodeExit(RuntimeError):
-    """User code (a reward function) called sys.exit() or raised KeyboardInterrupt instead of returning."""
-
-
 def exit_reason(err: BaseException) -> str:
     """How user code tried to leave: `called sys.exit(0)` / `raised KeyboardInterrupt`."""
     if isinstance(err, SystemExit):
         return f"called sys.exit({err.code!r})"
     return f"raised {type(err).__name__}"
-
-
-def call_user(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """`fn(*args, **kwargs)` with sys.exit() and a KeyboardInterrupt of its own turned into UserCodeExit (a real
-    signal's StopSignal passes through)."""
-    try:
-        return fn(*args, **kwargs)
-    except StopSignal:
-        raise
-    except (SystemExit, KeyboardInterrupt) as err:
-        raise UserCodeExit(exit_reason(err)) from None

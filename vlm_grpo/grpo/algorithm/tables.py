@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from vlm_grpo.grpo.algorithm.advantages import ADVANTAGES
 from vlm_grpo.grpo.algorithm.losses import LOSSES
+from vlm_grpo.grpo.algorithm.losses.config import LOSS_FIELDS
 
 
 def _row(cells: list[str]) -> str:
@@ -15,7 +16,7 @@ def _row(cells: list[str]) -> str:
 def losses_table() -> str:
     rows = [_row(["`--loss-type`", "definition", "own settings (default)", "TRL 1.16", "paper"]), _row(["---"] * 5)]
     for name, cls in sorted(LOSSES.items()):
-        own = ", ".join(f"`{key}` ({field.default})" for key, field in cls.settings.items()) or "-"
+        own = ", ".join(f"`{key}` ({LOSS_FIELDS[key].default})" for key in cls.settings) or "-"
         trl = f"`{cls.trl_loss_type}`" if cls.trl_loss_type else "-"
         rows.append(_row([f"`{name}`", cls.summary, own, trl, cls.paper]))
     return "\n".join(rows)

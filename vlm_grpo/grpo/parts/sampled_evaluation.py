@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from vlm_grpo.grpo.algorithm.losses import policy_loss
+from vlm_grpo.grpo.algorithm.losses import LossInputs, PolicyObjective
 from vlm_grpo.grpo.rewards.scoring import nan_mean, nan_std
 
 
@@ -27,8 +27,9 @@ def _generations(cfg, g: int):
 
 
 class SampledEvaluation:
-    def __init__(self, ctx, sampler, scoring, scorer):
+    def __init__(self, ctx, sampler, scoring, scorer, objective: PolicyObjective):
         self.ctx, self.cfg, self.sampler, self.scoring, self.scorer = ctx, ctx.cfg, sampler, scoring, scorer
+        self.objective = objective  # the run's loss without the entropy control (no update follows)
 
     def run(self, source, step: int) -> dict[str, float]:
         """Metrics (unprefixed) over every sample of `source`, in batches of data.batch_size prompts."""
@@ -46,8 +47,8 @@ class SampledEvaluation:
                 traj = self.scoring.score(samples, rows, sampled, step).trajectory
                 traj.ref_logps = self.scorer.reference_logps(traj)
                 scores = self.scorer.scores(traj, list(range(len(traj))), self.scorer.policy.model, with_entropy=True)
-                loss, _ = policy_loss(scores.logps, None, traj.ref_logps, traj.advantages, traj.loss_mask, cfg.loss,
-                                      entropy=scores.entropy)
+                loss, _ = self.objective(LossInputs(scores.logps, traj.advantages, traj.loss_mask,
+                                                    ref_logps=traj.ref_logps, entropy=scores.entropy))
                 weight = float(traj.loss_mask.sum())
                 losses.append(float(loss) * weight)
                 tokens.append(weight)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from vlm_grpo.grpo.algorithm import reference_sync
-from vlm_grpo.grpo.algorithm.losses import Collective, EntropyControl, policy_loss
+from vlm_grpo.grpo.algorithm.losses import LossInputs, PolicyObjective
 from vlm_grpo.grpo.algorithm.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -22,13 +22,12 @@ def _rows(x: torch.Tensor | None, rows: list[int]) -> torch.Tensor | None:
 
 
 class PolicyUpdate:
-    def __init__(self, ctx, policy, scorer, entropy_control: EntropyControl, reference):
+    def __init__(self, ctx, policy, scorer, objective: PolicyObjective, reference):
         self.ctx, self.cfg, self.policy, self.scorer = ctx, ctx.cfg, policy, scorer
-        self.entropy_control = entropy_control
+        self.objective = objective  # the run's loss, with its entropy control and its processes' collective
+        self.entropy_control = objective.entropy_control
         self.reference = reference  # the frozen reference copy that loss.sync_ref_model moves (None: none)
         self.updates = 0  # optimizer updates so far (the reference sync counts them)
-        self.collective = Collective(reduce_sum=lambda x: ctx.accelerator.reduce(x, reduction="sum"),
-                                     gather=ctx.gather_tensor)
 
     def run(self, traj: Trajectory, step: int, rows: list[int] | None = None) -> dict[str, float]:
         """The metrics averaged over updates and micro-batches. `rows`: the part of the trajectory this step trains
@@ -53,12 +52,11 @@ class PolicyUpdate:
                 with policy.accumulating(last=k == len(chunks) - 1):
                     scores = self.scorer.scores(traj, part, policy.model, with_entropy=True,
                                                 features=traj.policy_features, router_aux=True)
-                    loss, metrics = policy_loss(
-                        scores.logps, _rows(traj.old_logps, part), _rows(traj.ref_logps, part), traj.advantages[part],
-                        traj.loss_mask[part], cfg.loss, entropy=scores.entropy, normalizer=tokens,
-                        share=len(part) / trained, entropy_control=self.entropy_control, collective=self.collective,
+                    loss, metrics = self.objective(LossInputs(
+                        scores.logps, traj.advantages[part], traj.loss_mask[part], old_logps=_rows(traj.old_logps, part),
+                        ref_logps=_rows(traj.ref_logps, part), entropy=scores.entropy,
                         sampling_logps=_rows(traj.sampling_logps, part), sampling_ratio=_rows(traj.sampling_ratio, part),
-                    )
+                        normalizer=tokens, share=len(part) / trained))
                     if scores.aux_loss is not None:  # MoE (TRL's rule): + coef x routers' balancing loss, per micro-batch
                         loss = loss + coef * scores.aux_loss / len(chunks)
                         metrics["aux_loss"] = scores.aux_loss.item()
@@ -72,7 +70,7 @@ class PolicyUpdate:
                 log.warning("step %d: %s", step + 1, policy.skip_reason())
             policy.scheduler.step()
             policy.zero_grad()
-            self.entropy_control.end_update(self.collective.reduce_sum)
+            self.entropy_control.end_update(self.objective.collective.reduce_sum)
             if self.entropy_control.enabled:  # TRL logs the coefficient as it stands after the update
                 sums["entropy_coef"] = sums.get("entropy_coef", 0.0) + self.entropy_control.coef / cfg.num_iterations
             self.updates += 1

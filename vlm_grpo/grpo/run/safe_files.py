@@ -303,10 +303,6 @@ def _plain_name(name) -> bool:
     return isinstance(name, str) and 0 < len(name) <= 255 and "/" not in name and "\\" not in name and name not in (".", "..")
 
 
-def top_name(run_dir: Path, path: Path) -> str:
-    return Path(path).relative_to(run_dir).parts[0]
-
-
 def write_run_file(run_dir: Path, name: str, data: bytes | str) -> Path:
     """A whole top-level run file (config.yaml, eval-*.json ...), written safely and recorded as the run's."""
     listed = CreatedFiles(run_dir)

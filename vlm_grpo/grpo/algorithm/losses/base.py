@@ -4,7 +4,10 @@ A loss module declares one subclass of `PolicyLoss` with `@register`. The class 
 - `name` (the `loss_type` value), `summary` and `paper` (the tables of README and docs/algorithms.md, `--help`);
 - `trl_loss_type`: TRL's loss_type with the same arithmetic, if any (the TRL parity tests then cover it);
 - `normalisation`: how its masked per-token losses become one number (`NORMALISATIONS`);
-- `settings`: its own settings, made with `setting(...)`; they join the loss section under their field names;
+- `settings`: the names of the loss section's options that only it reads (fields of `LossConfig`, config.py,
+  written out there with their help and range; the docs tables list them as the loss's own);
+- `sums_sequence_ratio`: True when it sums the per-token terms of a sequence (a sequence-level ratio then weights
+  each sequence by its length: the settings warn, as TRL 1.16 does);
 - `check(cfg)`: combinations of settings it refuses (each named with the one it clashes with);
 - `per_token(terms, cfg)`: the loss per token ([R, T], or [R, 1] for one value per sequence) and tensors for its
   metrics, which `metrics(tensors, stats)` turns into logged numbers (default: each tensor's masked mean).
@@ -13,7 +16,6 @@ Everything shared by every loss (ratios, KL, masks, the entropy bonus, aggregati
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -48,7 +50,8 @@ class PolicyLoss:
     summary: ClassVar[str]
     paper: ClassVar[str]
     normalisation: ClassVar[str]
-    settings: ClassVar[dict[str, dataclasses.Field]] = {}
+    settings: ClassVar[tuple[str, ...]] = ()
+    sums_sequence_ratio: ClassVar[bool] = False
     trl_loss_type: ClassVar[str | None] = None  # TRL 1.16's loss_type with the same arithmetic (tests compare them)
 
     @classmethod
@@ -85,13 +88,14 @@ class MetricStats:
 
 
 def _check(cls: type[PolicyLoss], imported: bool) -> None:
+    """The same rules for a registered class and one imported by path (whether its settings are fields of the loss
+    section is checked when the settings are read: LossConfig)."""
     normalisation = getattr(cls, "normalisation", None)
     if normalisation not in NORMALISATIONS:
         raise ValueError(f"loss {cls.__name__}: normalisation {normalisation!r} is not one of {list(NORMALISATIONS)}")
-    if imported and cls.settings:
-        # the loss section is built once, from the registered losses: an imported class cannot add fields to it
-        raise ValueError(f"it declares settings ({', '.join(cls.settings)}), which only a loss file in "
-                         "vlm_grpo/grpo/algorithm/losses/ can; read its constants from the class instead")
+    names = getattr(cls, "settings", ())
+    if not isinstance(names, (tuple, list, dict)) or not all(isinstance(name, str) for name in names):
+        raise ValueError(f"loss {cls.__name__}: settings {names!r} is not a tuple of the loss section's field names")
 
 
 # loss_type -> class: the files of this folder (registered as the package scans it), or `package.module:Class`

@@ -13,3 +13,4 @@ class BNPO(ClippedSurrogate):
     summary = "clipped ratio x advantage; sum / completion tokens of the micro-batch (local)"
     paper = "BNPO, arXiv:2506.02864"
     normalisation = "tokens"
+    sums_sequence_ratio = True  # with a sequence-level ratio, long sequences weigh more (TRL warns)

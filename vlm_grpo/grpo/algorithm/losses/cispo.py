@@ -16,6 +16,7 @@ class CISPO(PolicyLoss):
     summary = "-min(ratio, epsilon_high).detach() x advantage x log-prob; sum / tokens of the step"
     paper = "MiniMax-M1, arXiv:2506.13585 (ScaleRL: epsilon_high 5.0)"
     normalisation = "step_tokens"
+    sums_sequence_ratio = True  # with a sequence-level ratio, long sequences weigh more (TRL warns)
 
     @classmethod
     def check(cls, cfg) -> None:

@@ -13,3 +13,4 @@ class DAPO(ClippedSurrogate):
     summary = "clipped ratio x advantage; sum / completion tokens of the whole step (all micro-batches, processes)"
     paper = "DAPO, arXiv:2503.14476"
     normalisation = "step_tokens"
+    sums_sequence_ratio = True  # with a sequence-level ratio, long sequences weigh more (TRL warns)

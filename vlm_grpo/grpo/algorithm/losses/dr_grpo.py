@@ -13,3 +13,4 @@ class DrGRPO(ClippedSurrogate):
     summary = "clipped ratio x advantage; sum / (rows x max_completion_length), a constant"
     paper = "Dr. GRPO, arXiv:2503.20783"
     normalisation = "max_length"
+    sums_sequence_ratio = True  # with a sequence-level ratio, long sequences weigh more (TRL warns)

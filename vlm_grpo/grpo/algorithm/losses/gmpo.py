@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 
 from vlm_grpo.grpo.algorithm.losses.base import LossTerms, PolicyLoss, register, require_level
-from vlm_grpo.grpo.setting_fields import setting
 
 
 @register
@@ -19,10 +18,7 @@ class GMPO(PolicyLoss):
     summary = "-A x exp(token mean of sign-clipped log ratios) (a geometric-mean ratio); mean over sequences"
     paper = "GMPO, arXiv:2507.20673"
     normalisation = "sequence"
-    settings = {
-        "gmpo_clip": setting(0.4, help="gmpo: clip range of each token's log ratio, (-c, c) (the paper's 0.4)",
-                             above=0.0, at_most=100.0),
-    }
+    settings = ("gmpo_clip",)
 
     @classmethod
     def check(cls, cfg) -> None:

@@ -12,11 +12,14 @@
    the step's rows (TRL divides them by the accumulation steps), `step_tokens` by the step's token count;
 7. the entropy bonus: minus `entropy_coef` x the mean entropy of the training tokens (scaled by the share).
 
-On-policy (`old_logps=None`) the old log-probs are `logps.detach()`: the ratio is 1 in value but carries gradient.
+A run builds its `PolicyObjective` once (the loss object with it) and passes each micro-batch's tensors as one
+`LossInputs`. On-policy (`old_logps=None`) the old log-probs are `logps.detach()`: the ratio is 1 in value but
+carries gradient.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -79,108 +82,129 @@ def _aggregate(per_token: torch.Tensor, mask: torch.Tensor, normalisation: str, 
     return masked.sum() / denom
 
 
-def policy_loss(
-    logps: torch.Tensor,
-    old_logps: torch.Tensor | None,
-    ref_logps: torch.Tensor | None,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    cfg,
-    *,
-    entropy: torch.Tensor | None = None,
-    normalizer: float | torch.Tensor | None = None,
-    share: float = 1.0,
-    entropy_control=None,
-    collective: Collective = ONE_PROCESS,
-    sampling_logps: torch.Tensor | None = None,
-    sampling_ratio: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The scalar loss of one micro-batch, and its metrics (plain floats, averaged over processes).
+@dataclass
+class LossInputs:
+    """One micro-batch's tensors for the objective: R completion rows, T tokens wide."""
 
-    logps [R, T] (with gradient), old_logps and ref_logps [R, T] (None: on-policy / no reference), advantages [R]
-    or [R, T], mask [R, T] (1 on the tokens that train), entropy [R, T] (needed for the entropy mask and bonus;
-    with an entropy bonus it carries the policy's gradient, as TRL's does, so the bonus raises the entropy). normalizer: the step's completion-token count per process (`step_tokens` losses; None: this
-    micro-batch's). share: this micro-batch's fraction of the step's rows. entropy_control: the bonus's
-    coefficient (an EntropyControl, which also records this micro-batch's entropy; None: `cfg.entropy_coef`).
-    sampling_logps [R, T]: the sampling engine's own log-probs (vLLM's; the off-policy mask compares with them, as
-    TRL's); sampling_ratio [R, T] or [R, 1]: the engine correction that multiplies the per-token loss.
-    """
+    logps: torch.Tensor  # [R, T] the policy's log-probs of the sampled tokens (with gradient)
+    advantages: torch.Tensor  # [R] or [R, T]
+    mask: torch.Tensor  # [R, T] 1 on the tokens that train
+    old_logps: torch.Tensor | None = None  # [R, T] the sampling policy's (None: on-policy)
+    ref_logps: torch.Tensor | None = None  # [R, T] the reference's (None: no reference; needed when beta != 0)
+    # [R, T]: needed for the entropy mask and bonus; with a bonus it carries the policy's gradient, as TRL's does,
+    # so the bonus raises the entropy
+    entropy: torch.Tensor | None = None
+    sampling_logps: torch.Tensor | None = None  # [R, T] the sampling engine's own (vLLM's: the off-policy mask's)
+    sampling_ratio: torch.Tensor | None = None  # [R, T] or [R, 1] the engine correction multiplying the loss
+    normalizer: float | torch.Tensor | None = None  # the step's completion tokens per process (None: this batch's)
+    share: float = 1.0  # this micro-batch's fraction of the step's rows
+
+
+def _checked_advantages(x: LossInputs, cfg) -> torch.Tensor:
+    """Refuse tensors whose shapes do not fit logps; the advantages as [R, 1] or [R, T]."""
+    logps, advantages, normalizer = x.logps, x.advantages, x.normalizer
     if logps.dim() != 2:
         raise ValueError(f"logps must be [R, T] per-token log-probs, got shape {tuple(logps.shape)}.")
     shape = tuple(logps.shape)
-    for name, x in (("old_logps", old_logps), ("ref_logps", ref_logps), ("completion_mask", mask), ("entropy", entropy)):
-        _check_shape(name, x, shape)
-    if cfg.beta != 0.0 and ref_logps is None:
+    for name, t in (("old_logps", x.old_logps), ("ref_logps", x.ref_logps), ("completion_mask", x.mask),
+                    ("entropy", x.entropy)):
+        _check_shape(name, t, shape)
+    if cfg.beta != 0.0 and x.ref_logps is None:
         raise ValueError(f"ref_logps is required when beta != 0 (beta={cfg.beta}).")
+    if isinstance(normalizer, (int, float)) and not isinstance(normalizer, bool) and normalizer < 0:
+        raise ValueError(f"normalizer (completion-token count) must be non-negative, got {normalizer!r}.")
     if advantages.dim() == 1:
         if advantages.shape[0] != shape[0]:
             raise ValueError(f"advantages must have shape ({shape[0]},), got {tuple(advantages.shape)}.")
-        advantages = advantages.unsqueeze(1)
-    elif tuple(advantages.shape) != shape:
+        return advantages.unsqueeze(1)
+    if tuple(advantages.shape) != shape:
         raise ValueError(f"advantages must be [R] or [R, T] = {shape}, got {tuple(advantages.shape)}.")
-    if isinstance(normalizer, (int, float)) and not isinstance(normalizer, bool) and normalizer < 0:
-        raise ValueError(f"normalizer (completion-token count) must be non-negative, got {normalizer!r}.")
-    coef = cfg.entropy_coef if entropy_control is None else entropy_control.applied()
-    bonus = coef != 0.0 or cfg.use_adaptive_entropy
-    if entropy is None and (cfg.top_entropy_quantile < 1.0 or bonus):
-        raise ValueError("entropy is required with top_entropy_quantile < 1 or an entropy bonus")
+    return advantages
 
-    loss_cls = LOSSES[cfg.loss_type]
-    mask = mask.to(logps.dtype)
-    advantages = advantages.to(logps.dtype)
-    old_logps = logps.detach() if old_logps is None else old_logps
-    entropy_mask = None
-    if cfg.top_entropy_quantile < 1.0:
-        entropy_mask = high_entropy_mask(entropy, mask, 1 - cfg.top_entropy_quantile, collective)
-    keep = None
-    if cfg.off_policy_mask_threshold is not None:
-        sampled = old_logps if sampling_logps is None else sampling_logps
-        keep = off_policy_mask(advantages, logps, sampled, mask, cfg.off_policy_mask_threshold)
 
-    log_ratio = logps - old_logps
-    if cfg.importance_sampling_level == "token":
-        log_weights = log_ratio
-    else:
-        log_weights = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
-    ratio = torch.exp(log_weights)  # [R, T] or [R, 1]
+class PolicyObjective:
+    """The run's policy objective: the loss named by `cfg.loss_type`, built once, applied to each micro-batch.
 
-    per_token_kl = None
-    if cfg.beta != 0.0:
-        ref_minus_pol = ref_logps - logps
-        per_token_kl = torch.exp(ref_minus_pol) - ref_minus_pol - 1  # k3 estimator
-        if cfg.use_bias_correction_kl:
-            per_token_kl = per_token_kl * ratio
+    entropy_control: the bonus's coefficient (an EntropyControl, which also records each micro-batch's entropy;
+    None: `cfg.entropy_coef`). collective: how its statistics cross processes.
+    """
 
-    loss_fn = loss_cls()
-    terms = LossTerms(logps=logps, old_logps=old_logps, log_ratio=log_ratio, ratio=ratio, advantages=advantages,
-                      mask=mask)
-    per_token, metric_tensors = loss_fn.per_token(terms, cfg)
-    if keep is not None:
-        per_token = per_token * keep
-    if entropy_mask is not None:
-        per_token = per_token * entropy_mask
-    if sampling_ratio is not None:
-        per_token = per_token * sampling_ratio.to(per_token.dtype)
-    if per_token_kl is not None:
-        per_token = per_token + cfg.beta * per_token_kl
-    policy = _aggregate(per_token, mask, loss_cls.normalisation, cfg, normalizer)
-    # micro-batch normalisations are a share of the step's loss; step_tokens already divides by the whole step
-    loss = policy if loss_cls.normalisation == "step_tokens" else policy * share
-    unscaled = policy
+    def __init__(self, cfg, *, entropy_control=None, collective: Collective = ONE_PROCESS):
+        self.cfg, self.entropy_control, self.collective = cfg, entropy_control, collective
+        self.loss = LOSSES[cfg.loss_type]()
+        self.normalisation = type(self.loss).normalisation
 
-    stats = MetricStats(mask, collective.reduce_sum, collective.gather)
-    metrics = loss_fn.metrics(metric_tensors, stats)
-    if bonus:
-        effective = mask if entropy_mask is None else mask * entropy_mask
-        mean_entropy = (entropy * effective).sum() / effective.sum().clamp(min=1.0)
-        loss = loss - coef * mean_entropy * share
-        unscaled = policy - coef * mean_entropy
-        metrics["policy_loss"] = policy.item()  # (the coefficient is logged by whoever steps it: the trainer)
-        if entropy_control is not None:
-            entropy_control.observe(entropy, effective)
-    if per_token_kl is not None:
-        metrics["kl"] = stats.mean(per_token_kl)
-    if entropy is not None:
-        metrics["entropy"] = stats.mean(entropy)
-    metrics["loss"] = unscaled.item()  # this micro-batch's loss before its share of the step is taken
-    return loss, metrics
+    def __call__(self, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+        """The scalar loss of one micro-batch, and its metrics (plain floats, averaged over processes)."""
+        cfg, collective, entropy_control = self.cfg, self.collective, self.entropy_control
+        logps, old_logps, ref_logps, entropy = x.logps, x.old_logps, x.ref_logps, x.entropy
+        mask, normalizer, share = x.mask, x.normalizer, x.share
+        advantages = _checked_advantages(x, cfg)
+        coef = cfg.entropy_coef if entropy_control is None else entropy_control.applied()
+        bonus = coef != 0.0 or cfg.use_adaptive_entropy
+        if entropy is None and (cfg.top_entropy_quantile < 1.0 or bonus):
+            raise ValueError("entropy is required with top_entropy_quantile < 1 or an entropy bonus")
+
+        mask = mask.to(logps.dtype)
+        advantages = advantages.to(logps.dtype)
+        old_logps = logps.detach() if old_logps is None else old_logps
+        entropy_mask = None
+        if cfg.top_entropy_quantile < 1.0:
+            entropy_mask = high_entropy_mask(entropy, mask, 1 - cfg.top_entropy_quantile, collective)
+        keep = None
+        if cfg.off_policy_mask_threshold is not None:
+            sampled = old_logps if x.sampling_logps is None else x.sampling_logps
+            keep = off_policy_mask(advantages, logps, sampled, mask, cfg.off_policy_mask_threshold)
+
+        log_ratio = logps - old_logps
+        if cfg.importance_sampling_level == "token":
+            log_weights = log_ratio
+        else:
+            log_weights = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+        ratio = torch.exp(log_weights)  # [R, T] or [R, 1]
+
+        per_token_kl = None
+        if cfg.beta != 0.0:
+            ref_minus_pol = ref_logps - logps
+            per_token_kl = torch.exp(ref_minus_pol) - ref_minus_pol - 1  # k3 estimator
+            if cfg.use_bias_correction_kl:
+                per_token_kl = per_token_kl * ratio
+
+        terms = LossTerms(logps=logps, old_logps=old_logps, log_ratio=log_ratio, ratio=ratio, advantages=advantages,
+                          mask=mask)
+        per_token, metric_tensors = self.loss.per_token(terms, cfg)
+        if keep is not None:
+            per_token = per_token * keep
+        if entropy_mask is not None:
+            per_token = per_token * entropy_mask
+        if x.sampling_ratio is not None:
+            per_token = per_token * x.sampling_ratio.to(per_token.dtype)
+        if per_token_kl is not None:
+            per_token = per_token + cfg.beta * per_token_kl
+        policy = _aggregate(per_token, mask, self.normalisation, cfg, normalizer)
+        # micro-batch normalisations are a share of the step's loss; step_tokens already divides by the whole step
+        loss = policy if self.normalisation == "step_tokens" else policy * share
+        unscaled = policy
+
+        stats = MetricStats(mask, collective.reduce_sum, collective.gather)
+        metrics = self.loss.metrics(metric_tensors, stats)
+        if bonus:
+            effective = mask if entropy_mask is None else mask * entropy_mask
+            mean_entropy = (entropy * effective).sum() / effective.sum().clamp(min=1.0)
+            loss = loss - coef * mean_entropy * share
+            unscaled = policy - coef * mean_entropy
+            metrics["policy_loss"] = policy.item()  # (the coefficient is logged by whoever steps it: the trainer)
+            if entropy_control is not None:
+                entropy_control.observe(entropy, effective)
+        if per_token_kl is not None:
+            metrics["kl"] = stats.mean(per_token_kl)
+        if entropy is not None:
+            metrics["entropy"] = stats.mean(entropy)
+        metrics["loss"] = unscaled.item()  # this micro-batch's loss before its share of the step is taken
+        return loss, metrics
+
+
+def policy_loss(inputs: LossInputs, cfg, *, entropy_control=None,
+                collective: Collective = ONE_PROCESS) -> tuple[torch.Tensor, dict[str, float]]:
+    """One micro-batch's loss and metrics with an objective built for it alone (a run builds its objective once)."""
+    return PolicyObjective(cfg, entropy_control=entropy_control, collective=collective)(inputs)

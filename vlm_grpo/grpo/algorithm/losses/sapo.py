@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from vlm_grpo.grpo.algorithm.losses.base import LossTerms, PolicyLoss, register
-from vlm_grpo.grpo.setting_fields import setting
 
 
 @register
@@ -15,10 +14,7 @@ class SAPO(PolicyLoss):
     summary = "-sigmoid(tau (ratio - 1)) 4 / tau x advantage (tau by the advantage's sign); sequence means"
     paper = "SAPO, arXiv:2511.20347"
     normalisation = "sequence"
-    settings = {
-        "sapo_temperature_neg": setting(1.05, help="sapo: gate temperature for tokens with advantage <= 0", above=0.0, at_most=100.0),
-        "sapo_temperature_pos": setting(1.0, help="sapo: gate temperature for tokens with advantage > 0", above=0.0, at_most=100.0),
-    }
+    settings = ("sapo_temperature_neg", "sapo_temperature_pos")
 
     def per_token(self, terms: LossTerms, cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         tau = torch.where(terms.advantages > 0, cfg.sapo_temperature_pos, cfg.sapo_temperature_neg)

@@ -12,7 +12,6 @@ import math
 import torch
 
 from vlm_grpo.grpo.algorithm.losses.base import LossTerms, PolicyLoss, register, require_level
-from vlm_grpo.grpo.setting_fields import setting
 
 LOG_W_MIN = math.log(1e-8)
 
@@ -24,12 +23,7 @@ class VESPO(PolicyLoss):
     summary = "-phi(w) x advantage x log-prob, phi a Gamma weight of the sequence ratio w; sum / tokens of the step"
     paper = "VESPO, arXiv:2602.10693"
     normalisation = "step_tokens"
-    settings = {
-        "vespo_k_pos": setting(2.0, help="vespo: power k for advantages >= 0", at_least=0.0, at_most=1e3),
-        "vespo_lambda_pos": setting(3.0, help="vespo: decay lambda for advantages >= 0", at_least=0.0, at_most=1e3),
-        "vespo_k_neg": setting(3.0, help="vespo: power k for advantages < 0", at_least=0.0, at_most=1e3),
-        "vespo_lambda_neg": setting(2.0, help="vespo: decay lambda for advantages < 0", at_least=0.0, at_most=1e3),
-    }
+    settings = ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
 
     @classmethod
     def check(cls, cfg) -> None:
