@@ -38,9 +38,9 @@ class PhaseClock:
         self.depth = {"generate": 0, "backward": 0, "language": 0}
         self._undo = []
         self._step_start = None
-        self._wrap_generate(generating)
+        self._wrap(generating, "generate", "generate")  # the bound method, or the wrapper of bench --lengths
         self._wrap_processor(adapter.processor)
-        self._wrap_backward()
+        self._wrap(torch.autograd, "backward", "backward")  # Tensor.backward calls it by this name
         self._hook_optimizers()
         seen = set()
         for model in models:
@@ -84,19 +84,20 @@ class PhaseClock:
         finally:
             self._add(phase, time.perf_counter() - started)
 
-    def _wrap_generate(self, model: torch.nn.Module) -> None:
-        generate = model.generate  # the bound method, or a wrapper installed before (bench --lengths)
+    def _wrap(self, owner, name: str, phase: str) -> None:
+        """`owner.name` timed as `phase`, with the depth of its calls kept (what runs inside it is its time)."""
+        call = getattr(owner, name)
 
-        @functools.wraps(generate)
-        def timed_generate(*args, **kwargs):
-            self.depth["generate"] += 1
+        @functools.wraps(call)
+        def timed(*args, **kwargs):
+            self.depth[phase] += 1
             try:
-                return self._timed("generate", generate, *args, **kwargs)
+                return self._timed(phase, call, *args, **kwargs)
             finally:
-                self.depth["generate"] -= 1
+                self.depth[phase] -= 1
 
-        model.generate = timed_generate
-        self._undo.append(lambda: setattr(model, "generate", generate))
+        setattr(owner, name, timed)
+        self._undo.append(lambda: setattr(owner, name, call))
 
     def _wrap_processor(self, processor) -> None:
         # a call looks __call__ up on the class: wrap the class's, timing this processor's calls only
@@ -111,20 +112,6 @@ class PhaseClock:
 
         cls.__call__ = timed_call
         self._undo.append(lambda: setattr(cls, "__call__", original))
-
-    def _wrap_backward(self) -> None:
-        backward = torch.autograd.backward  # Tensor.backward calls it by this name
-
-        @functools.wraps(backward)
-        def timed_backward(*args, **kwargs):
-            self.depth["backward"] += 1
-            try:
-                return self._timed("backward", backward, *args, **kwargs)
-            finally:
-                self.depth["backward"] -= 1
-
-        torch.autograd.backward = timed_backward
-        self._undo.append(lambda: setattr(torch.autograd, "backward", backward))
 
     def _hook_optimizers(self) -> None:
         started: list[float] = []

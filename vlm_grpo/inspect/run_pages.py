@@ -12,26 +12,27 @@ log = logging.getLogger(__name__)
 PAGE_FAULTS = (ValueError, OSError, ImportError)  # an unreadable log, a full disk, matplotlib not installed
 
 
+def _write_page(what: str, write: Callable[[], str]) -> None:
+    try:
+        print(write())
+    except PAGE_FAULTS as err:
+        log.warning("could not write the run's %s: %s", what, err)
+
+
 def write_run_plots(run_dir: Path) -> None:
     from vlm_grpo.inspect.plots import write_plots
 
-    try:
+    def charts() -> str:
         written = write_plots(run_dir)
-    except PAGE_FAULTS as err:
-        log.warning("could not write the run's plots: %s", err)
-        return
-    print(f"charts written to {run_dir / 'plots'} ({', '.join(p.name for p in written)})")
+        return f"charts written to {run_dir / 'plots'} ({', '.join(p.name for p in written)})"
+
+    _write_page("plots", charts)
 
 
 def write_run_report(run_dir: Path) -> None:
     from vlm_grpo.inspect.report import write_report
 
-    try:
-        path = write_report(run_dir)
-    except PAGE_FAULTS as err:
-        log.warning("could not write the run's report: %s", err)
-        return
-    print(f"report written to {path}")
+    _write_page("report", lambda: f"report written to {write_report(run_dir)}")
 
 
 def run_pages(settings) -> list[Callable[[Path], None]]:
