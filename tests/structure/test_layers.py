@@ -39,6 +39,7 @@ INNER_FLOORS = {
          "vlm_grpo.adapters.assembly"),  # the contract, the sharing engine, attention to the image, what every
         # hybrid pairing shares
         ("vlm_grpo.adapters.generic",),  # the adapter of any model type without a family file
+        ("vlm_grpo.adapters.twins",),  # each family's tiny twin and presets, mixed into its adapter
         ("vlm_grpo.adapters.families",),  # one file per family
         ("vlm_grpo.adapters.registry", "vlm_grpo.adapters.model_spec", "vlm_grpo.adapters.families_table",
          "vlm_grpo.adapters"),
