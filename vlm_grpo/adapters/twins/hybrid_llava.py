@@ -7,8 +7,8 @@ import torch
 from transformers import SiglipImageProcessor, SiglipVisionConfig, SiglipVisionModel
 
 from vlm_grpo.adapters.architecture import Architecture
-from vlm_grpo.adapters.twins.qwen2_5_vl import qwen2_lm
 from vlm_grpo.adapters.seeding import seeded
+from vlm_grpo.adapters.twins.qwen2_5_vl import qwen2_lm
 
 # Deliberately not the tiny Qwen2.5-VL's text width (64), so the merger's output differs from the donor's.
 TINY_LM = dict(

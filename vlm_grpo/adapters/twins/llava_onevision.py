@@ -10,9 +10,9 @@ from transformers import (
 
 from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.chat_templates import chatml_template
-from vlm_grpo.adapters.twins.qwen2_5_vl import QWEN_SPECIAL_TOKENS
 from vlm_grpo.adapters.seeding import seeded_model
 from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
+from vlm_grpo.adapters.twins.qwen2_5_vl import QWEN_SPECIAL_TOKENS
 
 SPECIAL_TOKENS = [*QWEN_SPECIAL_TOKENS, "<image>", "<video>"]
 # Qwen2's ChatML with its default system turn; an image part is `<image>` and a line break.
