@@ -6,7 +6,7 @@ adapter) declares `tiny_architecture` and `presets` and implements `build`. The 
 defaults that a family overrides only where its model differs (M-RoPE positions, extra token-shaped inputs, extra
 feature layers, delimiter tokens); the video side (video_hooks.py) and the routes of image features other than
 placement at tokens (image_routes.py: cross-attention, text-only rows) are hooks of the contract too. What every
-family shares on top of it (loading, prompt encoding, generation, parameter groups) is in the modules `base.py`
+family shares on top of it (construction, prompt encoding, model calls, parameter groups) is in the modules `base.py`
 lists.
 
 Visual items: a prompt's image and video parts take the sample's images and videos (vlm_grpo.videos.Video) in order.
