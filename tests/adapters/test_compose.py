@@ -25,9 +25,10 @@ from vlm_grpo.adapters.assembly import UnsupportedPairing
 from vlm_grpo.adapters.chat_templates import chatml_default_system, chatml_template
 from vlm_grpo.compose import compose
 from vlm_grpo.adapters.families.hybrid import HybridAdapter
-from vlm_grpo.adapters.families.hybrid_llava import TINY_LM, TINY_SIGLIP, LlavaHybridAdapter, assemble_llava
-from vlm_grpo.adapters.families.qwen2_5_vl import qwen2_lm
+from vlm_grpo.adapters.families.hybrid_llava import LlavaHybridAdapter, assemble_llava
 from vlm_grpo.adapters.families.qwen2_5_vl import Qwen2_5_VLAdapter
+from vlm_grpo.adapters.twins.hybrid_llava import TINY_LM, TINY_SIGLIP
+from vlm_grpo.adapters.twins.qwen2_5_vl import qwen2_lm
 from vlm_grpo.loader import load_model
 from vlm_grpo.adapters.seeding import seeded
 from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer

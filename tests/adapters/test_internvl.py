@@ -11,7 +11,8 @@ import torch
 from PIL import Image
 
 from vlm_grpo.adapters.base import ImageTokenMismatch
-from vlm_grpo.adapters.families.internvl import INTERNVL_VOCAB, InternVLAdapter
+from vlm_grpo.adapters.families.internvl import InternVLAdapter
+from vlm_grpo.adapters.twins.internvl import INTERNVL_VOCAB
 
 torch.set_num_threads(1)
 

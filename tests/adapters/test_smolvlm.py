@@ -13,8 +13,9 @@ from PIL import Image
 
 from vlm_grpo.adapters.base import ImageTokenMismatch
 from vlm_grpo.adapters.batch import PromptBatch
-from vlm_grpo.adapters.families.idefics3 import ROW_COL_TOKENS, Idefics3Adapter, TileGrid
+from vlm_grpo.adapters.families.idefics3 import Idefics3Adapter, TileGrid
 from vlm_grpo.adapters.families.smolvlm import SmolVLMAdapter
+from vlm_grpo.adapters.twins.idefics3 import ROW_COL_TOKENS
 
 torch.set_num_threads(1)
 

@@ -84,7 +84,7 @@ class RemoteForCausalLM(Qwen2ForCausalLM):
 
 
 def text_tokenizer():
-    from vlm_grpo.adapters.families.causal_lm import CHATML_TEXT
+    from vlm_grpo.adapters.twins.causal_lm import CHATML_TEXT
     from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
 
     return build_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], chat_template=CHATML_TEXT,

@@ -11,8 +11,8 @@ import json
 import pytest
 import yaml
 
-from vlm_grpo.adapters.families.hybrid_llava import TINY_LM
-from vlm_grpo.adapters.families.qwen2_5_vl import qwen2_lm
+from vlm_grpo.adapters.twins.hybrid_llava import TINY_LM
+from vlm_grpo.adapters.twins.qwen2_5_vl import qwen2_lm
 from vlm_grpo.cli import main
 from vlm_grpo.recipes.scene_count import RECIPE
 

@@ -14,7 +14,8 @@ import torch
 from tests.adapters.samples import picture, user_turn
 from vlm_grpo.adapters.module_groups import GROUP_NAMES, MODULE_GROUPS, SUB_GROUPS
 from vlm_grpo.adapters.architecture import Architecture
-from vlm_grpo.adapters.families.qwen2_5_vl import TINY_PIXELS, TINY_TEXT, TINY_VISION, Qwen2_5_VLAdapter
+from vlm_grpo.adapters.families.qwen2_5_vl import Qwen2_5_VLAdapter
+from vlm_grpo.adapters.twins.qwen2_5_vl import TINY_PIXELS, TINY_TEXT, TINY_VISION
 from vlm_grpo.adapters.registry import family_class, image_families
 from vlm_grpo.grpo.settings.sections import OptimConfig
 from vlm_grpo.adapters.freeze import FREEZE_PRESETS, apply_freeze

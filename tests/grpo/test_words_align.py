@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from vlm_grpo.adapters.families.hybrid_llava import TINY_LM
-from vlm_grpo.adapters.families.qwen2_5_vl import qwen2_lm
+from vlm_grpo.adapters.twins.hybrid_llava import TINY_LM
+from vlm_grpo.adapters.twins.qwen2_5_vl import qwen2_lm
 from vlm_grpo.compose import compose
 from vlm_grpo.experiment.stages import random_tower
 from vlm_grpo.experiment.tower import pretrain_tower

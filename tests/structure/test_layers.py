@@ -35,10 +35,13 @@ INNER_FLOORS = {
          "vlm_grpo.adapters.quirks", "vlm_grpo.adapters.sampler", "vlm_grpo.adapters.cache_names",
          "vlm_grpo.adapters.freeze"),  # parts of the contract
         ("vlm_grpo.adapters.video_hooks", "vlm_grpo.adapters.image_routes"),  # the contract's video side, image routes
-        ("vlm_grpo.adapters.base", "vlm_grpo.adapters.sharing", "vlm_grpo.adapters.image_attention",
-         "vlm_grpo.adapters.assembly"),  # the contract, the sharing engine, attention to the image, what every
-        # hybrid pairing shares
+        ("vlm_grpo.adapters.contract", "vlm_grpo.adapters.construction", "vlm_grpo.adapters.prompt_encoding",
+         "vlm_grpo.adapters.model_calls", "vlm_grpo.adapters.parameter_groups", "vlm_grpo.adapters.base",
+         "vlm_grpo.adapters.sharing", "vlm_grpo.adapters.image_attention",
+         "vlm_grpo.adapters.assembly"),  # the contract and the machinery VLMAdapter adds to it, the sharing engine,
+        # attention to the image, what every hybrid pairing shares
         ("vlm_grpo.adapters.generic",),  # the adapter of any model type without a family file
+        ("vlm_grpo.adapters.twins",),  # each family's tiny twin and presets, mixed into its adapter
         ("vlm_grpo.adapters.families",),  # one file per family
         ("vlm_grpo.adapters.registry", "vlm_grpo.adapters.model_spec", "vlm_grpo.adapters.families_table",
          "vlm_grpo.adapters"),

@@ -1,5 +1,6 @@
-"""Model-family adapters: the contract (base.py), the families (families/, discovered by registry.py) and
-what every family shares (prompt batches, feature sharing, module groups, image layout, model specs)."""
+"""Model-family adapters: VLMAdapter (base.py: the contract of contract.py + the machinery every family shares), the
+families (families/, discovered by registry.py; each one's tiny twin and presets in twins/) and what every family
+shares (prompt batches, feature sharing, module groups, image layout, model specs)."""
 
 from vlm_grpo.adapters.base import VLMAdapter
 from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch

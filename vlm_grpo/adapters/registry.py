@@ -1,7 +1,8 @@
 """Which adapter serves a family name or a `config.model_type`.
 
 Families are discovered, not listed: every module of `vlm_grpo.adapters.families` is imported once and
-each `VLMAdapter` subclass it defines with its own `family` is registered. Adding a family is adding a file.
+each `VLMAdapter` subclass it defines with its own `family` is registered. Adding a family is adding a file (and
+its twin in `adapters/twins/`, which the adapter imports: the registry reads family files only).
 A model type of transformers' image-text-to-text mapping that no family file claims is served by the generic
 adapter (adapters/generic/).
 """

@@ -4,7 +4,7 @@ Each prompt's images and videos are encoded once (`image_features`) and placed i
 (`embed_with_features`); each prompt is prefilled once and its KV cache expanded G times
 (`generate_shared`). The engine is written once, here; a family adjusts it only through the adapter's
 sharing hooks (`shared_position_ids`, `expand_generation_state`, `inputs_with_features`,
-`extra_image_features`, `pixel_keys`; see base.py).
+`extra_image_features`, `pixel_keys`; see contract.py).
 """
 
 from __future__ import annotations

@@ -1,1 +1,2 @@
+
 """One module per model family; each is discovered by the registry (no import list to keep)."""

@@ -13,39 +13,15 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import torch
 from PIL import Image
 from transformers import PreTrainedModel
 
-from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.base import VLMAdapter
 from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch
 from vlm_grpo.adapters.module_groups import ModuleLayout
-from vlm_grpo.adapters.seeding import seeded_model
+from vlm_grpo.adapters.twins.causal_lm import CausalLMTwin
 
 NO_TOKEN = -1  # the placeholder id of a model without images: equal to no token id
-
-# Qwen2's ChatML turns, text parts only
-CHATML_TEXT = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
-TINY = Architecture(vision={}, text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                                         tie_word_embeddings=False),
-                    note="a Qwen2 causal LM, shrunk")
-QWEN2_5_0_5B = Architecture(vision={}, text=dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                                                 num_attention_heads=14, num_key_value_heads=2,
-                                                 max_position_embeddings=32768, rope_theta=1e6,
-                                                 tie_word_embeddings=True),
-                            vocab_size=151936, note="Qwen/Qwen2.5-0.5B-Instruct")
 
 
 def causal_lm_types() -> set[str]:
@@ -56,7 +32,7 @@ def causal_lm_types() -> set[str]:
     return set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) - set(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
 
 
-class CausalLMAdapter(VLMAdapter):
+class CausalLMAdapter(CausalLMTwin, VLMAdapter):
     family = "causal_lm"
     model_types = ()  # every causal-LM type no other family claims (`serves_model_type`)
     model_class = PreTrainedModel  # any causal LM's class; `load` goes through AutoModelForCausalLM
@@ -65,8 +41,6 @@ class CausalLMAdapter(VLMAdapter):
     reads_images: ClassVar[bool] = False
     # every parameter is the language model's, except the output head
     module_layout = ModuleLayout(vision=(), projector=(), language=(r"(?!lm_head\.)",), head=(r"lm_head\.",))
-    tiny_architecture = TINY
-    presets = {"qwen2_5_0_5b": QWEN2_5_0_5B}
     shares_features = False  # no image features to share
     text_rows = "mixed"
 
@@ -75,21 +49,6 @@ class CausalLMAdapter(VLMAdapter):
         """Any causal-LM type of transformers, and a checkpoint whose own code provides an AutoModelForCausalLM
         (loaded only with trust_remote_code)."""
         return model_type in causal_lm_types() or "AutoModelForCausalLM" in auto_classes
-
-    @classmethod
-    def build(cls, arch, seed=0, dtype=torch.float32):
-        from transformers import Qwen2Config, Qwen2ForCausalLM
-
-        from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
-
-        tokenizer = build_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], chat_template=CHATML_TEXT,
-                                    eos_token="<|im_end|>", pad_token="<|endoftext|>")
-        config = Qwen2Config(vocab_size=arch.vocab_size or len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                             eos_token_id=tokenizer.eos_token_id, bos_token_id=None, **arch.text)
-        model = seeded_model(Qwen2ForCausalLM, config, seed, dtype)
-        model.generation_config.eos_token_id = tokenizer.eos_token_id
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-        return cls(model, tokenizer, source=f"tiny:{cls.family}")
 
     @classmethod
     def checkpoint_class(cls) -> type:

@@ -10,10 +10,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import torch
-from transformers import LlavaForConditionalGeneration, SiglipImageProcessor, SiglipVisionConfig, SiglipVisionModel
+from transformers import LlavaForConditionalGeneration, SiglipImageProcessor
 
-from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.assembly import (
     Composed, Composer, UnsupportedPairing, cast_state, check_image_size, check_text_logits, load_language,
     record_dtype, reinit_linear, tokenizer_with, vision_part,
@@ -21,11 +19,11 @@ from vlm_grpo.adapters.assembly import (
 from vlm_grpo.adapters.base import VLMAdapter
 from vlm_grpo.adapters.batch import PromptBatch
 from vlm_grpo.adapters.chat_templates import DEFAULT_SYSTEM, NotChatML, chatml_default_system, chatml_template
-from vlm_grpo.adapters.families.qwen2_5_vl import qwen2_lm
 from vlm_grpo.adapters.features import with_mask_positions
 from vlm_grpo.adapters.image_layout import LayoutFacts, grid_cells
 from vlm_grpo.adapters.module_groups import LLAVA_STYLE
 from vlm_grpo.adapters.seeding import default_dtype, seeded
+from vlm_grpo.adapters.twins.hybrid_llava import LlavaHybridTwin
 
 IMAGE_TOKEN = "<image>"
 CHATML_TOKENS = ("<|im_start|>", "<|im_end|>")
@@ -33,51 +31,26 @@ CHATML_TOKENS = ("<|im_start|>", "<|im_end|>")
 # system turn is the LM donor's own when its template is ChatML (llava_chat_template).
 LLAVA_CHAT_TEMPLATE = chatml_template(IMAGE_TOKEN)
 
-# Deliberately not the tiny Qwen2.5-VL's text width (64), so the merger's output differs from the donor's.
-TINY_LM = dict(
-    hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=1,
-    max_position_embeddings=2048, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-)
-TINY_SIGLIP = dict(
-    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8,
-)
-# The shipped `pretrained:shapes-tiny` before training (`vlm-grpo sft --model preset:shapes_tiny_init`): a LLaVA
-# hybrid sized for 64-px shape counting on CPU; weights come from the seed alone, always float32.
-SHAPES_TINY_SIGLIP = dict(
-    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, image_size=64, patch_size=8,
-)
-SHAPES_TINY_LM = dict(
-    hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-    max_position_embeddings=1024, rope_parameters={"rope_type": "default", "rope_theta": 1e4}, tie_word_embeddings=True,
-)
 
-
-class LlavaHybridAdapter(Composer, VLMAdapter):
+class LlavaHybridAdapter(LlavaHybridTwin, Composer, VLMAdapter):
     family = "hybrid_llava"
     model_types = ("llava",)
     model_class = LlavaForConditionalGeneration
     module_layout = LLAVA_STYLE
     vision_donor_types = ("siglip", "siglip_vision_model", "clip", "clip_vision_model")
     pairing = "vision siglip/siglip_vision_model/clip/clip_vision_model + any causal LM -> LLaVA classes"
-    tiny_architecture = Architecture(vision=TINY_SIGLIP, text=TINY_LM)
-    presets = {"shapes_tiny_init": Architecture(vision=SHAPES_TINY_SIGLIP, text=SHAPES_TINY_LM)}
-
-    @classmethod
-    def build(cls, arch, seed=0, dtype=torch.float32):
-        vision_cfg = SiglipVisionConfig(**arch.vision)
-        with seeded(seed):
-            vision = SiglipVisionModel(vision_cfg).to(dtype).eval()
-        lm, tokenizer = qwen2_lm(dict(arch.text), seed + 1, dtype)
-        size = {"height": vision_cfg.image_size, "width": vision_cfg.image_size}
-        composed = assemble_llava(vision, SiglipImageProcessor(size=size), lm, tokenizer, seed=seed)
-        return cls(composed.model, composed.processor, source=f"tiny:{cls.family}")
 
     @classmethod
     def assemble_from(cls, vision_name, lm, lm_tokenizer, seed, load_donor):
         from transformers import AutoModel
 
         vision = vision_part(AutoModel.from_pretrained(vision_name, dtype="auto", trust_remote_code=False))
-        return assemble_llava(vision, image_processor(vision_name, vision.config), lm, lm_tokenizer, seed)
+        return cls.assemble(vision, image_processor(vision_name, vision.config), lm, lm_tokenizer, seed)
+
+    @classmethod
+    def assemble(cls, vision, image_processor, lm, lm_tokenizer, seed: int = 0) -> Composed:
+        """The hybrid of loaded donors: real ones after `assemble_from` loads them, random ones in the twin."""
+        return assemble_llava(vision, image_processor, lm, lm_tokenizer, seed)
 
     @property
     def tokens_per_image(self) -> int:

@@ -14,28 +14,18 @@ padding tiles are all-zero images, which the model drops before the vision tower
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import ClassVar, NamedTuple
+from typing import NamedTuple
 
 import torch
-from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessor, Idefics3Processor
+from transformers import Idefics3ForConditionalGeneration
 
-from vlm_grpo.adapters.architecture import Architecture
 from vlm_grpo.adapters.base import ImageTokenMismatch, VLMAdapter
 from vlm_grpo.adapters.batch import PromptBatch, sum_per_sample
-from vlm_grpo.adapters.chat_templates import user_assistant_template
 from vlm_grpo.adapters.features import with_mask_positions
 from vlm_grpo.adapters.image_layout import LayoutFacts, tiled_cells, token_runs
 from vlm_grpo.adapters.module_groups import ModuleLayout
 from vlm_grpo.adapters.quirks import CacheQuirk
-from vlm_grpo.adapters.seeding import seeded_model
-from vlm_grpo.adapters.tiny_tokenizer import build_tokenizer
-
-FAKE_TOKEN = "<fake_token_around_image>"
-IMAGE_TOKEN = "<image>"
-GLOBAL_TOKEN = "<global-img>"
-END_OF_UTTERANCE = "<end_of_utterance>"
-ROW_COL_TOKENS = [f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)]
-IMAGE_LAYOUT_TOKENS = [FAKE_TOKEN, IMAGE_TOKEN, GLOBAL_TOKEN, END_OF_UTTERANCE, *ROW_COL_TOKENS]
+from vlm_grpo.adapters.twins.idefics3 import FAKE_TOKEN, GLOBAL_TOKEN, ROW_COL_TOKENS, Idefics3Twin, TiledTwin
 
 
 class TileGrid(NamedTuple):
@@ -52,73 +42,21 @@ class TileGrid(NamedTuple):
         return self.rows * self.cols + 1
 
 
-class TiledSpec(NamedTuple):
-    """What differs between Idefics3 and SmolVLM when building a twin or preset."""
-
-    config_cls: type
-    processor_cls: type
-    image_processor_cls: type
-    special_tokens: list[str]
-    prefix: str  # opens every conversation; also the BOS id
-    pad_token: str
-    video_processor_cls: type | None = None
-
-
-# 32-px tiles of 8-px patches, pixel shuffle 2: (32/8)^2 / 2^2 = 4 tokens per tile.
-TINY = Architecture(
-    vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32,
-                patch_size=8),
-    text=dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5),
-    image=dict(scale_factor=2, longest_edge=64, max_image_size=32),
-)
 TILED_LAYOUT = ModuleLayout(
     vision=(r"model\.vision_model\.",), projector=(r"model\.connector\.",), language=(r"model\.text_model\.",),
 )
 
 
-class TiledImageAdapter(VLMAdapter):
+class TiledImageAdapter(TiledTwin, VLMAdapter):
     """Shared by Idefics3 and SmolVLM: same model layout, same prompt expansion."""
 
-    spec: ClassVar[TiledSpec]
     module_layout = TILED_LAYOUT
-    tiny_architecture = TINY
     cache_quirks = (
         # The VSR study (seed) saw cached decoding lose the image tokens with a pre-5 transformers; it did not pin
         # the range, so the whole 4.x line is treated as unsafe.
         CacheQuirk(transformers="<5.0", reason="Idefics3 merges image features only when image tokens are in the "
                    "step's input; cached decode steps dropped them (the VSR study's no-cache workaround)"),
     )
-
-    @classmethod
-    def build(cls, arch, seed=0, dtype=torch.float32):
-        spec, image = cls.spec, arch.image
-        tokenizer = build_tokenizer(spec.special_tokens, chat_template=user_assistant_template(spec.prefix),
-                                    eos_token=END_OF_UTTERANCE, pad_token=spec.pad_token)
-        seq_len = (arch.vision["image_size"] // arch.vision["patch_size"]) ** 2 // image["scale_factor"] ** 2
-        image_processor = spec.image_processor_cls(
-            size={"longest_edge": image["longest_edge"]}, max_image_size={"longest_edge": image["max_image_size"]},
-            image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
-        )
-        # Frames are resized to one tile (never split), the tile the vision tower takes.
-        frame = {"longest_edge": image["max_image_size"]}
-        extra = {"video_processor": spec.video_processor_cls(size=frame, max_image_size=frame, image_mean=[0.5] * 3,
-                                                             image_std=[0.5] * 3)} if spec.video_processor_cls else {}
-        processor = spec.processor_cls(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=seq_len,
-                                       chat_template=tokenizer.chat_template, **extra)
-        ids = {"bos_token_id": tokenizer.convert_tokens_to_ids(spec.prefix), "eos_token_id": tokenizer.eos_token_id,
-               "pad_token_id": tokenizer.pad_token_id}
-        config = spec.config_cls(
-            text_config={"vocab_size": arch.vocab_size or len(tokenizer), **ids, **arch.text},
-            vision_config=dict(arch.vision), scale_factor=image["scale_factor"],
-            image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
-            tie_word_embeddings=False,  # untied in the public checkpoints (SmolVLM-256M counts 256.5M with lm_head)
-            pad_token_id=tokenizer.pad_token_id,
-        )
-        model = seeded_model(cls.model_class, config, seed, dtype)
-        model.generation_config.eos_token_id = tokenizer.eos_token_id
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-        return cls(model, processor, source=f"tiny:{cls.family}")
 
     def _token_id(self, token: str) -> int:
         return self.tokenizer.convert_tokens_to_ids(token)
@@ -234,15 +172,7 @@ class TiledImageAdapter(VLMAdapter):
         return tiled_cells(tokens, grid.rows, grid.cols, grid.side)
 
 
-class Idefics3Adapter(TiledImageAdapter):
+class Idefics3Adapter(Idefics3Twin, TiledImageAdapter):
     family = "idefics3"
     model_types = ("idefics3",)
     model_class = Idefics3ForConditionalGeneration
-    spec = TiledSpec(
-        config_cls=Idefics3Config,
-        processor_cls=Idefics3Processor,
-        image_processor_cls=Idefics3ImageProcessor,
-        special_tokens=["<|begin_of_text|>", "<|end_of_text|>", *IMAGE_LAYOUT_TOKENS],
-        prefix="<|begin_of_text|>",
-        pad_token="<|end_of_text|>",
-    )
