@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vlm_grpo.grpo.run import checkpoints as ckpt
+from vlm_grpo.grpo.checkpoint import store as ckpt
 from vlm_grpo.grpo.training import guards
 from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.api.trainers import GRPOTrainer

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vlm_grpo.grpo.settings.sources import load_config
-from vlm_grpo.grpo.training.guards import TrainingHalted
+from vlm_grpo.grpo.guards.guard import TrainingHalted
 from vlm_grpo.api.trainers import GRPOTrainer
 from tests.trained import trained
 

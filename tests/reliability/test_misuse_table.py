@@ -196,7 +196,7 @@ def test_a_model_whose_layers_differ_is_measured_by_its_largest_layer():
     OSError(28, "No space left on device"),
 ])
 def test_disk_full_while_saving_names_the_path_and_space_and_keeps_the_last_checkpoint(error, tmp_path):
-    from vlm_grpo.grpo.run import checkpoints as ckpt
+    from vlm_grpo.grpo.checkpoint import store as ckpt
 
     (tmp_path / "checkpoint-1").mkdir()
     tmp = tmp_path / ".tmp-checkpoint-2"

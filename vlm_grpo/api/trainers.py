@@ -41,7 +41,7 @@ from vlm_grpo.grpo.parts.token_scorer import TokenScorer
 from vlm_grpo.grpo.parts.update import PolicyUpdate
 from vlm_grpo.grpo.tools.chat_format import ChatFormat
 from vlm_grpo.grpo.tools.toolset import final_message_rewards, run_toolset
-from vlm_grpo.grpo.training.hacking_watch import HackingWatch
+from vlm_grpo.grpo.guards.hacking_watch import HackingWatch
 from vlm_grpo.grpo.training.lora import is_lora_wrapped
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
 

@@ -31,7 +31,7 @@ def run(args, extra: list[str]) -> int:
     from vlm_grpo.grpo.run.outputs import write_output
     from vlm_grpo.grpo.settings.sources import check_sources, load_recipe_config
     from vlm_grpo.grpo.training.policy import load_policy
-    from vlm_grpo.grpo.training.hacking_watch import run_hints
+    from vlm_grpo.grpo.guards.hacking_watch import run_hints
     from vlm_grpo.recipes.checked import CheckedSource
 
     cfg, recipe = load_recipe_config(args.config, extra)

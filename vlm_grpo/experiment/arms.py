@@ -51,7 +51,7 @@ def wanted(sample, types: list[str] | None) -> bool:
 
 def answer_rows(exp: Experiment, stage: str, seed: int, say: Callable[[str], None]) -> tuple[list, dict[str, Any]]:
     """GRPO's prompts (of the arm's question types), each with the answer alone as its reference."""
-    from vlm_grpo.grpo.training.hacking_watch import run_hints
+    from vlm_grpo.grpo.guards.hacking_watch import run_hints
 
     cfg, recipe, dataset, steps = grpo_prompts(exp, seed)
     hints = run_hints(recipe, custom_rewards=bool(cfg.data.rewards))

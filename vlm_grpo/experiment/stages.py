@@ -147,7 +147,7 @@ def order_seed(exp: Experiment, stage: str, seed: int) -> int | None:
 def stage_settings(exp: Experiment, stage: str, seed: int) -> dict[str, Any]:
     """The stage's settings with what the experiment decides: the model it starts from, its folder, its seed, its data
     order (unless the stage sets data.data_seed), resume."""
-    from vlm_grpo.grpo.run.checkpoints import latest_checkpoint
+    from vlm_grpo.grpo.checkpoint.store import latest_checkpoint
 
     out = exp.stage_dir(stage, seed)
     start = None if previous_stage(stage) == "compose" else final_of(exp, previous_stage(stage), seed)

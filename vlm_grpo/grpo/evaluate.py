@@ -20,7 +20,7 @@ from vlm_grpo.grpo.rewards.inputs import RewardInputs, trainer_state
 from vlm_grpo.grpo.rewards.scoring import run_rewards, score
 from vlm_grpo.grpo.eval_stats import accuracy_stats
 from vlm_grpo.grpo.rollout.sampling import mask_after_eos
-from vlm_grpo.grpo.training.image_reliance import blanked
+from vlm_grpo.grpo.guards.image_reliance import blanked
 
 
 def quartile_edges(lengths: Sequence[int], buckets: int = 4) -> list[int]:
