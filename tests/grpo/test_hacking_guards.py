@@ -11,7 +11,7 @@ import torch
 
 from vlm_grpo.grpo.settings.sources import load_recipe_config
 from vlm_grpo.api.trainers import GRPOTrainer
-from vlm_grpo.grpo.guards.guard import TrainingHalted
+from vlm_grpo.grpo.guards.protocol import TrainingHalted
 from vlm_grpo.inspect.completions import format_rows, load_completions, select
 from vlm_grpo.inspect.plots import RunData, charts
 from vlm_grpo.loader import load_model

@@ -113,7 +113,7 @@ def test_yaml_and_python_values_are_checked_alike(tmp_path):
         TrainConfig(optim={"learning_rate": 1e308})
     with pytest.raises(SettingError, match=r"'seed': 1180591620717411303424 is out of range"):
         TrainConfig(seed=2**70)
-    from vlm_grpo.api.config import GRPOConfig
+    from vlm_grpo.api.trl_configs import GRPOConfig
 
     with pytest.raises(ValueError, match=r"'generation.temperature': 1e\+308 is out of range"):
         GRPOConfig(output_dir=str(tmp_path), temperature=1e308).to_settings()

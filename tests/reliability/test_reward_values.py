@@ -15,7 +15,7 @@ import torch
 
 from tests.reliability.conftest import RUN, same_weights
 from vlm_grpo.cli import main
-from vlm_grpo.grpo.rewards.scoring import RewardError, score
+from vlm_grpo.grpo.rewards.weighted import RewardError, score
 from vlm_grpo.grpo.guards.watchdogs import LearningSignalMonitor
 from vlm_grpo.recipes.base import Reward
 

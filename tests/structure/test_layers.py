@@ -54,7 +54,7 @@ INNER_FLOORS = {
          "vlm_grpo.grpo.tools", "vlm_grpo.grpo.checkpoint"),  # the algorithm, its inputs (tools: what a multi-turn
         # rollout calls); the checkpoint format, its resume rules and run state
         ("vlm_grpo.grpo.settings",),  # the run's sections, and how files and flags become them
-        ("vlm_grpo.grpo.run", "vlm_grpo.grpo.evaluate", "vlm_grpo.grpo.training",
+        ("vlm_grpo.grpo.run", "vlm_grpo.grpo.heldout_eval", "vlm_grpo.grpo.training",
          "vlm_grpo.grpo.guards"),  # the run dir; a stage's parts; what watches each step
         ("vlm_grpo.grpo.sft",),  # SFT's batches and loss
         ("vlm_grpo.grpo.parts", "vlm_grpo.grpo"),  # the parts a trainer is built of (api/stage.py composes them)

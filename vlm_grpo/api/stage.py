@@ -26,8 +26,8 @@ from vlm_grpo.api.callbacks import CallbackBridge
 from vlm_grpo.api.schedule import Schedule
 from vlm_grpo.api.trl_surface import LoaderRows, as_list, settable
 from vlm_grpo.api.trl_arguments import rows_record
-from vlm_grpo.grpo.evaluate import heldout_metrics
-from vlm_grpo.grpo.parts.checkpoints import Checkpoints
+from vlm_grpo.grpo.heldout_eval import heldout_metrics
+from vlm_grpo.grpo.parts.checkpointing import Checkpoints
 from vlm_grpo.grpo.parts.evaluation import Evaluation
 from vlm_grpo.grpo.parts.run_context import RunContext
 from vlm_grpo.grpo.parts.saves import Saves
@@ -70,7 +70,7 @@ class Stage:
     dropout = False  # whether the model trains in train() mode (GRPO: no, the ratio compares like with like)
     needs_rewards = True  # GRPO learns from them; SFT's only score held-out evaluations
     evaluates_around = False  # eval.before_after applies (GRPO)
-    config_class: type = object  # TRL's config class of the stage (api/config.py)
+    config_class: type = object  # TRL's config class of the stage (api/trl_configs.py)
 
     @classmethod
     def from_settings(cls, cfg: TrainConfig, **inputs: Any):

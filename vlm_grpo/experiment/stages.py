@@ -260,7 +260,7 @@ def eval_splits(exp: Experiment, test: bool = False) -> list[str]:
 def run_eval(exp: Experiment, seed: int, say: Callable[[str], None], test: bool = False) -> None:
     """Every model's report on each split (eval_splits); a report written earlier is kept, never asked again: a test
     split is answered once."""
-    from vlm_grpo.grpo.evaluate import evaluate_run, write_report
+    from vlm_grpo.grpo.heldout_eval import evaluate_run, write_report
     from vlm_grpo.grpo.settings.sources import load_recipe_config
     from vlm_grpo.grpo.training.policy import load_policy
 

@@ -1,6 +1,6 @@
 """Monitors for a policy that games its rewards or stops looking at the image, judged once per step.
 
-Each monitor is a guard (guard.py): its `observe(step, stats, rows)` reads the step's process-averaged statistics (the
+Each monitor is a guard (protocol.py): its `observe(step, stats, rows)` reads the step's process-averaged statistics (the
 `Trend` of a metric over the last `window` steps: the mean of its first third against the mean of its last third) and,
 when it trips, returns a `Trip`: a message naming the step, and which of the step's completions show it (`rows`: this
 process's completions by what they show). The statistics are made in hacking_watch.py. Their state (`state_dict`) travels in
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from vlm_grpo.grpo.guards.guard import Guards, Trip
+from vlm_grpo.grpo.guards.protocol import Guards, Trip
 
 MIN_POINTS = 6  # steps a trend needs before it is judged (fewer when the window is shorter): thirds of 2 steps
 RELIANCE_NONE = 0.01  # nats per token: an image reliance this small means the answers ignore the image

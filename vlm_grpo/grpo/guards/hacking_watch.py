@@ -29,7 +29,7 @@ from vlm_grpo.grpo.algorithm.trajectory import Trajectory
 from vlm_grpo.grpo.rewards.audit import audit_rewards, completion_tokens
 from vlm_grpo.grpo import safe_files
 from vlm_grpo.grpo.run.guard_report import AUDIT_FILE
-from vlm_grpo.grpo.guards.guard import Trip
+from vlm_grpo.grpo.guards.protocol import Trip
 from vlm_grpo.grpo.guards.hacking_monitors import monitors
 from vlm_grpo.grpo.guards.image_reliance import ImageReliance
 from vlm_grpo.recipes.audit_hints import DEFAULT_HINTS, AuditHints

@@ -8,7 +8,7 @@ import math
 import statistics
 from typing import Any
 
-from vlm_grpo.grpo.guards.guard import Guards, TrainingHalted, Trip
+from vlm_grpo.grpo.guards.protocol import Guards, TrainingHalted, Trip
 from vlm_grpo.grpo.settings.sections import GuardConfig, TrainConfig
 
 

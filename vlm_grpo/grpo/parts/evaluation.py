@@ -9,7 +9,7 @@ import functools
 import json
 from typing import Any
 
-from vlm_grpo.grpo.evaluate import evaluate_run, format_report, heldout_metrics, heldout_split, side_by_side
+from vlm_grpo.grpo.heldout_eval import evaluate_run, format_report, heldout_metrics, heldout_split, side_by_side
 from vlm_grpo.grpo import safe_files
 from vlm_grpo.grpo.checkpoint.store import latest_checkpoint
 

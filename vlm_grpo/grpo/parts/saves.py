@@ -11,7 +11,7 @@ from typing import Any, Callable
 from vlm_grpo.grpo.interrupts import StopSignal
 from vlm_grpo.grpo.checkpoint import store as ckpt
 from vlm_grpo.grpo.run.logs import log_failure
-from vlm_grpo.grpo.guards.guard import TrainingHalted
+from vlm_grpo.grpo.guards.protocol import TrainingHalted
 
 
 class Saves:

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 
 from vlm_grpo.grpo.algorithm.trajectory import Trajectory
-from vlm_grpo.grpo.rewards.scoring import nan_mean, nan_std
+from vlm_grpo.grpo.rewards.weighted import nan_mean, nan_std
 from vlm_grpo.grpo.run.completion_files import completion_rows, prompt_media, save_step
 
 

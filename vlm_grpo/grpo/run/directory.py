@@ -30,7 +30,7 @@ from vlm_grpo.grpo.run.logs import METRICS
 from vlm_grpo.grpo.safe_files import CREATED_LIST, STAGING_PREFIX, CreatedFiles
 from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.run.completion_files import COMPLETIONS_DIR
-from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT, TRACKIO_FOLDER
+from vlm_grpo.grpo.run.tracker_setup import TRACKER_PROJECT, TRACKIO_FOLDER
 
 SCRATCH_DIRS = ("runs/latest", "runs/sft-latest")
 RUN_FILES = ("metrics.jsonl", "completions.jsonl", "config.yaml", "before-after.txt", ".write-test", AUDIT_FILE,
