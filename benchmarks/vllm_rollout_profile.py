@@ -23,7 +23,7 @@ import torch
 
 from vlm_grpo.bench.runners import _samples
 from vlm_grpo.bench.settings import BenchSettings
-from vlm_grpo.grpo.rollout.sampling import rollout
+from vlm_grpo.grpo.rollout.generation import rollout
 from vlm_grpo.grpo.rollout.vllm_engine import (
     build_llm, export_model, llm_generate, max_model_len, requests, sampling_options,
 )

@@ -23,7 +23,7 @@ BUGS = [
   "    return report.cache_ok", "    return True", ["tests/compat"]),
  ("freeze policy: every float parameter trains", "vlm_grpo/adapters/freeze.py",
   "param.requires_grad_(trainable)", "param.requires_grad_(True)", ["tests/grpo/test_optim.py", "tests/grpo/test_lora.py"]),
- ("resume: the optimizer state is not loaded", "vlm_grpo/grpo/run/checkpoints.py",
+ ("resume: the optimizer state is not loaded", "vlm_grpo/grpo/checkpoint/store.py",
   '        optimizer.load_state_dict(read["optimizer.pt"])', "        pass",
   ["tests/grpo/test_trainer.py::test_resume_gives_the_same_run"]),
  ("data order: every process draws the same prompts", "vlm_grpo/grpo/data/order.py",

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from vlm_grpo.grpo.distributed import sharded_checkpoints as shards
+from vlm_grpo.grpo.checkpoint import sharded as shards
 from vlm_grpo.api.trainers import GRPOTrainer
 from vlm_grpo.grpo.parts import sampler as sampler_module
 from vlm_grpo.grpo.parts import trained_policy as update_module  # where the update step is called

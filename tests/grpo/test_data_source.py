@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vlm_grpo.cli import main
-from vlm_grpo.grpo.data.source import build_options, resolve_recipe
+from vlm_grpo.grpo.data.recipe_source import build_options, resolve_recipe
 from vlm_grpo.grpo.settings.sources import load_config, load_recipe_config
 from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.recipes import get_recipe

@@ -11,7 +11,7 @@ from scipy.stats import binomtest
 
 from tests.conftest import tiny_adapter
 from vlm_grpo.grpo.eval_stats import accuracy_stats, binomial_se, paired_difference, wilson_interval
-from vlm_grpo.grpo.evaluate import evaluate, format_report
+from vlm_grpo.grpo.heldout_eval import evaluate, format_report
 from vlm_grpo.recipes import get_recipe
 
 

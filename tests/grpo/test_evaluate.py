@@ -6,7 +6,7 @@ import json
 
 from tests.conftest import tiny_adapter
 from vlm_grpo.cli import main
-from vlm_grpo.grpo.evaluate import by_question_type, evaluate, format_report, inverted_u, length_buckets, quartile_edges, summarize
+from vlm_grpo.grpo.heldout_eval import by_question_type, evaluate, format_report, inverted_u, length_buckets, quartile_edges, summarize
 from vlm_grpo.recipes import get_recipe
 from vlm_grpo.recipes.base import Recipe, Reward
 

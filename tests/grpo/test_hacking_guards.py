@@ -11,7 +11,7 @@ import torch
 
 from vlm_grpo.grpo.settings.sources import load_recipe_config
 from vlm_grpo.api.trainers import GRPOTrainer
-from vlm_grpo.grpo.training.guards import TrainingHalted
+from vlm_grpo.grpo.guards.protocol import TrainingHalted
 from vlm_grpo.inspect.completions import format_rows, load_completions, select
 from vlm_grpo.inspect.plots import RunData, charts
 from vlm_grpo.loader import load_model
@@ -43,7 +43,7 @@ def format_only_run(tmp_path_factory):
                                  "--logging.overwrite_output_dir", "true"])
     with pytest.MonkeyPatch.context() as mp:
         warnings = []
-        mp.setattr("vlm_grpo.grpo.training.hacking_watch.log.warning", lambda msg, *a: warnings.append(msg % a))
+        mp.setattr("vlm_grpo.grpo.guards.hacking_watch.log.warning", lambda msg, *a: warnings.append(msg % a))
         trainer = GRPOTrainer.from_settings(cfg)
         trained(trainer)
     return run, warnings

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from vlm_grpo.grpo.settings.sections import GuardConfig
-from vlm_grpo.grpo.training.hacking_monitors import RelianceFalling, RisingWithoutAccuracy, monitors
-from vlm_grpo.grpo.training.hacking_watch import enumerates
+from vlm_grpo.grpo.guards.hacking_monitors import RelianceFalling, RisingWithoutAccuracy, monitors
+from vlm_grpo.grpo.guards.hacking_watch import enumerates
 
 CFG = GuardConfig(monitor_window=6)
 
@@ -48,14 +48,14 @@ def test_image_reliance_trips_on_a_sustained_fall_or_none_at_all():
 
 
 def test_shares_that_rise_and_groups_that_collapse():
-    made = monitors(CFG, "accuracy", fixed_length=False)
+    made = monitors(CFG, "accuracy", fixed_length=False).by_name
     enumeration = steps(6, **{"guards/enumeration": [0.0, 0.0, 0.1, 0.2, 0.4, 0.5]})
     assert feed(made["enumeration"], enumeration) == [6]
     capped_from_the_start = steps(6, **{"guards/at_length_limit": 1.0})  # a model that never stops: no drift
     assert feed(made["length_limit"], capped_from_the_start) == []
     drifting = steps(6, **{"guards/at_length_limit": [0.1, 0.2, 0.4, 0.5, 0.7, 0.8]})
-    assert feed(monitors(CFG, "accuracy", fixed_length=False)["length_limit"], drifting) == [6]
-    assert "length_limit" not in monitors(CFG, "accuracy", fixed_length=True)  # benchmarks: fixed-length completions
+    assert feed(monitors(CFG, "accuracy", fixed_length=False).by_name["length_limit"], drifting) == [6]
+    assert "length_limit" not in monitors(CFG, "accuracy", fixed_length=True).by_name  # benchmarks: fixed-length completions
     identical = steps(4, **{"guards/identical_groups": [0.6, 0.2, 0.7, 0.9]})
     assert feed(made["identical_groups"], identical) == [4]  # two steps in a row
 
@@ -72,7 +72,7 @@ def test_the_answer_marginal_per_question_type():
     policy saying "triangle" to every shape question shows 1.0 there, whatever the colour questions do."""
     from types import SimpleNamespace
 
-    from vlm_grpo.grpo.training.hacking_watch import answer_marginal, stated_answers
+    from vlm_grpo.grpo.guards.hacking_watch import answer_marginal, stated_answers
     from vlm_grpo.recipes.audit_hints import DEFAULT_HINTS
 
     samples = [SimpleNamespace(fields={"question_type": "kind"}), SimpleNamespace(fields={"question_type": "colour"}),

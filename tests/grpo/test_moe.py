@@ -11,7 +11,7 @@ from tests.adapters.samples import picture, user_turn
 from vlm_grpo.adapters.registry import family_class
 from vlm_grpo.grpo.parts import sampler as sampler_module
 from vlm_grpo.grpo.parts import trained_policy as update_module  # where the update step is called
-from vlm_grpo.grpo.rollout.sampling import rollout
+from vlm_grpo.grpo.rollout.generation import rollout
 from vlm_grpo.grpo.settings.sections import LoraSettings, OptimConfig
 from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.api.trainers import GRPOTrainer

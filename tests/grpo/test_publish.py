@@ -9,8 +9,8 @@ from huggingface_hub import constants
 
 from tests.grpo.fake_hub import FakeHub
 from vlm_grpo.cli import main
-from vlm_grpo.grpo.run import trackers
-from vlm_grpo.grpo.run.manifest import verify
+from vlm_grpo.grpo.run import tracker_setup as trackers
+from vlm_grpo.grpo.checkpoint.manifest import verify
 
 RUN = ["--model", "tiny:smolvlm", "--data.recipe_options", "{image_size: 56}", "--max-new-tokens", "4",
        "--logging.progress", "false", "--max-steps", "2", "--eval.before_after", "--eval.size", "3",

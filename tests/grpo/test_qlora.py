@@ -13,7 +13,7 @@ from tests.adapters.samples import picture, user_turn
 from vlm_grpo.adapters import quantization
 from vlm_grpo.adapters.model_dirs import MERGED_DIR
 from vlm_grpo.compat.cache_probe import probe_cache
-from vlm_grpo.grpo.run.checkpoints import load_weights
+from vlm_grpo.grpo.checkpoint.store import load_weights
 from vlm_grpo.grpo.settings.sections import LoraSettings
 from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.api.trainers import GRPOTrainer

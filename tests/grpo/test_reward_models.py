@@ -17,7 +17,7 @@ from vlm_grpo.cli import main
 from vlm_grpo.grpo.rewards.inputs import filled_messages
 from vlm_grpo.grpo.rewards.judge import VLMJudge
 from vlm_grpo.grpo.rewards.reward_model import RewardModel
-from vlm_grpo.grpo.rewards.scoring import reward_model_kind
+from vlm_grpo.grpo.rewards.weighted import reward_model_kind
 from vlm_grpo.grpo.run.logs import read_jsonl
 
 RUN = ["--model", "tiny:smolvlm", "--max-new-tokens", "4", "--logging.progress", "false", "--max-steps", "2",

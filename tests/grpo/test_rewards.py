@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlm_grpo.grpo.rewards.scoring import RewardError, load_reward_function, parse_reward_specs, score
+from vlm_grpo.grpo.rewards.weighted import RewardError, load_reward_function, parse_reward_specs, score
 from vlm_grpo.recipes.base import Reward
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vlm_grpo.adapters import ImageTokenMismatch
-from vlm_grpo.grpo.rollout.sampling import check_no_placeholders, mask_after_eos
+from vlm_grpo.grpo.rollout.generation import check_no_placeholders, mask_after_eos
 
 
 def test_mask_keeps_tokens_through_the_first_eos():

@@ -172,7 +172,7 @@ def test_no_cache_policy_falls_back_to_the_plain_path():
 
 def test_sampled_rollout_is_unchanged_for_a_fixed_seed():
     from vlm_grpo.grpo.settings.sections import GenerationConfig
-    from vlm_grpo.grpo.rollout.sampling import rollout
+    from vlm_grpo.grpo.rollout.generation import rollout
     from vlm_grpo.recipes import get_recipe
 
     adapter = family_class("qwen2_5_vl").tiny(seed=0)

@@ -174,7 +174,7 @@ def test_yaml_config_and_overrides(tmp_path):
 def test_logprobs_are_taken_at_the_sampling_temperature(tmp_path):
     """Ratio, KL and entropy use the distribution the completions came from: softmax(logits / T), as in TRL."""
     from vlm_grpo.adapters.teacher_forcing import completion_logits
-    from vlm_grpo.grpo.rollout.sampling import rollout
+    from vlm_grpo.grpo.rollout.generation import rollout
     from vlm_grpo.recipes.shapes import build
 
     cfg = run_config(tmp_path, "--model", "tiny:qwen2_5_vl", "--temperature", "0.5")

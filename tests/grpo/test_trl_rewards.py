@@ -11,7 +11,7 @@ from PIL import Image
 from trl.rewards import accuracy_reward, get_cosine_scaled_reward, think_format_reward
 
 from vlm_grpo.grpo.rewards.inputs import RewardInputs, trainer_state
-from vlm_grpo.grpo.rewards.scoring import RewardError, nan_mean, run_rewards, score
+from vlm_grpo.grpo.rewards.weighted import RewardError, nan_mean, run_rewards, score
 from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.recipes.base import Recipe, Reward, Sample, user_turn
 

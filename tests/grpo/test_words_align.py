@@ -14,7 +14,7 @@ from vlm_grpo.compose import compose
 from vlm_grpo.experiment.stages import random_tower
 from vlm_grpo.experiment.tower import pretrain_tower
 from vlm_grpo.experiment.words import align_to_words, image_tokens, word_vector
-from vlm_grpo.grpo.run.manifest import verify
+from vlm_grpo.grpo.checkpoint.manifest import verify
 from vlm_grpo.loader import load_model
 from vlm_grpo.recipes import get_recipe
 from vlm_grpo.recipes.scene_count import cell_labels, cell_words, scene

@@ -102,7 +102,7 @@ def scripted_rollout(adapter, first, later=None, *, tools=(), environment=CropEn
     (session, chat format, encoded prompts, Rollout)."""
     from types import SimpleNamespace
 
-    from vlm_grpo.grpo.rollout.sampling import encode
+    from vlm_grpo.grpo.rollout.generation import encode
     from vlm_grpo.grpo.rollout.turns import ToolRollout
     from vlm_grpo.grpo.tools.chat_format import ChatFormat
     from vlm_grpo.grpo.tools.toolset import Toolset

@@ -10,7 +10,7 @@ import os
 import pytest
 from PIL import Image
 
-from vlm_grpo.grpo.run import safe_files
+from vlm_grpo.grpo import safe_files
 from vlm_grpo.inspect import report as rp
 
 SECRET_COLOUR = (12, 34, 56)

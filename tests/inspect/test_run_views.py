@@ -18,7 +18,7 @@ from PIL import Image
 
 from vlm_grpo.grpo.run import completion_files as cf
 from vlm_grpo.grpo.run.logs import RunLog, read_jsonl
-from vlm_grpo.grpo.run.tracker_tables import log_completion_tables, tracker_table
+from vlm_grpo.grpo.run.completion_tables import log_completion_tables, tracker_table
 from vlm_grpo.inspect import report as rp
 
 COMPONENTS = ("correctness", "description", "reasoning")  # the shapes recipe's rewards

@@ -10,7 +10,7 @@ from vlm_grpo.adapters.families.hybrid_llava import LlavaHybridAdapter
 from vlm_grpo.loader import load_model
 from vlm_grpo.grpo.training.policy import load_policy
 from vlm_grpo.grpo.settings.sources import load_recipe_config
-from vlm_grpo.grpo.evaluate import evaluate_run
+from vlm_grpo.grpo.heldout_eval import evaluate_run
 from vlm_grpo.recipes import get_recipe
 
 SHIPPED = pretrained.path("shapes-tiny")

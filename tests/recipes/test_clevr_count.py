@@ -3,7 +3,7 @@
 import pytest
 
 from tests.recipes.helpers import png_bytes, same_sample, save_image, smoke_train, write_jsonl, write_parquet
-from vlm_grpo.grpo.rewards.scoring import score
+from vlm_grpo.grpo.rewards.weighted import score
 from vlm_grpo.recipes import get_recipe
 from vlm_grpo.recipes.clevr_count import build, correctness, extract_answer, strict_format
 

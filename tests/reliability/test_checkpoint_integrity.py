@@ -78,7 +78,7 @@ def test_no_good_checkpoint_stops_with_one_message(straight, tmp_path):
 
 
 def test_a_manifest_update_hashes_only_what_changed_and_equals_a_full_one(tmp_path, monkeypatch):
-    from vlm_grpo.grpo.run import manifest
+    from vlm_grpo.grpo.checkpoint import manifest
 
     (tmp_path / "weights.bin").write_bytes(b"w" * 4096)
     (tmp_path / "README.md").write_text("a card")

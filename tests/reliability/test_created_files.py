@@ -10,9 +10,9 @@ import shutil
 import pytest
 
 from tests.reliability.test_run_dir_links import snapshot
-from vlm_grpo.grpo.run import safe_files
+from vlm_grpo.grpo import safe_files
 from vlm_grpo.grpo.run.directory import prepare_run_dir
-from vlm_grpo.grpo.run.safe_files import CREATED_LIST, CreatedFiles
+from vlm_grpo.grpo.safe_files import CREATED_LIST, CreatedFiles
 from vlm_grpo.grpo.setting_fields import SettingError
 
 

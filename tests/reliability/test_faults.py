@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vlm_grpo.grpo.run import checkpoints as ckpt
-from vlm_grpo.grpo.training import guards
+from vlm_grpo.grpo.checkpoint import store as ckpt
+from vlm_grpo.grpo.training import preflight
 from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.api.trainers import GRPOTrainer
 from tests.trained import trained
@@ -102,7 +102,7 @@ def test_unusable_output_directory_fails_before_training(tmp_path):
 
 
 def test_full_disk_fails_before_training(tmp_path, monkeypatch):
-    monkeypatch.setattr(guards.shutil, "disk_usage", lambda _p: type("Usage", (), {"free": 1024})())
+    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda _p: type("Usage", (), {"free": 1024})())
     with pytest.raises(OSError, match="a checkpoint needs about .* GB but only 0.00 GB are free"):
         GRPOTrainer.from_settings(load_config(overrides=[*RUN, "--output-dir", str(tmp_path)]))
 

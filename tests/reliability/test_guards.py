@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vlm_grpo.grpo.settings.sources import load_config
-from vlm_grpo.grpo.training.guards import TrainingHalted
+from vlm_grpo.grpo.guards.protocol import TrainingHalted
 from vlm_grpo.api.trainers import GRPOTrainer
 from tests.trained import trained
 
@@ -104,7 +104,7 @@ def test_kl_spike_watchdog(tmp_path, caplog, action):
 def test_a_raising_reward_stops_the_run_naming_it_or_scores_zero(tmp_path):
     base = ["--max-steps", "3", "--data.rewards", "digits=tests.grpo.toy_rewards:fails_on_digits", *FAST,
             "--max-new-tokens", "16", "--num-generations", "8"]
-    from vlm_grpo.grpo.rewards.scoring import RewardError
+    from vlm_grpo.grpo.rewards.weighted import RewardError
 
     with pytest.raises(RewardError, match=r"reward 'digits' \(fails_on_digits at .*toy_rewards.py:\d+\) raised ValueError: cannot parse.* on completion \d+ .*, dataset row \d+, step \d+"):
         trained(GRPOTrainer.from_settings(load_config(overrides=[*base, "--output-dir", str(tmp_path / "raise")])))

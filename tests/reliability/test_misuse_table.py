@@ -113,7 +113,7 @@ def test_yaml_and_python_values_are_checked_alike(tmp_path):
         TrainConfig(optim={"learning_rate": 1e308})
     with pytest.raises(SettingError, match=r"'seed': 1180591620717411303424 is out of range"):
         TrainConfig(seed=2**70)
-    from vlm_grpo.api.config import GRPOConfig
+    from vlm_grpo.api.trl_configs import GRPOConfig
 
     with pytest.raises(ValueError, match=r"'generation.temperature': 1e\+308 is out of range"):
         GRPOConfig(output_dir=str(tmp_path), temperature=1e308).to_settings()
@@ -196,7 +196,7 @@ def test_a_model_whose_layers_differ_is_measured_by_its_largest_layer():
     OSError(28, "No space left on device"),
 ])
 def test_disk_full_while_saving_names_the_path_and_space_and_keeps_the_last_checkpoint(error, tmp_path):
-    from vlm_grpo.grpo.run import checkpoints as ckpt
+    from vlm_grpo.grpo.checkpoint import store as ckpt
 
     (tmp_path / "checkpoint-1").mkdir()
     tmp = tmp_path / ".tmp-checkpoint-2"

@@ -159,7 +159,7 @@ def test_each_settings_resume_policy_is_the_one_declared_with_it():
     """The policy travels with the declaration: a field's own `resume=`, else its section's RESUME, else refused."""
     import dataclasses
 
-    from vlm_grpo.grpo.run.resume_rules import compare
+    from vlm_grpo.grpo.checkpoint.resume_rules import compare
     from vlm_grpo.grpo.setting_fields import RESUME_POLICIES, resume_policies, setting
 
     policies = resume_policies(load_config(overrides=[]))

@@ -15,8 +15,8 @@ import torch
 
 from tests.reliability.conftest import RUN, same_weights
 from vlm_grpo.cli import main
-from vlm_grpo.grpo.rewards.scoring import RewardError, score
-from vlm_grpo.grpo.training.guards import LearningSignalMonitor
+from vlm_grpo.grpo.rewards.weighted import RewardError, score
+from vlm_grpo.grpo.guards.watchdogs import LearningSignalMonitor
 from vlm_grpo.recipes.base import Reward
 
 TEXTS = ["alpha", "beta", "gamma", "delta"]
@@ -119,17 +119,17 @@ def test_the_monitor_names_why_steps_carry_no_signal(caplog):
     flat = {"frac_reward_zero_std": 1.0, "reward": 0.0, "reward_std": 0.0, "rewards/accuracy": 0.0}
     with caplog.at_level(logging.WARNING):
         cold = LearningSignalMonitor(temperature=0.01)
-        said = [cold.observe({**flat, "step": s}) for s in (1, 2, 3, 4)]
+        said = [[t.message for t in cold.observe(s, {**flat, "step": s}, {})] for s in (1, 2, 3, 4)]
         assert said[:2] == [[], []] and said[3] == []  # warned once, at the third step in a row
         assert said[2] == ["steps 1-3: in every group the completions had the same reward (frac_reward_zero_std = 1), "
                            "so these steps trained nothing: generation.temperature 0.01 is so low that the completions "
                            "of a prompt come out (nearly) the same: sample hotter (0.7-1.0)"]
         warm = LearningSignalMonitor(temperature=1.0)
-        assert [warm.observe({**flat, "step": s}) for s in (1, 2, 3)][-1][0].endswith(
+        assert [warm.observe(s, {**flat, "step": s}, {}) for s in (1, 2, 3)][-1][0].message.endswith(
             "every completion of the step scored 0: the rewards never tell completions apart (a reward that never "
             "fires, or a task far too hard or too easy)")
-        assert warm.observe({"step": 9, "frac_reward_zero_std": 0.0, "reward": math.nan, "rewards/accuracy": math.nan}) \
-            == ["step 9: reward 'accuracy' returned None for every completion (it applies to none of them); check the "
+        assert [t.message for t in warm.observe(9, {"frac_reward_zero_std": 0.0, "reward": math.nan,
+                                                   "rewards/accuracy": math.nan}, {})] == ["step 9: reward 'accuracy' returned None for every completion (it applies to none of them); check the "
                 "columns it reads", "step 9: no reward applies to any completion: every advantage is 0 and the step "
                 "trains nothing"]
     assert "generation.temperature 0.01" in caplog.text

@@ -14,11 +14,11 @@ import torch
 
 from tests.reliability.conftest import RUN
 from vlm_grpo.cli import main
-from vlm_grpo.grpo.run import checkpoints as ckpt
-from vlm_grpo.grpo.run import safe_files
+from vlm_grpo.grpo.checkpoint import store as ckpt
+from vlm_grpo.grpo import safe_files
 from vlm_grpo.grpo.run.directory import prepare_run_dir
 from vlm_grpo.grpo.run.logs import RunLog
-from vlm_grpo.grpo.run.safe_files import CREATED_LIST, CreatedFiles, UnsafeRunPath
+from vlm_grpo.grpo.safe_files import CREATED_LIST, CreatedFiles, UnsafeRunPath
 from vlm_grpo.grpo.setting_fields import SettingError
 
 

@@ -13,10 +13,10 @@ import pytest
 
 from tests.reliability.conftest import RUN
 from vlm_grpo.cli import main
-from vlm_grpo.grpo.run import checkpoints as ckpt
+from vlm_grpo.grpo.checkpoint import store as ckpt
 from vlm_grpo.grpo.run.directory import remove_leftovers
 from vlm_grpo.grpo.run.logs import read_jsonl
-from vlm_grpo.grpo.run.safe_files import CREATED_LIST, CreatedFiles
+from vlm_grpo.grpo.safe_files import CREATED_LIST, CreatedFiles
 from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.api.trainers import GRPOTrainer

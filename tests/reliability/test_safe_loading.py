@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 from tests.reliability.hostile_files import Payload, plant
 from vlm_grpo.adapters.registry import family_class
 from vlm_grpo.cli import main
-from vlm_grpo.grpo.distributed import sharded_checkpoints as shards
-from vlm_grpo.grpo.run.manifest import write_manifest
+from vlm_grpo.grpo.checkpoint import sharded as shards
+from vlm_grpo.grpo.checkpoint.manifest import write_manifest
 from vlm_grpo.grpo.safe_loading import TRUST_HINT, UnsafeCheckpointFile, load_state_file
 from vlm_grpo.loader import load_model
 

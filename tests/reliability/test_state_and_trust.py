@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vlm_grpo.grpo.run import checkpoints as ckpt
+from vlm_grpo.grpo.checkpoint import store as ckpt
 from vlm_grpo.grpo.safe_loading import load_state_file
 from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.settings.sources import load_config, to_yaml, without_trust
@@ -118,7 +118,7 @@ def test_a_resume_must_be_given_the_flag_again_and_each_use_is_announced(tmp_pat
     assert "trust" not in (run / "config.yaml").read_text() and "trust" not in (point / ckpt.RUN_STATE_FILE).read_text()
     state = torch.load(point / "rng_state.pt", weights_only=True)
     torch.save({**state, "numpy": np.arange(3)}, point / "rng_state.pt")  # needs full unpickling now
-    from vlm_grpo.grpo.run.manifest import write_manifest
+    from vlm_grpo.grpo.checkpoint.manifest import write_manifest
 
     write_manifest(point)
     capsys.readouterr()

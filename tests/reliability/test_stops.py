@@ -16,8 +16,8 @@ import pytest
 from tests.reliability import step_rewards
 from tests.reliability.conftest import RUN, same_weights
 from vlm_grpo.cli import main
-from vlm_grpo.grpo.run import checkpoints as ckpt
-from vlm_grpo.grpo.run.manifest import verify
+from vlm_grpo.grpo.checkpoint import store as ckpt
+from vlm_grpo.grpo.checkpoint.manifest import verify
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,7 @@ from transformers import TrainerState  # noqa: F401 - imported up front: a case'
 
 from tests.reliability import faulty_user_code as corpus
 from vlm_grpo.grpo.rewards.inputs import RewardInputs
-from vlm_grpo.grpo.rewards.scoring import score
+from vlm_grpo.grpo.rewards.weighted import score
 from vlm_grpo.grpo.tools.calls import run_calls
 from vlm_grpo.grpo.tools.toolset import Toolset
 from vlm_grpo.recipes.base import Reward, Sample, user_turn

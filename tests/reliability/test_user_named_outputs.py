@@ -8,8 +8,9 @@ import json
 
 from tests.api.test_trl_script_behaviour import TINY, length, rows
 from vlm_grpo import GRPOConfig, GRPOTrainer
-from vlm_grpo.grpo.evaluate import write_report
-from vlm_grpo.grpo.run import outputs, safe_files
+from vlm_grpo.grpo.heldout_eval import write_report
+from vlm_grpo.grpo import safe_files
+from vlm_grpo.grpo.run import outputs
 
 USERS = {"README.md": "my notes\n", "config.json": '{"mine": true}\n', "model.safetensors": "my weights"}
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from vlm_grpo.grpo.settings.sources import load_config
-from vlm_grpo.grpo.training.guards import TrainingHalted
-from vlm_grpo.grpo.training.weight_guard import WeightGuard
+from vlm_grpo.grpo.guards.protocol import TrainingHalted
+from vlm_grpo.grpo.guards.weight_guard import WeightGuard
 from tests.reliability.test_guards import FAST, Injecting
 from tests.trained import trained
 

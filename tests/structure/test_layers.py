@@ -49,14 +49,16 @@ INNER_FLOORS = {
     "vlm_grpo.grpo": [
         ("vlm_grpo.grpo.setting_fields", "vlm_grpo.grpo.yaml_text", "vlm_grpo.grpo.user_code",
          "vlm_grpo.grpo.async_loop", "vlm_grpo.grpo.user_calls",
-         "vlm_grpo.grpo.safe_loading", "vlm_grpo.grpo.eval_stats",
-         "vlm_grpo.grpo.interrupts"),  # how a setting is declared; user modules; checkpoint state read as data; what
-        # interrupts a run (signals, user code that exits); an evaluation's statistics
+         "vlm_grpo.grpo.safe_loading", "vlm_grpo.grpo.safe_files", "vlm_grpo.grpo.eval_stats",
+         "vlm_grpo.grpo.interrupts"),  # how a setting is declared; user modules; checkpoint state read as data; how
+        # every run file is written; what interrupts a run (signals, user code that exits); an evaluation's statistics
         ("vlm_grpo.grpo.algorithm", "vlm_grpo.grpo.logprobs", "vlm_grpo.grpo.rollout", "vlm_grpo.grpo.rewards",
          "vlm_grpo.grpo.distributed", "vlm_grpo.grpo.data",
-         "vlm_grpo.grpo.tools"),  # the algorithm, its inputs (tools: what a multi-turn rollout calls)
+         "vlm_grpo.grpo.tools", "vlm_grpo.grpo.checkpoint"),  # the algorithm, its inputs (tools: what a multi-turn
+        # rollout calls); the checkpoint format, its resume rules and run state
         ("vlm_grpo.grpo.settings",),  # the run's sections, and how files and flags become them
-        ("vlm_grpo.grpo.run", "vlm_grpo.grpo.evaluate", "vlm_grpo.grpo.training"),  # the run dir; a stage's parts
+        ("vlm_grpo.grpo.run", "vlm_grpo.grpo.heldout_eval", "vlm_grpo.grpo.training",
+         "vlm_grpo.grpo.guards"),  # the run dir; a stage's parts; what watches each step
         ("vlm_grpo.grpo.sft",),  # SFT's batches and loss
         ("vlm_grpo.grpo.parts", "vlm_grpo.grpo"),  # the parts a trainer is built of (api/stage.py composes them)
     ],

@@ -26,24 +26,26 @@ from vlm_grpo.api.callbacks import CallbackBridge
 from vlm_grpo.api.schedule import Schedule
 from vlm_grpo.api.trl_surface import LoaderRows, as_list, settable
 from vlm_grpo.api.trl_arguments import rows_record
-from vlm_grpo.grpo.evaluate import heldout_metrics
-from vlm_grpo.grpo.parts.checkpoints import Checkpoints
+from vlm_grpo.grpo.heldout_eval import heldout_metrics
+from vlm_grpo.grpo.parts.checkpointing import Checkpoints
 from vlm_grpo.grpo.parts.evaluation import Evaluation
 from vlm_grpo.grpo.parts.run_context import RunContext
 from vlm_grpo.grpo.parts.saves import Saves
 from vlm_grpo.grpo.parts.trained_policy import TrainedPolicy, ready_adapter
 from vlm_grpo.grpo.parts.training_data import TrainingData
-from vlm_grpo.grpo.run import checkpoints as ckpt
-from vlm_grpo.grpo.run import outputs, safe_files
+from vlm_grpo.grpo.checkpoint import store as ckpt
+from vlm_grpo.grpo import safe_files
+from vlm_grpo.grpo.run import outputs
 from vlm_grpo.grpo.run.hub import push_final
 from vlm_grpo.grpo.run.logs import log_failure
-from vlm_grpo.grpo.run.manifest import write_manifest
+from vlm_grpo.grpo.checkpoint.manifest import write_manifest
 from vlm_grpo.grpo.run.model_card import write_model_card
 from vlm_grpo.grpo.run.stop_signals import stop_on_signals
+from vlm_grpo.grpo.guards.watchdogs import watchdogs
+from vlm_grpo.grpo.training.preflight import check_disk_space
 from vlm_grpo.grpo.training.step_size import check_against_memory
 from vlm_grpo.grpo.settings.sections import TrainConfig
 from vlm_grpo.grpo.settings.sources import check_sources, to_yaml
-from vlm_grpo.grpo.training.guards import KLWatchdog, LearningSignalMonitor, NonFiniteGuard, check_disk_space
 from vlm_grpo.grpo.training.lora import is_lora_wrapped
 from vlm_grpo.grpo.training.policy import load_policy
 from vlm_grpo.grpo.user_calls import UserCodeError
@@ -69,7 +71,7 @@ class Stage:
     dropout = False  # whether the model trains in train() mode (GRPO: no, the ratio compares like with like)
     needs_rewards = True  # GRPO learns from them; SFT's only score held-out evaluations
     evaluates_around = False  # eval.before_after applies (GRPO)
-    config_class: type = object  # TRL's config class of the stage (api/config.py)
+    config_class: type = object  # TRL's config class of the stage (api/trl_configs.py)
 
     @classmethod
     def from_settings(cls, cfg: TrainConfig, **inputs: Any):
@@ -168,15 +170,13 @@ class Stage:
         with self.saves.failures_logged(lambda: self.step), stop_on_signals() as stop:
             start = self.checkpoints.resume() if cfg.resume or cfg.resume_from else 0
             ctx.trackers.start()
-            watchdogs = [NonFiniteGuard(cfg.guard.max_nonfinite_steps), KLWatchdog(cfg.guard),
-                         LearningSignalMonitor(cfg.generation.temperature)]
+            guards = watchdogs(cfg)
             progress = _progress(start, cfg.max_steps, self.stage, enabled=ctx.is_main and cfg.logging.progress)
             for step in range(start, cfg.max_steps):
                 metrics = self._run_step(step)  # saved as the last completed step if it fails before its update
                 progress.update(1)
                 progress.set_postfix(self.progress_postfix(metrics))
-                for watchdog in watchdogs:  # a guard that trips raises before this step is saved
-                    watchdog.observe(metrics)
+                guards.observe(metrics["step"], metrics)  # a guard that stops the run raises before the step is saved
                 self.saves.after_step(step + 1, stop, self.halted(), progress.close)  # periodic, guard's or signal's stop
                 if self._hooks_stop(metrics, stop):
                     break

@@ -21,9 +21,9 @@ from typing import Any, Sequence
 
 import torch
 
-from vlm_grpo.api.config import GRPOConfig, SFTConfig
+from vlm_grpo.api.trl_configs import GRPOConfig, SFTConfig
 from vlm_grpo.api.stage import RunInputs, Stage
-from vlm_grpo.api.parts import reward_processing_list
+from vlm_grpo.api.trl_objects import reward_processing_list
 from vlm_grpo.api.trl_arguments import settings_of
 from vlm_grpo.api.trl_fields import LIGER
 from vlm_grpo.api.trl_surface import settable
@@ -31,7 +31,7 @@ from vlm_grpo.grpo.algorithm.losses import Collective, EntropyControl, PolicyObj
 from vlm_grpo.grpo.algorithm.sampling_correction import weigh_by_engine
 from vlm_grpo.grpo.data.order import step_seed
 from vlm_grpo.grpo.distributed import fsdp
-from vlm_grpo.grpo.parts.checkpoints import KeptUnder
+from vlm_grpo.grpo.parts.checkpointing import KeptUnder
 from vlm_grpo.grpo.parts.sampled_evaluation import SampledEvaluation
 from vlm_grpo.grpo.parts.sampler import Sampler
 from vlm_grpo.grpo.parts.scoring import Scoring
@@ -41,7 +41,7 @@ from vlm_grpo.grpo.parts.token_scorer import TokenScorer
 from vlm_grpo.grpo.parts.update import PolicyUpdate
 from vlm_grpo.grpo.tools.chat_format import ChatFormat
 from vlm_grpo.grpo.tools.toolset import final_message_rewards, run_toolset
-from vlm_grpo.grpo.training.hacking_watch import HackingWatch
+from vlm_grpo.grpo.guards.hacking_watch import HackingWatch
 from vlm_grpo.grpo.training.lora import is_lora_wrapped
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
 

@@ -1,5 +1,5 @@
 """TRL's trainer arguments as a run's settings and inputs: what is given is turned into the run's parts
-(api/parts.py) and recorded in its settings, so config.yaml and the model card say what the run was made of: a
+(api/trl_objects.py) and recorded in its settings, so config.yaml and the model card say what the run was made of: a
 model object by the path it was loaded from (or its class), a function by its qualified name, rows in memory by
 their type, fingerprint, columns and size."""
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vlm_grpo.api.parts import adapter_for, lora_settings, model_record, records, reward_parts
-from vlm_grpo.grpo.data.source import MEMORY, remember_rows
-from vlm_grpo.grpo.rewards.scoring import weighed
+from vlm_grpo.api.trl_objects import adapter_for, lora_settings, model_record, records, reward_parts
+from vlm_grpo.grpo.data.recipe_source import MEMORY, remember_rows
+from vlm_grpo.grpo.rewards.weighted import weighed
 from vlm_grpo.grpo.settings.sources import load_recipe_config, merge_settings
 
 

@@ -25,13 +25,13 @@ def add_parser(sub) -> None:
 
 
 def run(args, extra: list[str]) -> int:
-    from vlm_grpo.grpo.data.source import build_split
+    from vlm_grpo.grpo.data.recipe_source import build_split
     from vlm_grpo.grpo.rewards.audit import audit_rewards, completion_tokens
-    from vlm_grpo.grpo.rewards.scoring import run_rewards
+    from vlm_grpo.grpo.rewards.weighted import run_rewards
     from vlm_grpo.grpo.run.outputs import write_output
     from vlm_grpo.grpo.settings.sources import check_sources, load_recipe_config
     from vlm_grpo.grpo.training.policy import load_policy
-    from vlm_grpo.grpo.training.hacking_watch import run_hints
+    from vlm_grpo.grpo.guards.hacking_watch import run_hints
     from vlm_grpo.recipes.checked import CheckedSource
 
     cfg, recipe = load_recipe_config(args.config, extra)

@@ -19,7 +19,7 @@ def run(args, extra: list[str]) -> int:
     from vlm_grpo.compat.cache_policy import resolve_use_cache
     from vlm_grpo.compat.cache_probe import probe_cache, probe_steps
     from vlm_grpo.grpo.training.policy import load_policy
-    from vlm_grpo.grpo.data.source import build_split
+    from vlm_grpo.grpo.data.recipe_source import build_split
     from vlm_grpo.grpo.training.preflight import Finding, check_batch_vs_single, cheap_checks
     from vlm_grpo.grpo.settings.sources import check_sources, load_recipe_config
     from vlm_grpo.recipes.checked import CheckedSource

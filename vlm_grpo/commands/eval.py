@@ -1,4 +1,4 @@
-"""`vlm-grpo eval`: greedy evaluation on a recipe split (see vlm_grpo/grpo/evaluate.py)."""
+"""`vlm-grpo eval`: greedy evaluation on a recipe split (see vlm_grpo/grpo/heldout_eval.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
 
 def run(args, extra: list[str]) -> int:
     from vlm_grpo.grpo.training.policy import load_policy
-    from vlm_grpo.grpo.evaluate import evaluate_run, format_report, write_report
+    from vlm_grpo.grpo.heldout_eval import evaluate_run, format_report, write_report
     from vlm_grpo.grpo.settings.sources import check_sources, load_recipe_config
 
     cfg, recipe = load_recipe_config(args.config, extra)

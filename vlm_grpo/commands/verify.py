@@ -12,8 +12,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from vlm_grpo.grpo.run.checkpoints import complete_checkpoints
-    from vlm_grpo.grpo.run.manifest import verify
+    from vlm_grpo.grpo.checkpoint.store import complete_checkpoints
+    from vlm_grpo.grpo.checkpoint.manifest import verify
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():

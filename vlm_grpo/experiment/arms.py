@@ -34,7 +34,7 @@ def grpo_prompts(exp: Experiment, seed: int):
     """(GRPO's settings, its recipe, its training split, the rows each of its steps draws): one process's order, as
     the grpo stage of `seed` reads them."""
     from vlm_grpo.grpo.data.order import batch_indices
-    from vlm_grpo.grpo.data.source import build_split
+    from vlm_grpo.grpo.data.recipe_source import build_split
     from vlm_grpo.grpo.settings.sources import load_recipe_config
 
     cfg, recipe = load_recipe_config(settings=stage_settings(exp, "grpo", seed))
@@ -51,7 +51,7 @@ def wanted(sample, types: list[str] | None) -> bool:
 
 def answer_rows(exp: Experiment, stage: str, seed: int, say: Callable[[str], None]) -> tuple[list, dict[str, Any]]:
     """GRPO's prompts (of the arm's question types), each with the answer alone as its reference."""
-    from vlm_grpo.grpo.training.hacking_watch import run_hints
+    from vlm_grpo.grpo.guards.hacking_watch import run_hints
 
     cfg, recipe, dataset, steps = grpo_prompts(exp, seed)
     hints = run_hints(recipe, custom_rewards=bool(cfg.data.rewards))
@@ -96,10 +96,10 @@ def sample_and_keep(cfg, recipe, dataset, steps: list[list[int]], types: list[st
     """G completions of each prompt, step by step as GRPO samples them (its rollout, generation settings, step seeds
     and, with mixed_precision bf16, bf16 weights); those whose accuracy reward is > 0 kept."""
     from vlm_grpo.grpo.data.order import step_seed
-    from vlm_grpo.grpo.evaluate import run_rewards_of
+    from vlm_grpo.grpo.heldout_eval import run_rewards_of
     from vlm_grpo.grpo.rewards.inputs import RewardInputs, trainer_state
-    from vlm_grpo.grpo.rewards.scoring import score
-    from vlm_grpo.grpo.rollout.sampling import rollout
+    from vlm_grpo.grpo.rewards.weighted import score
+    from vlm_grpo.grpo.rollout.generation import rollout
     from vlm_grpo.grpo.training.policy import load_policy, sampling_with
 
     adapter = load_policy(cfg)

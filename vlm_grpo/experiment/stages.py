@@ -147,7 +147,7 @@ def order_seed(exp: Experiment, stage: str, seed: int) -> int | None:
 def stage_settings(exp: Experiment, stage: str, seed: int) -> dict[str, Any]:
     """The stage's settings with what the experiment decides: the model it starts from, its folder, its seed, its data
     order (unless the stage sets data.data_seed), resume."""
-    from vlm_grpo.grpo.run.checkpoints import latest_checkpoint
+    from vlm_grpo.grpo.checkpoint.store import latest_checkpoint
 
     out = exp.stage_dir(stage, seed)
     start = None if previous_stage(stage) == "compose" else final_of(exp, previous_stage(stage), seed)
@@ -260,7 +260,7 @@ def eval_splits(exp: Experiment, test: bool = False) -> list[str]:
 def run_eval(exp: Experiment, seed: int, say: Callable[[str], None], test: bool = False) -> None:
     """Every model's report on each split (eval_splits); a report written earlier is kept, never asked again: a test
     split is answered once."""
-    from vlm_grpo.grpo.evaluate import evaluate_run, write_report
+    from vlm_grpo.grpo.heldout_eval import evaluate_run, write_report
     from vlm_grpo.grpo.settings.sources import load_recipe_config
     from vlm_grpo.grpo.training.policy import load_policy
 

@@ -24,7 +24,7 @@ from vlm_grpo.experiment.stages import done, eval_task, model_stage, report_path
 from vlm_grpo.experiment.stats import beats, clustered_mean, commonest, difference
 
 ALL = "all"  # every question type together
-MONITOR = "guards/answer_share"  # the answer marginal the GRPO runs log (grpo/training/hacking_watch.py)
+MONITOR = "guards/answer_share"  # the answer marginal the GRPO runs log (grpo/guards/hacking_watch.py)
 
 
 def seeds_found(exp: Experiment, splits: list[str]) -> list[int]:
@@ -147,7 +147,7 @@ def versions() -> dict[str, str]:
 
 
 def summarize_experiment(exp: Experiment) -> dict[str, Any]:
-    from vlm_grpo.grpo.training.hacking_watch import run_hints
+    from vlm_grpo.grpo.guards.hacking_watch import run_hints
     from vlm_grpo.recipes import get_recipe
 
     validation = list(exp.eval.get("splits", ["test"]))

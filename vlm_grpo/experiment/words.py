@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from vlm_grpo.experiment.tower import patch_targets
-from vlm_grpo.grpo.run.manifest import write_manifest
+from vlm_grpo.grpo.checkpoint.manifest import write_manifest
 
 
 def word_vector(embeddings: torch.Tensor, tokenizer, name: str) -> torch.Tensor:

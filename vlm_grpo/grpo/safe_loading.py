@@ -10,7 +10,7 @@ manifest does not help (whoever writes a file writes its manifest). So:
   on instances of those classes (torch's weights-only reader cannot read DCP's pickle protocol).
 - `trust=True` (`--trust-checkpoint`) is the one explicit full unpickling, for a checkpoint its user wrote or
   trusts whose files the safe readers refuse (e.g. one holding numpy arrays): `load_state_file` here, and torch's
-  own DCP reader for a sharded checkpoint (grpo/distributed/sharded_checkpoints.py).
+  own DCP reader for a sharded checkpoint (grpo/checkpoint/sharded.py).
 """
 
 from __future__ import annotations

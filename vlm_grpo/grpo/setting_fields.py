@@ -28,7 +28,7 @@ class SettingError(ValueError):
         return SettingError(f"{section}.{self.name}", self.problem)
 
 
-# What a resumed run may do with a setting that differs from its checkpoint's (grpo/run/resume_rules.py):
+# What a resumed run may do with a setting that differs from its checkpoint's (grpo/checkpoint/resume_rules.py):
 # honoured (safe: logging, guards, a later max_steps ...), refused unless accepted with --resume-accept (it changes
 # what the run means), fixed (the checkpoint's weights and optimizer state are shaped by it: a new run), ignored
 # (derived, or how the run resumes). A section's RESUME class attribute is its fields' default; else "refused".

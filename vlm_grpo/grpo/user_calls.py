@@ -297,7 +297,7 @@ def _in_process(thunk: Callable[[], Any], fn: Callable, timeout: float) -> Any:
 # ---------------------------------------------------------------- the run's errors.log
 def failure_entry(err: BaseException) -> str:
     """The errors.log entry for `err`: a time-stamped line and its full traceback (a UserCodeError's: the user
-    code's own). The run directory writes it (run/safe_files), as every run file."""
+    code's own). The run directory writes it (grpo/safe_files.py), as every run file."""
     text = getattr(err, "traceback_text", "") or "".join(traceback.format_exception(type(err), err, err.__traceback__))
     from vlm_grpo.terminal import printable, safe_text
 

@@ -17,9 +17,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from vlm_grpo.grpo.run import safe_files
+from vlm_grpo.grpo import safe_files
 from vlm_grpo.grpo.run.logs import COMPLETIONS, METRICS, read_jsonl
-from vlm_grpo.grpo.run.safe_files import CreatedFiles
+from vlm_grpo.grpo.safe_files import CreatedFiles
 
 ACCURACY_COMPONENTS = ("accuracy", "correctness")  # reward components that mean "the answer is right"
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")

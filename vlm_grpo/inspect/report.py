@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 from PIL import Image
 
-from vlm_grpo.grpo.run import safe_files
+from vlm_grpo.grpo import safe_files
 from vlm_grpo.grpo.run.outputs import write_output
 from vlm_grpo.inspect.plots import RunData
 from vlm_grpo.inspect.svg_charts import chart_svgs
@@ -372,7 +372,7 @@ def build_report(run_dir: str | Path) -> str:
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """RUN_DIR/report.html, a run file (run/safe_files: never through a link, on the run's list); or `out`, a path
+    """RUN_DIR/report.html, a run file (grpo/safe_files.py: never through a link, on the run's list); or `out`, a path
     the user names, written through a temporary file and one rename as well, what was there moved aside."""
     html = build_report(run_dir).encode("utf-8")
     if out:  # a file this program did not write there is moved aside, never overwritten (run/outputs.py)

@@ -9,9 +9,9 @@ import functools
 import json
 from typing import Any
 
-from vlm_grpo.grpo.evaluate import evaluate_run, format_report, heldout_metrics, heldout_split, side_by_side
-from vlm_grpo.grpo.run import safe_files
-from vlm_grpo.grpo.run.checkpoints import latest_checkpoint
+from vlm_grpo.grpo.heldout_eval import evaluate_run, format_report, heldout_metrics, heldout_split, side_by_side
+from vlm_grpo.grpo import safe_files
+from vlm_grpo.grpo.checkpoint.store import latest_checkpoint
 
 SIDE_BY_SIDE_SHOWN = 6  # held-out pairs printed at the end of a run
 

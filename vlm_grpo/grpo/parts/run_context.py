@@ -16,9 +16,9 @@ from vlm_grpo.grpo.distributed import fsdp, processes
 from vlm_grpo.grpo.run import process_checks
 from vlm_grpo.grpo.run.directory import prepare_run_dir
 from vlm_grpo.grpo.run.logs import RunLog
-from vlm_grpo.grpo.run.run_trackers import RunTrackers
-from vlm_grpo.grpo.run.safe_files import CreatedFiles
-from vlm_grpo.grpo.run.trackers import check_trackers
+from vlm_grpo.grpo.run.tracker_logging import RunTrackers
+from vlm_grpo.grpo.safe_files import CreatedFiles
+from vlm_grpo.grpo.run.tracker_setup import check_trackers
 from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.settings.sections import TrainConfig
 from vlm_grpo.grpo.training.precision import accelerator_precision

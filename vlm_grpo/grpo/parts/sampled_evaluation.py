@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from vlm_grpo.grpo.algorithm.losses import LossInputs, PolicyObjective
-from vlm_grpo.grpo.rewards.scoring import nan_mean, nan_std
+from vlm_grpo.grpo.rewards.weighted import nan_mean, nan_std
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from vlm_grpo.adapters.sharing import image_features
 from vlm_grpo.grpo.rollout.custom import custom_rollout
-from vlm_grpo.grpo.rollout.sampling import Rollout, encode, rollout
+from vlm_grpo.grpo.rollout.generation import Rollout, encode, rollout
 from vlm_grpo.grpo.rollout.turns import ToolRollout
 from vlm_grpo.grpo.training.policy import sampling_with
 

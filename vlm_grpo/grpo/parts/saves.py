@@ -9,9 +9,9 @@ import sys
 from typing import Any, Callable
 
 from vlm_grpo.grpo.interrupts import StopSignal
-from vlm_grpo.grpo.run import checkpoints as ckpt
+from vlm_grpo.grpo.checkpoint import store as ckpt
 from vlm_grpo.grpo.run.logs import log_failure
-from vlm_grpo.grpo.training.guards import TrainingHalted
+from vlm_grpo.grpo.guards.protocol import TrainingHalted
 
 
 class Saves:

@@ -9,7 +9,7 @@ from typing import Any
 from vlm_grpo.grpo.algorithm.advantages import ADVANTAGES, reward_scores
 from vlm_grpo.grpo.algorithm.trajectory import Trajectory, model_tokens
 from vlm_grpo.grpo.rewards.inputs import RewardInputs, trainer_state
-from vlm_grpo.grpo.rewards.scoring import score
+from vlm_grpo.grpo.rewards.weighted import score
 
 
 @dataclass

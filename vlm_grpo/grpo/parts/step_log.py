@@ -9,13 +9,13 @@ from typing import Any, Callable
 import torch
 
 from vlm_grpo.grpo.algorithm.trajectory import Trajectory
-from vlm_grpo.grpo.rewards.scoring import nan_mean, nan_std
+from vlm_grpo.grpo.rewards.weighted import nan_mean, nan_std
 from vlm_grpo.grpo.run.completion_files import completion_rows, prompt_media, save_step
 
 
 class StepLog:
     def __init__(self, ctx, rewards: list, policy, vision_counter, flags: Callable[[int], dict[str, Any]]):
-        """`flags(row)`: what the guards say of a completion (grpo/training/hacking_watch.py)."""
+        """`flags(row)`: what the guards say of a completion (grpo/guards/hacking_watch.py)."""
         self.ctx, self.cfg, self.rewards, self.policy = ctx, ctx.cfg, rewards, policy
         self.vision_counter, self.flags = vision_counter, flags
         self.eos_ids = list(policy.adapter.eos_token_ids)

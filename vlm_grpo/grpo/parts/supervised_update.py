@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from vlm_grpo.grpo.evaluate import heldout_metrics
+from vlm_grpo.grpo.heldout_eval import heldout_metrics
 from vlm_grpo.grpo.sft import build_sft_batch, completion_nll
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from vlm_grpo.grpo.training.lora import apply_lora
 from vlm_grpo.grpo.training.optimizer import build_optimizer, build_scheduler, trainable_table, update_step
 from vlm_grpo.grpo.training.precision import MasterWeights, stores_bf16, to_bf16
 from vlm_grpo.grpo.training.policy import apply_prompt_settings, check_generation_fields
-from vlm_grpo.grpo.training.weight_guard import WeightGuard
+from vlm_grpo.grpo.guards.weight_guard import WeightGuard
 from vlm_grpo.loader import apply_cache_policy
 
 

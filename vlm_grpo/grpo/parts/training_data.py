@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from vlm_grpo.grpo.data.order import batch_indices, epoch_steps, repeats_note
-from vlm_grpo.grpo.data.source import build_split, resolve_recipe
-from vlm_grpo.grpo.evaluate import run_rewards_of
+from vlm_grpo.grpo.data.recipe_source import build_split, resolve_recipe
+from vlm_grpo.grpo.heldout_eval import run_rewards_of
 from vlm_grpo.grpo.training.preflight import cheap_checks, check_drawn_sample, raise_on_failure
 from vlm_grpo.grpo.training.step_size import check_against_dataset
 from vlm_grpo.recipes.checked import CheckedSource

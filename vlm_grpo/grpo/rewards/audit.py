@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from vlm_grpo.grpo.rewards.inputs import RewardInputs, collect_fields, reward_prompt, trainer_state
-from vlm_grpo.grpo.rewards.scoring import score
+from vlm_grpo.grpo.rewards.weighted import score
 from vlm_grpo.recipes.audit_hints import DEFAULT_HINTS, AuditHints
 from vlm_grpo.recipes.base import Reward, Sample
 

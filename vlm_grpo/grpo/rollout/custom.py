@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from vlm_grpo.adapters.batch import PromptBatch
-from vlm_grpo.grpo.rollout.sampling import Rollout, mask_after_eos
+from vlm_grpo.grpo.rollout.generation import Rollout, mask_after_eos
 
 REQUIRED = ("prompt_ids", "completion_ids", "logprobs")
 

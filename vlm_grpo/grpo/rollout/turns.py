@@ -25,7 +25,7 @@ from vlm_grpo.adapters.batch import PromptBatch
 from vlm_grpo.adapters.completion_images import CompletionImages
 from vlm_grpo.adapters.features import ImageFeatures
 from vlm_grpo.adapters.sharing import generate_shared, image_features
-from vlm_grpo.grpo.rollout.sampling import Rollout, check_no_placeholders, mask_after_eos, rollout, sampling_settings
+from vlm_grpo.grpo.rollout.generation import Rollout, check_no_placeholders, mask_after_eos, rollout, sampling_settings
 from vlm_grpo.grpo.tools.chat_format import ChatFormat
 from vlm_grpo.grpo.tools.toolset import ToolSession
 

@@ -23,7 +23,7 @@ from typing import Any, Iterable
 import torch
 
 from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch
-from vlm_grpo.grpo.rollout.sampling import Rollout, check_no_placeholders, mask_after_eos
+from vlm_grpo.grpo.rollout.generation import Rollout, check_no_placeholders, mask_after_eos
 from vlm_grpo.images import prepare_sample_image
 
 INSTALL = ("rollout.engine vllm needs vLLM, which is not installed: on a GPU `pip install vllm`; on a CPU the "

@@ -5,7 +5,7 @@ from the rows by their path inside the run directory.
 
 Images are stored under a name made from their content, so a prompt drawn again (or the same image in several prompts)
 is stored once. The stored copy is cut to MAX_SIDE pixels: enough to judge an answer by, small enough for every step.
-Every file goes through run/safe_files (a fresh temporary file renamed into place, never through a link), so a kill
+Every file goes through grpo/safe_files.py (a fresh temporary file renamed into place, never through a link), so a kill
 never leaves half a file.
 """
 
@@ -21,7 +21,7 @@ from typing import Any, Sequence
 from PIL import Image
 
 from vlm_grpo.grpo.rollout.turns import loggable_messages
-from vlm_grpo.grpo.run import safe_files
+from vlm_grpo.grpo import safe_files
 
 COMPLETIONS_DIR = "completions"
 IMAGES_DIR = f"{COMPLETIONS_DIR}/images"

@@ -1,7 +1,7 @@
 """The run directory: locked by one run, created and checked writable before any model loads, never appended to by
 accident, never written through links.
 
-A run keeps the list of what it created (`.vlm-grpo-files.json`, grpo/run/safe_files.py), each entry with the inode
+A run keeps the list of what it created (`.vlm-grpo-files.json`, grpo/safe_files.py), each entry with the inode
 it wrote, and deletes or rewrites only those that still match: a list shipped with a folder (or an entry replaced
 since) vouches for nothing, and what it names is left and named. A non-empty directory that is not a run (no such list) is refused unless the run resumes (`--resume`)
 or is told to write there (`--overwrite-output-dir`); even then a file the run did not create that carries a run
@@ -22,15 +22,15 @@ import json
 import os
 from pathlib import Path
 
-from vlm_grpo.grpo.run import safe_files
-from vlm_grpo.grpo.run.checkpoints import complete_checkpoints
+from vlm_grpo.grpo import safe_files
+from vlm_grpo.grpo.checkpoint.store import complete_checkpoints
 from vlm_grpo.grpo.run.guard_report import AUDIT_FILE
 from vlm_grpo.grpo.run.lock import LOCK_FILE, RunLock
 from vlm_grpo.grpo.run.logs import METRICS
-from vlm_grpo.grpo.run.safe_files import CREATED_LIST, STAGING_PREFIX, CreatedFiles
+from vlm_grpo.grpo.safe_files import CREATED_LIST, STAGING_PREFIX, CreatedFiles
 from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.run.completion_files import COMPLETIONS_DIR
-from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT, TRACKIO_FOLDER
+from vlm_grpo.grpo.run.tracker_setup import TRACKER_PROJECT, TRACKIO_FOLDER
 
 SCRATCH_DIRS = ("runs/latest", "runs/sft-latest")
 RUN_FILES = ("metrics.jsonl", "completions.jsonl", "config.yaml", "before-after.txt", ".write-test", AUDIT_FILE,

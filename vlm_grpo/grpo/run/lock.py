@@ -19,7 +19,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from vlm_grpo.grpo.run import safe_files
+from vlm_grpo.grpo import safe_files
 from vlm_grpo.grpo.setting_fields import SettingError
 
 LOCK_FILE = ".run.lock"

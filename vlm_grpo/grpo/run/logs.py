@@ -1,6 +1,6 @@
 """The run directory's logs: metrics.jsonl (one line per step) and completions.jsonl (one per completion; the same rows
 per step as parquet under completions/, grpo/run/completion_files.py) and errors.log (user code's tracebacks),
-appended and rewritten only through grpo/run/safe_files.py (never through a link, recorded as the run's own files)."""
+appended and rewritten only through grpo/safe_files.py (never through a link, recorded as the run's own files)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from vlm_grpo.grpo.run import safe_files
+from vlm_grpo.grpo import safe_files
 from vlm_grpo.grpo.run.completion_files import remove_after
 from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.user_calls import ERROR_LOG, failure_entry

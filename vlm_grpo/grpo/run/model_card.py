@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from vlm_grpo.grpo.algorithm.losses import describe as describe_loss
-from vlm_grpo.grpo.data.source import HUB_ID
-from vlm_grpo.grpo.run import safe_files
-from vlm_grpo.grpo.run.resume_rules import describe_history
+from vlm_grpo.grpo.data.recipe_source import HUB_ID
+from vlm_grpo.grpo import safe_files
+from vlm_grpo.grpo.checkpoint.resume_rules import describe_history
 from vlm_grpo.grpo.run.guard_report import guard_lines
 from vlm_grpo.grpo.settings.sources import hub_id_of
 

@@ -21,8 +21,8 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from vlm_grpo.grpo.run import safe_files
-from vlm_grpo.grpo.run.manifest import MANIFEST, write_manifest
+from vlm_grpo.grpo import safe_files
+from vlm_grpo.grpo.checkpoint.manifest import MANIFEST, write_manifest
 
 
 def aside_path(path: Path) -> Path:

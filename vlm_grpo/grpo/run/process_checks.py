@@ -23,8 +23,8 @@ from typing import Any
 import torch.distributed as dist
 
 from vlm_grpo.grpo.distributed.processes import on_main
-from vlm_grpo.grpo.run.checkpoints import read_states
-from vlm_grpo.grpo.run import safe_files
+from vlm_grpo.grpo.checkpoint.store import read_states
+from vlm_grpo.grpo import safe_files
 from vlm_grpo.grpo.setting_fields import SettingError
 
 MARKER_PREFIX = ".shared-dir-check-"

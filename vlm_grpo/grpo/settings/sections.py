@@ -18,7 +18,7 @@ from vlm_grpo.grpo.rewards.values import split_reward_spec
 from vlm_grpo.grpo.setting_fields import SettingError, check_fields, setting
 from vlm_grpo.grpo.settings.model import LoraSettings, ModelConfig
 from vlm_grpo.grpo.settings.optim import OPTIMIZERS, OptimConfig  # noqa: F401 - names offered here too
-from vlm_grpo.grpo.settings.rollout import RolloutConfig
+from vlm_grpo.grpo.settings.rollout_section import RolloutConfig
 
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")  # accelerate's trackers; each is the package it needs
 
@@ -269,7 +269,7 @@ class LoggingConfig:
 
 
 @dataclass
-class SFTConfig:
+class SFTStageConfig:
     """`vlm-grpo sft`: supervised warm-up on the recipe's reference responses. Steps, batch size, learning
     rates, freezing and LoRA come from the shared settings (max_steps, data.batch_size, optim.*, lora.*)."""
 
@@ -312,7 +312,7 @@ class TrainConfig:
     lora: LoraSettings = dataclasses.field(default_factory=LoraSettings)
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
     guard: GuardConfig = dataclasses.field(default_factory=GuardConfig)
-    sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
+    sft: SFTStageConfig = dataclasses.field(default_factory=SFTStageConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
     perf: PerfConfig = dataclasses.field(default_factory=PerfConfig)
     tools: ToolsConfig = dataclasses.field(default_factory=ToolsConfig)

@@ -20,7 +20,7 @@ import yaml
 
 from vlm_grpo.file_kinds import not_a_file
 from vlm_grpo.grpo.settings.sections import SECTIONS, TrainConfig
-from vlm_grpo.grpo.data.source import HUB_ID, build_options, resolve_recipe
+from vlm_grpo.grpo.data.recipe_source import HUB_ID, build_options, resolve_recipe
 from vlm_grpo.grpo.setting_fields import SettingError, coerce, help_of, inline_yaml
 from vlm_grpo.grpo.yaml_text import YAMLProblem, load_yaml
 from vlm_grpo.recipes import Recipe

@@ -10,7 +10,9 @@ applies to every sample the first time it is drawn (grpo/parts/training_data.py)
 from __future__ import annotations
 
 import logging
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -170,3 +172,13 @@ def raise_on_failure(findings: list[Finding]) -> None:
     failed = [f for f in findings if not f.ok]
     if failed:
         raise ValueError("pre-flight check failed: " + "; ".join(f"{f.check}: {f.detail}" for f in failed))
+
+
+def check_disk_space(run_dir: Path, model, margin: float = 1.2) -> None:
+    """Fail before training when a checkpoint (weights + Adam state) will not fit in the output directory."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    adam = sum(p.numel() * 4 * 2 for p in model.parameters() if p.requires_grad)
+    need = int((weights + adam) * margin)
+    free = shutil.disk_usage(run_dir).free
+    if free < need:
+        raise OSError(f"{run_dir}: a checkpoint needs about {need / 1e9:.2f} GB but only {free / 1e9:.2f} GB are free")

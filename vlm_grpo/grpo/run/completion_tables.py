@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from PIL import Image
 
-from vlm_grpo.grpo.run import safe_files
+from vlm_grpo.grpo import safe_files
 from vlm_grpo.grpo.run.completion_files import IMAGES_DIR, table_rows
 
 log = logging.getLogger(__name__)

@@ -15,12 +15,12 @@ from typing import Any, Sequence
 
 import torch
 
-from vlm_grpo.grpo.data.source import heldout_build
+from vlm_grpo.grpo.data.recipe_source import heldout_build
 from vlm_grpo.grpo.rewards.inputs import RewardInputs, trainer_state
-from vlm_grpo.grpo.rewards.scoring import run_rewards, score
+from vlm_grpo.grpo.rewards.weighted import run_rewards, score
 from vlm_grpo.grpo.eval_stats import accuracy_stats
-from vlm_grpo.grpo.rollout.sampling import mask_after_eos
-from vlm_grpo.grpo.training.image_reliance import blanked
+from vlm_grpo.grpo.rollout.generation import mask_after_eos
+from vlm_grpo.grpo.guards.image_reliance import blanked
 
 
 def quartile_edges(lengths: Sequence[int], buckets: int = 4) -> list[int]:

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from vlm_grpo.grpo.run import safe_files
+from vlm_grpo.grpo import safe_files
 from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.settings.sections import TRACKERS
 
@@ -46,7 +46,7 @@ def use_trackio_dir(run_dir: Path) -> Path:
 
 def claim_tracker_folders(run_dir: Path, report_to, is_main: bool) -> Path | None:
     """Before the trackers start: their folders in the run directory checked (no links) and listed as the run's
-    (run/safe_files), trackio pointed inside the run; the trackio folder, whose dashboard command is printed."""
+    (grpo/safe_files.py), trackio pointed inside the run; the trackio folder, whose dashboard command is printed."""
     trackio_dir = use_trackio_dir(run_dir) if "trackio" in report_to else None
     if is_main:
         for folder in (TRACKER_PROJECT, TRACKIO_FOLDER):

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from vlm_grpo.grpo.training.guards import TrainingHalted
+from vlm_grpo.grpo.guards.protocol import TrainingHalted
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@
 - `save(step)`: an atomic checkpoint (sharded when FSDP shards the policy), carrying the run's history and the
   stage's own state (`extra_state`, `save_extra`).
 - `plan()`, at the start of a resumed run, before any model loads: the checkpoint to resume from (verified),
-  its settings against the run's (grpo/run/resume_rules.py: safe changes honoured, meaning-changing ones refused
+  its settings against the run's (grpo/checkpoint/resume_rules.py: safe changes honoured, meaning-changing ones refused
   unless accepted, each resume recorded in the history). A `--resume` that finds no checkpoint starts over and drops
   what the failed start logged, so metrics never hold two step 1s.
 - `resume()`: weights, optimizer, scheduler and RNG state, read as plain data (grpo/safe_loading.py), with the run's
@@ -27,12 +27,13 @@ from vlm_grpo.adapters.features import hf_core
 from vlm_grpo.adapters.model_dirs import MERGED_DIR
 from vlm_grpo.adapters.quantization import is_loaded_in_4bit
 from vlm_grpo.grpo.distributed import fsdp, processes
-from vlm_grpo.grpo.distributed import sharded_checkpoints as shards
-from vlm_grpo.grpo.run import checkpoints as ckpt
-from vlm_grpo.grpo.run import process_checks, safe_files
-from vlm_grpo.grpo.run.safe_files import CreatedFiles
-from vlm_grpo.grpo.run.manifest import verify, write_manifest
-from vlm_grpo.grpo.run.resume_rules import PROCESSES, check_resume, describe_history, history_entry
+from vlm_grpo.grpo.checkpoint import sharded as shards
+from vlm_grpo.grpo.checkpoint import store as ckpt
+from vlm_grpo.grpo import safe_files
+from vlm_grpo.grpo.run import process_checks
+from vlm_grpo.grpo.safe_files import CreatedFiles
+from vlm_grpo.grpo.checkpoint.manifest import verify, write_manifest
+from vlm_grpo.grpo.checkpoint.resume_rules import PROCESSES, check_resume, describe_history, history_entry
 from vlm_grpo.grpo.setting_fields import SettingError, resume_policies
 from vlm_grpo.grpo.settings.sources import canonical_key, without_trust
 from vlm_grpo.grpo.training.lora import apply_lora, is_lora_wrapped, save_merged

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from vlm_grpo.adapters.base import VLMAdapter
 from vlm_grpo.grpo.rewards.judge import DEFAULT_QUESTION, VLMJudge
 from vlm_grpo.grpo.rewards.reward_model import RewardModel
-from vlm_grpo.grpo.rewards.scoring import JUDGE, model_reward, parse_reward_specs
+from vlm_grpo.grpo.rewards.weighted import JUDGE, model_reward, parse_reward_specs
 from vlm_grpo.recipes.base import Reward
 
 IN_MEMORY_MODEL = "memory:"  # model.name's record of a model built in Python with no path

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vlm_grpo.grpo.run.tracker_tables import log_completion_tables
-from vlm_grpo.grpo.run.trackers import TRACKER_PROJECT, claim_tracker_folders, flat_settings
+from vlm_grpo.grpo.run.completion_tables import log_completion_tables
+from vlm_grpo.grpo.run.tracker_setup import TRACKER_PROJECT, claim_tracker_folders, flat_settings
 
 
 class RunTrackers:

@@ -1,9 +1,9 @@
 """Monitors for a policy that games its rewards or stops looking at the image, judged once per step.
 
-Each monitor's `observe(step, stats, rows)` reads the step's process-averaged statistics (the `Trend` of a metric
-over the last `window` steps: the mean of its first third against the mean of its last third) and, when it trips,
-returns a `Trip`: a message naming the step, and which of the step's completions show it (`rows`: this process's
-completions by what they show). The statistics are made in hacking_watch.py. Their state (`state_dict`) travels in
+Each monitor is a guard (protocol.py): its `observe(step, stats, rows)` reads the step's process-averaged statistics (the
+`Trend` of a metric over the last `window` steps: the mean of its first third against the mean of its last third) and,
+when it trips, returns a `Trip`: a message naming the step, and which of the step's completions show it (`rows`: this
+process's completions by what they show). The statistics are made in hacking_watch.py. Their state (`state_dict`) travels in
 checkpoints, so a resumed run judges as the uninterrupted one.
 
 - rising component, flat accuracy: a reward component gains `rise` of its largest value over the window while the
@@ -20,20 +20,14 @@ checkpoints, so a resumed run judges as the uninterrupted one.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+
+from vlm_grpo.grpo.guards.protocol import Guards, Trip
 
 MIN_POINTS = 6  # steps a trend needs before it is judged (fewer when the window is shorter): thirds of 2 steps
 RELIANCE_NONE = 0.01  # nats per token: an image reliance this small means the answers ignore the image
 SMOOTH = 3  # image reliance measurements averaged before judging
 LENGTH_DRIFT = 0.2  # rise of the share of completions cut at the limit that counts as a drift
 
-
-@dataclass
-class Trip:
-    monitor: str
-    message: str
-    rows: list[int] = field(default_factory=list)  # the step's completions that show it (examples, flagged)
-    key: str = ""  # what is warned of once per run (default: the monitor)
 
 
 class Trend:
@@ -195,13 +189,12 @@ class RisingShare:
                      f"completions over the last {len(t.values)} steps", rows.get(self.name, []))]
 
 
-def monitors(cfg, accuracy: str | None, fixed_length: bool) -> dict[str, object]:
+def monitors(cfg, accuracy: str | None, fixed_length: bool) -> Guards:
     """Every monitor of a run, by name (the length monitor only when completions may stop early)."""
-    out = {m.name: m for m in (RisingWithoutAccuracy(cfg, accuracy), RelianceFalling(cfg), IdenticalGroups(cfg))}
-    out["enumeration"] = RisingShare("enumeration", "guards/enumeration", cfg.enumeration_rise, cfg.enumeration_rise,
-                                     "listing several allowed answers", cfg.monitor_window)
+    out = [RisingWithoutAccuracy(cfg, accuracy), RelianceFalling(cfg), IdenticalGroups(cfg),
+           RisingShare("enumeration", "guards/enumeration", cfg.enumeration_rise, cfg.enumeration_rise,
+                       "listing several allowed answers", cfg.monitor_window)]
     if not fixed_length:
-        out["length_limit"] = RisingShare("length_limit", "guards/at_length_limit", LENGTH_DRIFT,
-                                          cfg.length_limit_share, "completions cut at the length limit",
-                                          cfg.monitor_window)
-    return out
+        out.append(RisingShare("length_limit", "guards/at_length_limit", LENGTH_DRIFT, cfg.length_limit_share,
+                               "completions cut at the length limit", cfg.monitor_window))
+    return Guards(out)

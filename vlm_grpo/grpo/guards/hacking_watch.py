@@ -27,10 +27,11 @@ import torch
 
 from vlm_grpo.grpo.algorithm.trajectory import Trajectory
 from vlm_grpo.grpo.rewards.audit import audit_rewards, completion_tokens
-from vlm_grpo.grpo.run import safe_files
+from vlm_grpo.grpo import safe_files
 from vlm_grpo.grpo.run.guard_report import AUDIT_FILE
-from vlm_grpo.grpo.training.hacking_monitors import Trip, monitors
-from vlm_grpo.grpo.training.image_reliance import ImageReliance
+from vlm_grpo.grpo.guards.protocol import Trip
+from vlm_grpo.grpo.guards.hacking_monitors import monitors
+from vlm_grpo.grpo.guards.image_reliance import ImageReliance
 from vlm_grpo.recipes.audit_hints import DEFAULT_HINTS, AuditHints
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ class HackingWatch:
         self.accuracy = accuracy_component(data.recipe, data.rewards)
         fixed = cfg.generation.min_new_tokens >= cfg.generation.max_new_tokens  # benchmarks: no early stop at all
         self.monitors = monitors(cfg.guard, self.accuracy, fixed_length=fixed)
-        self.trips = {name: 0 for name in self.monitors}
+        self.trips = {name: 0 for name in self.monitors.by_name}
         self.warned: set[str] = set()
         self.halt: str | None = None  # why the loop should stop after saving this step (on_hacking stop)
         self.flagged: dict[int, list[str]] = {}  # this step's completions -> the monitors they are examples of
@@ -174,7 +175,7 @@ class HackingWatch:
         # over every process's completions at once: the question types in each process's batch differ
         stats.update(answer_marginal(self.ctx.gather_rows(stated_answers(traj, samples, self.hints))))
         stats["n/completions"] = len(traj) * self.ctx.accelerator.num_processes
-        trips = [trip for m in self.monitors.values() for trip in m.observe(step + 1, stats, rows)]
+        trips = self.monitors.observe(step + 1, stats, rows)
         self.flagged = {}
         for trip in trips:
             self._report(trip, traj)
@@ -183,10 +184,10 @@ class HackingWatch:
         return metrics
 
     def _report(self, trip: Trip, traj: Trajectory) -> None:
-        self.trips[trip.monitor] += 1
+        self.trips[trip.guard] += 1
         for row in trip.rows:
-            self.flagged.setdefault(row, []).append(trip.monitor)
-        key = trip.key or trip.monitor
+            self.flagged.setdefault(row, []).append(trip.guard)
+        key = trip.key or trip.guard
         if self.cfg.on_hacking == "stop" and self.halt is None:
             self.halt = trip.message
         if key in self.warned:
@@ -195,19 +196,19 @@ class HackingWatch:
         if not self.ctx.is_main:  # every process judges alike; one says so
             return
         shown = "; ".join(repr(_clip(traj.completions[r])) for r in trip.rows[:EXAMPLES]) or "-"
-        log.warning("guard %s: %s. Examples: %s", trip.monitor, trip.message, shown)
+        log.warning("guard %s: %s. Examples: %s", trip.guard, trip.message, shown)
 
     def state_dict(self) -> dict[str, Any]:
         """The monitors' history, trip counts and what was warned of (JSON, for trainer_state.json)."""
         return {"trips": dict(self.trips), "warned": sorted(self.warned),
-                "monitors": {name: m.state_dict() for name, m in self.monitors.items()}}
+                "monitors": {name: m.state_dict() for name, m in self.monitors.by_name.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.trips.update({k: int(v) for k, v in state["trips"].items() if k in self.trips})
         self.warned = set(state["warned"])
         for name, monitor_state in state["monitors"].items():
-            if name in self.monitors:
-                self.monitors[name].load_state_dict(monitor_state)
+            if name in self.monitors.by_name:
+                self.monitors.by_name[name].load_state_dict(monitor_state)
 
     def flags(self, row: int) -> dict[str, Any]:
         """completions.jsonl's `flags` of a completion of this step (nothing when none)."""

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from vlm_grpo.grpo.run import safe_files
+from vlm_grpo.grpo import safe_files
 
 MANIFEST = "manifest.json"
 

@@ -21,7 +21,7 @@ from PIL import Image, ImageStat
 
 from vlm_grpo.adapters.image_attention import image_attention_share
 from vlm_grpo.grpo.algorithm.trajectory import Trajectory
-from vlm_grpo.grpo.rollout.sampling import encode
+from vlm_grpo.grpo.rollout.generation import encode
 from vlm_grpo.recipes.base import Sample
 
 log = logging.getLogger(__name__)

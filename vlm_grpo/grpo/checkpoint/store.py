@@ -2,7 +2,7 @@
 
 A checkpoint holds the weights (or LoRA adapter) as safetensors, the processor, optimizer, scheduler and RNG
 states, the step and log history (trainer_state.json, transformers' TrainerState), the config (run_state.json),
-and last a manifest of every file's size and sha256 (grpo/run/manifest.py). Only directories named
+and last a manifest of every file's size and sha256 (grpo/checkpoint/manifest.py). Only directories named
 `checkpoint-N` that contain `trainer_state.json` count; the rename is the commit point. Resuming verifies the newest one against its manifest and
 falls back to the newest one that verifies, saying which file of which checkpoint was bad. The optimizer,
 scheduler and RNG files hold only tensors and plain values and are read without unpickling anything else
@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from vlm_grpo.grpo.run import safe_files
-from vlm_grpo.grpo.run.manifest import verify, write_manifest
-from vlm_grpo.grpo.run.run_state import check_run_state, check_trainer_state, read_json
-from vlm_grpo.grpo.run.safe_files import CreatedFiles, DiskFull
+from vlm_grpo.grpo import safe_files
+from vlm_grpo.grpo.checkpoint.manifest import verify, write_manifest
+from vlm_grpo.grpo.checkpoint.run_state import check_run_state, check_trainer_state, read_json
+from vlm_grpo.grpo.safe_files import CreatedFiles, DiskFull
 from vlm_grpo.grpo.safe_loading import UnsafeCheckpointFile, load_state_file  # noqa: F401 - resume catches it as ckpt.UnsafeCheckpointFile
 
 STATE_FILE = "trainer_state.json"  # transformers' TrainerState; its presence marks a complete checkpoint
