@@ -12,7 +12,6 @@ first and says so).
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import os
 import sys
@@ -123,21 +122,20 @@ def _main(argv: list[str]) -> int:
 
 def entry() -> None:
     """The `vlm-grpo` program: main(), then exit with its code. A launched process (accelerate, torchrun) ends
-    without interpreter finalization: the group's processes meet (after a success), the process group is taken down,
-    and the process leaves with os._exit. Left to finalization, gloo's worker threads can still hold tensors whose
-    release needs the interpreter being torn down, and the process aborts ("terminate called without an active
-    exception", SIGABRT) after the run's work is saved."""
+    without interpreter finalization (grpo/distributed/process_exit.py says why): the group's processes meet after a
+    success, the process group is taken down, and the process leaves with os._exit."""
     code = main()
     distributed = sys.modules.get("torch.distributed")
     if distributed is None or not distributed.is_available() or not distributed.is_initialized():
         sys.exit(code)
-    try:
-        if code == 0:  # a failed process leaves at once: its launcher stops the others
+    from vlm_grpo.grpo.distributed.process_exit import release_group
+
+    if code == 0:  # a failed process leaves at once: its launcher stops the others
+        try:
             distributed.barrier()
-        distributed.destroy_process_group()
-    except (RuntimeError, ValueError):  # already torn down by a failing peer: nothing left to release
-        pass
-    gc.collect()  # sharded parameters hold the group's mesh: free them while the interpreter is whole
+        except (RuntimeError, ValueError):  # a peer already gone: leave all the same
+            pass
+    release_group()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

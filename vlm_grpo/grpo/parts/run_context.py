@@ -12,6 +12,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
+from vlm_grpo.grpo.distributed.process_exit import release_group_at_exit
 from vlm_grpo.grpo.distributed import fsdp, processes
 from vlm_grpo.grpo.run import process_checks
 from vlm_grpo.grpo.run.directory import prepare_run_dir
@@ -49,6 +50,8 @@ class RunContext:
             log_with=cfg.logging.report_to or None,
             project_dir=cfg.logging.output_dir,
         )
+        if self.accelerator.num_processes > 1:
+            release_group_at_exit()
         set_seed(cfg.seed)
         if cfg.perf.full_determinism:  # TRL's full_determinism: transformers' own switch (seeds, deterministic kernels)
             from transformers import enable_full_determinism
