@@ -53,7 +53,7 @@ def model_types_table() -> str:
     rows, counts = [], {"family file": 0, GENERIC: 0, "not supported": 0}
     for model_type, class_name in sorted(mapping.items()):
         if model_type in MODEL_TYPES:
-            status, how = "family file", f"`{MODEL_TYPES[model_type].family}` (contract suite, cache probe, every recipe)"
+            status, how = "family file", f"`{MODEL_TYPES[model_type].family}` (contract suite, cache probe, recipes: a covering subset; all with -m recipe_matrix)"
         elif model_type in records and records[model_type].status == GENERIC:
             status, how = GENERIC, _how(records[model_type])
         else:
