@@ -202,8 +202,9 @@ class Stage:
             raise RuntimeError(
                 f"train() already ran on this trainer (to step {last} of max_steps {self.cfg.max_steps}, in "
                 f"{self.ctx.run_dir}); a second call would start again at step 0 and overwrite its checkpoints and "
-                "final/ (as TRL's Trainer does), so it is refused: to train on, build a new trainer with a larger "
-                "max_steps and call train(resume_from_checkpoint=True); for a new run, give a new output_dir")
+                "final/ (as TRL's Trainer does), so it is refused: to train on, build a new trainer on this output_dir "
+                "with a larger max_steps and the resume asked for in its settings (resume_from_checkpoint=True in "
+                "its GRPOConfig / SFTConfig, --resume on the command line); for a new run, give a new output_dir")
         self.trained = True
 
     def _begin(self, resume_from_checkpoint) -> dict[str, Any] | None:
