@@ -60,7 +60,8 @@ INNER_FLOORS = {
         ("vlm_grpo.grpo.run", "vlm_grpo.grpo.heldout_eval", "vlm_grpo.grpo.training",
          "vlm_grpo.grpo.guards"),  # the run dir; a stage's parts; what watches each step
         ("vlm_grpo.grpo.sft",),  # SFT's batches and loss
-        ("vlm_grpo.grpo.parts", "vlm_grpo.grpo"),  # the parts a trainer is built of (api/stage.py composes them)
+        ("vlm_grpo.grpo.parts",),  # the parts a stage is built of
+        ("vlm_grpo.grpo.loop", "vlm_grpo.grpo"),  # the loop and its one builder (loop/stage.py composes the parts)
     ],
 }
 # Imports by a computed name: where they go. Anything else computed is an error (the drawing must see it).

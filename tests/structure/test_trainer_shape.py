@@ -10,7 +10,8 @@ import vlm_grpo
 from vlm_grpo.api.trainers import GRPOTrainer, SFTTrainer
 
 ROOT = Path(vlm_grpo.__file__).resolve().parent
-COMPOSED = [*sorted((ROOT / "grpo" / "parts").glob("*.py")), ROOT / "api" / "stage.py", ROOT / "api" / "trainers.py"]
+COMPOSED = [*sorted((ROOT / "grpo" / "parts").glob("*.py")), *sorted((ROOT / "grpo" / "loop").glob("*.py")),
+            ROOT / "api" / "trl_trainer.py", ROOT / "api" / "trainers.py"]
 
 
 def ours(cls: type) -> bool:

@@ -83,7 +83,7 @@ class CallbackBridge:
         state = self.state
         state.max_steps, state.num_train_epochs = run.cfg.max_steps, -(-run.cfg.max_steps // schedule.steps_per_epoch)
         state.logging_steps, state.eval_steps = schedule.log_every, schedule.eval_every
-        state.save_steps = run.cfg.logging.save_every
+        state.save_steps = run.saves.save_every
         state.train_batch_size = run.cfg.data.batch_size * run.cfg.data.num_generations  # completions, as TRL counts
         state.is_world_process_zero = state.is_local_process_zero = run.is_main
         self.control = self.handler.on_train_begin(self.args, state, self.control)

@@ -1,4 +1,4 @@
-"""What the trainers' TRL surface (api/stage.py, api/trainers.py) is built from: `settable`, for TRL's plain trainer
+"""What the trainers' TRL surface (api/trl_trainer.py, api/trainers.py) is built from: `settable`, for TRL's plain trainer
 attributes that scripts replace (a stub accelerator, a mocked model: once set, the instance's own value is read back
 while the run keeps its own parts), and the rows a data loader reads."""
 

@@ -13,7 +13,7 @@ With `sft.eval_every N` the policy is evaluated greedily on the held-out split e
 end (`eval/accuracy` etc. in metrics.jsonl: the training curve of a shipped checkpoint).
 
 The step is grpo/parts/supervised_update.py's; everything else (run dir, freeze/LoRA, per-module learning rates,
-checkpoints, resume, final model) is the trainer's parts, shared with GRPO (api/stage.py), so `final/` loads with
+checkpoints, resume, final model) is the trainer's parts, shared with GRPO (grpo/loop/stage.py), so `final/` loads with
 `vlm-grpo train --init-from PATH`.
 """
 

@@ -139,25 +139,28 @@ class Checkpoints:
         return path
 
     # ---------------------------------------------------------------- which checkpoint, and may it be resumed
-    def _checkpoint_to_resume(self) -> Path | None:
+    def _checkpoint_to_resume(self, resume_from: str | None) -> Path | None:
         """`resume_from`, verified, or the newest checkpoint that verifies (None: the run has none)."""
-        if not self.cfg.resume_from:
+        if not resume_from:
             return ckpt.latest_good_checkpoint(self.ctx.run_dir)
-        latest = Path(self.cfg.resume_from)
+        latest = Path(resume_from)
         problems = verify(latest) if latest.is_dir() else ["no such checkpoint directory"]
         if problems:
             raise SettingError("resume_from", f"{latest}: {'; '.join(problems)}")
         return latest
 
-    def plan(self) -> None:
+    def plan(self, resume: bool | None = None, resume_from: str | None = None) -> None:
         """Before any model loads: the checkpoint a `--resume` continues from and the history it extends; refused
-        settings raise SettingError. A resume that finds no checkpoint drops the logs of the failed start."""
+        settings raise SettingError. A resume that finds no checkpoint drops the logs of the failed start.
+        `resume` / `resume_from`: the settings' unless given (TRL's train(resume_from_checkpoint))."""
         cfg = self.cfg
+        resume = cfg.resume if resume is None else resume
+        resume_from = resume_from or cfg.resume_from
         self.history, self.resume_point = [], None
-        if not (cfg.resume or cfg.resume_from):
+        if not (resume or resume_from):
             return
         accept = [_accepted_key(name) for name in cfg.resume_accept]
-        self.resume_point = processes.on_main(self.ctx.accelerator, self._checkpoint_to_resume)
+        self.resume_point = processes.on_main(self.ctx.accelerator, lambda: self._checkpoint_to_resume(resume_from))
         if self.resume_point is None:
             dropped = self.ctx.log.truncate_after(-1)
             if self.ctx.is_main:

@@ -15,8 +15,10 @@ from vlm_grpo.grpo.guards.protocol import TrainingHalted
 
 
 class Saves:
-    def __init__(self, ctx, checkpoints):
+    def __init__(self, ctx, checkpoints, save_every: int):
+        """`save_every`: steps between periodic checkpoints (0: none), as the run resolved it."""
         self.ctx, self.cfg, self.checkpoints = ctx, ctx.cfg, checkpoints
+        self.save_every = save_every
 
     def after_step(self, done: int, stop, halt: str | None, close: Callable[[], Any]) -> None:
         """After step `done` (1-based): a guard's stop (`halt`) or a signal saves it and stops the run; so does
@@ -27,7 +29,7 @@ class Saves:
             with stop.saving_checkpoint():
                 self.checkpoints.save(done)
             raise TrainingHalted(f"{halt}; checkpoint-{done} saved, stopped (guard.on_hacking stop)")
-        periodic = cfg.logging.save_every and done % cfg.logging.save_every == 0 and done < cfg.max_steps
+        periodic = self.save_every and done % self.save_every == 0 and done < cfg.max_steps
         if periodic or (signum and done < cfg.max_steps):
             with stop.saving_checkpoint():
                 self.checkpoints.save(done)

@@ -12,7 +12,6 @@ from vlm_grpo.adapters.sharing import image_features
 from vlm_grpo.grpo.algorithm.trajectory import Trajectory
 from vlm_grpo.grpo.logprobs.completions import ScoreOptions, group_scores
 from vlm_grpo.grpo.training import gradient_checkpointing as checkpointing
-from vlm_grpo.grpo.training.lora import reference_disabled
 
 
 @dataclass
@@ -24,7 +23,7 @@ class TokenScores:
 
 class TokenScorer:
     def __init__(self, ctx, policy, reference, encoder_frozen: bool, entropy_trains: bool, router_aux_coef: float):
-        """`reference`: the frozen reference copy (None: LoRA's base, or no KL term); `encoder_frozen`: nothing that
+        """`reference`: the Reference part (which model, if any, gives the KL term's log-probs); `encoder_frozen`: nothing that
         produces image features trains; `entropy_trains`: the entropy bonus's gradient flows."""
         self.ctx, self.cfg, self.policy = ctx, ctx.cfg, policy
         self.adapter = policy.adapter
@@ -99,12 +98,9 @@ class TokenScorer:
             return self.scores(traj, rows, self.policy.model).logps
 
     def reference_logps(self, traj: Trajectory) -> torch.Tensor | None:
-        """The reference's log-probs (None: no KL term): the frozen copy, or the policy with LoRA off."""
-        if self.cfg.loss.beta <= 0:
+        """The reference's log-probs (None: no KL term), as the Reference part decides."""
+        if not self.reference.needed:
             return None
         rows = list(range(len(traj)))
-        with torch.no_grad():
-            if self.reference is not None:
-                return self.scores(traj, rows, self.reference).logps
-            with reference_disabled(self.adapter):  # the policy itself (through its wrapper)
-                return self.scores(traj, rows, self.policy.model).logps
+        with torch.no_grad(), self.reference.weights(self.policy.model) as model:
+            return self.scores(traj, rows, model).logps

@@ -31,27 +31,30 @@ def ready_adapter(adapter, cfg) -> Any:
     return adapter
 
 
+def prepare_weights(adapter, cfg) -> None:
+    """What trains made final before anything copies or wraps the model: LoRA or the freeze policy, then bf16
+    weights (stores_bf16: a reference copied after this is bf16 too)."""
+    if cfg.lora.r > 0:
+        apply_lora(adapter, cfg.lora, train_fully=cfg.optim.trainable_patterns)
+    apply_freeze(adapter, cfg.optim)  # on the wrapped model too
+    if stores_bf16(cfg):
+        to_bf16(adapter.model)
+
+
 class TrainedPolicy:
-    def __init__(self, ctx, adapter, *, dropout: bool, scheduler_steps: int,
-                 after_freeze: Callable[[Any], None] = lambda adapter: None,
-                 shard_more: Callable[[str], None] = lambda mode: None):
-        """`after_freeze(adapter)` runs once the trainable set is final, before the optimizer is built (GRPO: its
-        reference copy); `shard_more(mode)` shards what else the stage keeps under FSDP."""
+    def __init__(self, ctx, adapter, *, dropout: bool, scheduler_steps: int, reference=None):
+        """`adapter`: its weights prepared (prepare_weights); `reference`: the Reference part, sharded with the
+        policy under FSDP (None: the stage keeps none)."""
         cfg = ctx.cfg
         self.ctx, self.adapter, self.sharding = ctx, adapter, ctx.sharding
-        if cfg.lora.r > 0:
-            apply_lora(adapter, cfg.lora, train_fully=cfg.optim.trainable_patterns)
-        apply_freeze(adapter, cfg.optim)  # on the wrapped model too: what trains is final before after_freeze
         bf16_weights = stores_bf16(cfg)
-        if bf16_weights:  # before after_freeze: the reference copy is bf16 too
-            to_bf16(adapter.model)
-        after_freeze(adapter)
         adapter.model.train(dropout)  # GRPO: no dropout, the ratio compares like with like
         if cfg.perf.gradient_checkpointing:
             checkpointing.enable(adapter.model, cfg.perf.gradient_checkpointing_kwargs)
         if self.sharding != "no":  # before the optimizer: it must hold the shards
             root = fsdp.shard(adapter.model, self.sharding)
-            shard_more(self.sharding)
+            if reference is not None:
+                reference.shard(self.sharding)
         # float32 masters of the bf16 weights (None: the optimizer steps the weights themselves)
         self.masters = MasterWeights(adapter.model) if bf16_weights else None
         optimizer = build_optimizer(adapter, cfg.optim, self.masters)

@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from vlm_grpo.grpo.algorithm import reference_sync
 from vlm_grpo.grpo.algorithm.losses import LossInputs, PolicyObjective
 from vlm_grpo.grpo.algorithm.trajectory import Trajectory
 
@@ -26,7 +25,7 @@ class PolicyUpdate:
         self.ctx, self.cfg, self.policy, self.scorer = ctx, ctx.cfg, policy, scorer
         self.objective = objective  # the run's loss, with its entropy control and its processes' collective
         self.entropy_control = objective.entropy_control
-        self.reference = reference  # the frozen reference copy that loss.sync_ref_model moves (None: none)
+        self.reference = reference  # the Reference part: loss.sync_ref_model moves it after updates
         self.updates = 0  # optimizer updates so far (the reference sync counts them)
 
     def run(self, traj: Trajectory, step: int, rows: list[int] | None = None) -> dict[str, float]:
@@ -74,8 +73,7 @@ class PolicyUpdate:
             if self.entropy_control.enabled:  # TRL logs the coefficient as it stands after the update
                 sums["entropy_coef"] = sums.get("entropy_coef", 0.0) + self.entropy_control.coef / cfg.num_iterations
             self.updates += 1
-            if cfg.loss.sync_ref_model and self.updates % cfg.loss.ref_model_sync_steps == 0:
-                reference_sync.mix(self.reference, policy.adapter.model, cfg.loss.ref_model_mixup_alpha)
+            self.reference.after_update(self.updates, policy.adapter.model)
         return {**sums, "grad_norm": float(grad_norm), "skipped_updates": skipped, "undone_updates": undone}
 
     # ---------------------------------------------------------------- in the run's checkpoints
@@ -86,9 +84,7 @@ class PolicyUpdate:
         self.updates = int(state.get("optimizer_updates", 0))
         if "entropy_control" in state:
             self.entropy_control.load_state_dict(state["entropy_control"])
-        if self.cfg.loss.sync_ref_model:
-            reference_sync.load(self.reference, checkpoint)
+        self.reference.load(checkpoint)
 
     def save_files(self, directory: Path) -> None:
-        if self.cfg.loss.sync_ref_model:  # the reference has moved away from the starting model: keep it
-            reference_sync.save(self.reference, directory)
+        self.reference.save_files(directory)

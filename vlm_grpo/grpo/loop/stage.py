@@ -1,16 +1,21 @@
-"""What GRPOTrainer and SFTTrainer share: a trainer built of named parts (grpo/parts/), TRL's trainer surface, and
-the one step loop in `train()`.
+"""The loop GRPO and SFT share: a stage built of named parts (grpo/parts/), in one pass, and the one step loop in
+`train()`.
 
-The parts, each built once from the settings (or from what the caller passed in):
+The parts, each built once from the validated settings (or from what the caller passed in), which the build never
+changes (what it derives lives in the parts):
 - `ctx` RunContext: settings, accelerator, the locked run directory, metrics.jsonl, trackers;
-- `checkpoints` Checkpoints: the `--resume` plan (before any model loads), saves, the final model;
+- `checkpoints` Checkpoints: the `--resume` plan (before any model loads), saves, the final model; `saves` Saves:
+  when the loop saves and how it stops;
 - `data` TrainingData: recipe, rewards, the checked training split;
+- `reference` Reference (GRPO): which model, if any, gives the KL term's log-probs;
 - `policy` TrainedPolicy: the adapter with LoRA / freeze, optimizer and schedule;
 - `evaluation` Evaluation: greedy held-out evaluations;
-- the stage's own step parts (GRPOTrainer: sampler, scoring, policy_update, step_log; SFTTrainer: its update).
+- the stage's own step parts (grpo/loop/grpo_stage.py: sampler, scoring, policy_update, step_log; sft_stage.py: its
+  update).
 
-A stage supplies `train_step(step) -> metrics` and a few class attributes; `from_settings(cfg)` builds one from
-resolved settings (the CLI, benchmarks), the constructor from TRL's arguments (api/trainers.py).
+A stage supplies `train_step(step) -> metrics` and a few class attributes. The layer above (api/: TRL's trainers)
+builds one from TRL's arguments or resolved settings and hands in what runs around the loop (RunInputs: step hooks,
+the pages written at the end, the moments TRL's callbacks see), never the other way round.
 """
 
 from __future__ import annotations
@@ -18,24 +23,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
-import torch
-
-from vlm_grpo.api.callbacks import CallbackBridge
-from vlm_grpo.api.schedule import Schedule
-from vlm_grpo.api.trl_surface import LoaderRows, as_list, settable
-from vlm_grpo.api.trl_arguments import rows_record
-from vlm_grpo.grpo.heldout_eval import heldout_metrics
 from vlm_grpo.grpo.parts.checkpointing import Checkpoints
 from vlm_grpo.grpo.parts.evaluation import Evaluation
 from vlm_grpo.grpo.parts.run_context import RunContext
 from vlm_grpo.grpo.parts.saves import Saves
-from vlm_grpo.grpo.parts.trained_policy import TrainedPolicy, ready_adapter
+from vlm_grpo.grpo.parts.trained_policy import TrainedPolicy, prepare_weights, ready_adapter
 from vlm_grpo.grpo.parts.training_data import TrainingData
 from vlm_grpo.grpo.checkpoint import store as ckpt
 from vlm_grpo.grpo import safe_files
-from vlm_grpo.grpo.run import outputs
 from vlm_grpo.grpo.run.hub import push_final
 from vlm_grpo.grpo.run.logs import log_failure
 from vlm_grpo.grpo.checkpoint.manifest import write_manifest
@@ -49,7 +46,6 @@ from vlm_grpo.grpo.settings.sources import check_sources, to_yaml
 from vlm_grpo.grpo.training.lora import is_lora_wrapped
 from vlm_grpo.grpo.training.policy import load_policy
 from vlm_grpo.grpo.user_calls import UserCodeError
-from vlm_grpo.inspect.run_pages import run_pages
 
 
 @dataclass
@@ -59,11 +55,15 @@ class RunInputs:
     adapter: Any = None  # the policy's adapter (None: loaded from model.init_from / model.name)
     recipe: Any = None
     rewards: Sequence[Any] | None = None  # the run's rewards (None: the settings' or the recipe's)
-    after_run: Sequence[Callable[[Path], Any]] = ()  # called with the run directory at the end, after its own pages
+    after_run: Sequence[Callable[[Path], Any]] = ()  # called with the run directory at the end (api: its pages first)
     step_hooks: Sequence[Callable[[Any, dict], Any]] = ()  # hook(trainer, metrics) after each step; true stops there
     tools: Sequence[Any] = ()  # TRL 1.16's tools, added to the settings' (GRPO)
     environment_factory: Any = None  # TRL 1.16's, replacing the settings' environment (GRPO)
     rollout_func: Callable | None = None  # TRL's rollout_func(prompts, trainer) (GRPO)
+    save_each_epoch: bool = False  # a checkpoint at each pass's end (TRL's save_strategy "epoch"), not save_every's
+    owner: Any = None  # what step hooks and a rollout_func get as the trainer (None: the stage itself)
+    on_begin: Callable[[], Any] | None = None  # before the first step (api: TRL's callbacks, an evaluation on start)
+    on_end: Callable[[dict], Any] | None = None  # with the run's summary at its end (api: TRL's on_train_end)
 
 
 class Stage:
@@ -71,20 +71,17 @@ class Stage:
     dropout = False  # whether the model trains in train() mode (GRPO: no, the ratio compares like with like)
     needs_rewards = True  # GRPO learns from them; SFT's only score held-out evaluations
     evaluates_around = False  # eval.before_after applies (GRPO)
-    config_class: type = object  # TRL's config class of the stage (api/trl_configs.py)
 
-    @classmethod
-    def from_settings(cls, cfg: TrainConfig, **inputs: Any):
-        """A trainer of resolved settings (the CLI's way); `inputs`: RunInputs' fields."""
-        self = cls.__new__(cls)
-        self._build(cfg, RunInputs(**inputs), args=cls.config_class.of_settings(), callbacks=())
-        return self
+    def __init__(self, cfg: TrainConfig, inputs: RunInputs | None = None):
+        self._build(cfg, inputs or RunInputs())
 
-    def _build(self, cfg: TrainConfig, inputs: RunInputs, args: Any, callbacks: Sequence[Any]) -> None:
-        self.args, self.cfg = args, cfg
-        self.callback_bridge = CallbackBridge(callbacks, args)
-        self.after_run = [*run_pages(cfg.logging), *inputs.after_run]  # charts (logging.plot), report.html (logging.report)
-        self.step_hooks = [self._callbacks_after_step, *inputs.step_hooks]
+    def _build(self, cfg: TrainConfig, inputs: RunInputs) -> None:
+        """Every part, built once in `_assemble` from the validated settings, which stay as they were given."""
+        self.cfg = cfg
+        self.owner = self if inputs.owner is None else inputs.owner
+        self.on_begin, self.on_end = inputs.on_begin, inputs.on_end
+        self.after_run = list(inputs.after_run)
+        self.step_hooks = list(inputs.step_hooks)
         self.history: list[dict[str, Any]] = []  # this train()'s steps (ctx.log_history: the run's, resumes included)
         self.step = 0
         self.trained = False  # train() runs once per trainer (a second call is refused: see train())
@@ -98,24 +95,29 @@ class Stage:
             if self.ctx.is_main and isinstance(err, UserCodeError):  # a refusal at the start leaves the folder as it was
                 log_failure(self.ctx.run_dir, err)
             raise
-        if getattr(args, "schedule", {}).get("save_strategy") == "epoch":  # TRL's: a checkpoint at each pass's end
-            cfg.logging.save_every = self.steps_per_epoch
 
     def _assemble(self, inputs: RunInputs) -> None:
+        """The one builder, in the order each part needs the ones before it: the run's checkpoints (a --resume's
+        settings checked before any model loads), data, saves, the adapter and its checks, the weights that train,
+        the stage's parts that read them (GRPO: the reference), the trained policy, evaluation, the stage's step
+        parts, and what the checkpoints carry."""
         ctx, cfg = self.ctx, self.cfg
         ctx.open_log()
         self.checkpoints = Checkpoints(ctx, self.stage)  # settings a checkpoint cannot continue with stop here
-        self.checkpoints.on_save.append(lambda step: self.callback_bridge.saved(self, step))  # TRL's on_save
-        self.saves = Saves(ctx, self.checkpoints)
         if ctx.is_main:  # the resolved settings (a valid --config) and the run's resumes
             safe_files.write_run_file(ctx.run_dir, "config.yaml", to_yaml(cfg, self.checkpoints.history))
         self.data = TrainingData(ctx, inputs.recipe, inputs.rewards, needs_rewards=self.needs_rewards)
+        # a checkpoint at each pass's end (TRL's save_strategy "epoch"), else every logging.save_every steps
+        self.saves = Saves(ctx, self.checkpoints,
+                           save_every=self.steps_per_epoch if inputs.save_each_epoch else cfg.logging.save_every)
         adapter = ready_adapter(inputs.adapter or load_policy(cfg, ctx.device), cfg)
         self.data.check_against(adapter, self.completion_budget())
         check_against_memory(adapter.model, ctx.device, cfg.data.batch_size, self.completions_per_prompt(),
                              self.completion_budget() + 1)  # before the first step, not inside its allocator
+        prepare_weights(adapter, cfg)  # what trains is final from here on
+        reference = self._assemble_before_policy(adapter)
         self.policy = TrainedPolicy(ctx, adapter, dropout=self.dropout, scheduler_steps=self.scheduler_steps(),
-                                    after_freeze=self._after_freeze, shard_more=self._shard_more)
+                                    reference=reference)
         if ctx.is_main:
             check_disk_space(ctx.run_dir, adapter.model)
         self.evaluation = Evaluation(ctx, self.data, self.policy)
@@ -129,11 +131,10 @@ class Stage:
         """The stage's step parts; returns those whose state the checkpoints carry."""
         return []
 
-    def _after_freeze(self, adapter) -> None:
-        """Once the trainable set is final, before the optimizer is built (GRPO: its reference copy)."""
-
-    def _shard_more(self, mode: str) -> None:
-        """Under FSDP, shards whatever else the stage keeps (GRPO: its reference copy)."""
+    def _assemble_before_policy(self, adapter) -> Any:
+        """The stage's parts that read the final trainable set before the policy is sharded and prepared; returns
+        the Reference part sharded with the policy (GRPO: the reference, the vision counter); None: none."""
+        return None
 
     def completion_budget(self) -> int:
         """Tokens a completion may take (for the sequence-budget check)."""
@@ -168,7 +169,7 @@ class Stage:
         started = time.perf_counter()
         before = self._begin(resume_from_checkpoint)  # callbacks' on_train_begin, the held-out evaluation before
         with self.saves.failures_logged(lambda: self.step), stop_on_signals() as stop:
-            start = self.checkpoints.resume() if cfg.resume or cfg.resume_from else 0
+            start = self.checkpoints.resume()  # 0: no resume, or no checkpoint to resume from
             ctx.trackers.start()
             guards = watchdogs(cfg)
             progress = _progress(start, cfg.max_steps, self.stage, enabled=ctx.is_main and cfg.logging.progress)
@@ -186,7 +187,8 @@ class Stage:
         losses = [m["loss"] for m in self.history if "loss" in m]
         summary = {"train_runtime": time.perf_counter() - started,
                    "train_loss": sum(losses) / len(losses) if losses else float("nan")}
-        self.callback_bridge.end(self, summary)
+        if self.on_end is not None:
+            self.on_end(summary)
         last = self.history[-1] if self.history else {}
         metrics = {**summary, **{k: v for k, v in last.items() if isinstance(v, (int, float))}}
         return TrainOutput(global_step=last.get("step", 0), training_loss=metrics["train_loss"], metrics=metrics)
@@ -200,25 +202,23 @@ class Stage:
             raise RuntimeError(
                 f"train() already ran on this trainer (to step {last} of max_steps {self.cfg.max_steps}, in "
                 f"{self.ctx.run_dir}); a second call would start again at step 0 and overwrite its checkpoints and "
-                "final/ (as TRL's Trainer does), so it is refused: to train on, build a new trainer with a larger "
-                "max_steps and call train(resume_from_checkpoint=True); for a new run, give a new output_dir")
+                "final/ (as TRL's Trainer does), so it is refused: to train on, build a new trainer on this output_dir "
+                "with a larger max_steps and the resume asked for in its settings (resume_from_checkpoint=True in "
+                "its GRPOConfig / SFTConfig, --resume on the command line); for a new run, give a new output_dir")
         self.trained = True
 
     def _begin(self, resume_from_checkpoint) -> dict[str, Any] | None:
-        if resume_from_checkpoint:
-            if isinstance(resume_from_checkpoint, bool):
-                self.cfg.resume = True
-            else:
-                self.cfg.resume_from = str(resume_from_checkpoint)
-        schedule = Schedule.of(getattr(self.args, "schedule", {}), self.cfg.max_steps, self.steps_per_epoch)
+        cfg = self.cfg
+        if resume_from_checkpoint and not (cfg.resume or cfg.resume_from):  # asked for here, not in the settings
+            path = None if isinstance(resume_from_checkpoint, bool) else str(resume_from_checkpoint)
+            self.checkpoints.plan(resume=True, resume_from=path)
         try:
-            self.callback_bridge.begin(self, schedule)
+            if self.on_begin is not None:
+                self.on_begin()
         except BaseException:  # a user's callback failed before the run: the run directory is free again
             self.ctx.release_lock()
             raise
-        if schedule.eval_on_start:
-            self.evaluate()
-        if not (self.evaluates_around and self.cfg.eval.before_after):
+        if not (self.evaluates_around and cfg.eval.before_after):
             return None
         self.ctx.trackers.start()
         return self.evaluation.before()
@@ -249,7 +249,7 @@ class Stage:
     def _hooks_stop(self, metrics: dict[str, Any], stop) -> bool:
         """Every hook sees every step; a true result stops the run. A hook that fails keeps the step, saved."""
         try:
-            return any([hook(self, metrics) for hook in self.step_hooks])
+            return any([hook(self.owner, metrics) for hook in self.step_hooks])
         except Exception:
             self.saves.keep_completed(int(metrics["step"]), stop)
             raise
@@ -273,136 +273,10 @@ class Stage:
         ctx.trackers.end()
         ctx.release_lock()
 
-    def _callbacks_after_step(self, trainer, metrics: dict[str, Any]) -> bool:
-        """Each step's end, by transformers' DefaultFlowCallback: logged, evaluated; true stops the run."""
-        evaluate, stop = self.callback_bridge.step(self, metrics)
-        if evaluate:
-            self.evaluate()
-        return stop
-
-    # ---------------------------------------------------------------- TRL's trainer surface
+    # ---------------------------------------------------------------- what the run's end writes
     @property
     def adapter(self):
         return self.policy.adapter
-
-    @settable
-    def model(self):
-        return self.policy.adapter.model
-
-    @settable
-    def processing_class(self):
-        return self.policy.adapter.processor
-
-    @property
-    def optimizer(self):
-        return self.policy.optimizer
-
-    @property
-    def lr_scheduler(self):
-        return self.policy.scheduler
-
-    @settable
-    def accelerator(self):
-        return self.ctx.accelerator
-
-    @property
-    def is_main(self) -> bool:
-        return self.ctx.is_main
-
-    @property
-    def run_dir(self) -> Path:
-        return self.ctx.run_dir
-
-    @property
-    def train_dataset(self):
-        return self.data.dataset
-
-    @settable
-    def state(self):
-        return self.callback_bridge.state
-
-    @property
-    def callback_handler(self):
-        return self.callback_bridge.handler
-
-    @settable
-    def _metrics(self) -> dict[str, dict[str, list]]:
-        """TRL's per-mode lists of the numbers logged since the last log ("train": this run's steps since then)."""
-        pending: dict[str, list] = {}
-        for entry in self.callback_bridge.pending:
-            for key, value in entry.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    pending.setdefault(key, []).append(value)
-        return {"train": pending, "eval": {}}
-
-    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
-        """The training rows in the run's order, one batch per generation (each prompt num_generations times in a
-        row, as TRL's sampler yields them), with args.dataloader_num_workers workers (0 for a stream)."""
-        cfg = self.cfg
-        g = cfg.data.num_generations if self.stage == "grpo" else 1
-        order = [i for step in range(cfg.max_steps // cfg.steps_per_generation or 1)
-                 for i in self.data.batch(step).rows for _ in range(g)]
-        return torch.utils.data.DataLoader(LoaderRows(self.data.dataset, order), batch_size=cfg.data.batch_size * g,
-                                           num_workers=self._workers(getattr(self, "train_dataset_given", None)), collate_fn=as_list)
-
-    def get_eval_dataloader(self, eval_dataset: Any = None) -> torch.utils.data.DataLoader:
-        """The held-out rows (`eval_dataset`, else the run's), eval.eval_batch_size prompts a batch; a stream is read
-        by one worker (the override is this loader's alone: args keep their value)."""
-        given = eval_dataset if eval_dataset is not None else getattr(self, "eval_dataset", None)
-        rows = self.evaluation.heldout_data
-        return torch.utils.data.DataLoader(LoaderRows(rows, list(range(len(rows)))), batch_size=self.cfg.eval.eval_batch_size,
-                                           num_workers=self._workers(given), collate_fn=as_list)
-
-    def _workers(self, data: Any) -> int:
-        from datasets import IterableDataset
-
-        return 0 if isinstance(data, IterableDataset) else int(getattr(self.args, "dataloader_num_workers", 0) or 0)
-
-    def add_callback(self, callback: Any) -> None:
-        """A `TrainerCallback` (class or instance) added to the run's callbacks, as TRL's trainer takes it."""
-        self.callback_bridge.add(callback)
-
-    def pop_callback(self, callback: Any) -> Any:
-        """Removes a callback (class: its first instance) and returns it; None when there is none."""
-        return self.callback_bridge.pop(callback)
-
-    def remove_callback(self, callback: Any) -> None:
-        self.callback_bridge.remove(callback)
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """TRL's Trainer.log: an entry of state.log_history at the current step, handed to every callback's on_log."""
-        self.callback_bridge.log(logs)
-
-    def evaluate(self, eval_dataset: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Held-out evaluation of the policy as it is now: greedy answers (accuracy, rewards) and, for GRPO, sampled
-        completions (eval loss, sampled rewards), on `eval_dataset` when given, else the run's (`eval_dataset` of the
-        constructor, or the recipe's split). A mapping of datasets (dict, DatasetDict) is evaluated one by one, each
-        under `{metric_key_prefix}_{name}_`, as TRL's trainer does."""
-        history = self.ctx.log_history
-        step = history[-1]["step"] if history else 0
-        if isinstance(eval_dataset, Mapping):
-            metrics: dict[str, float] = {}
-            for name, data in eval_dataset.items():
-                metrics.update(self._evaluate_on(data, f"{metric_key_prefix}_{name}", step))
-        else:
-            metrics = self._evaluate_on(eval_dataset, metric_key_prefix, step)
-        self.callback_bridge.evaluated(self, metrics)
-        return metrics
-
-    def _evaluate_on(self, eval_dataset: Any, prefix: str, step: int) -> dict[str, float]:
-        rows = self.evaluation.heldout_data
-        if eval_dataset is not None:  # this evaluation only: the run's own held-out data stays as it was
-            rows = self.evaluation.heldout_of(str(rows_record(eval_dataset, "eval_dataset")))
-        report = self.evaluation.evaluate(step, rows)
-        self.evaluation.reports[f"step {step}"] = report  # the model card shows it
-        metrics = {f"{prefix}_{k.split('/', 1)[1]}": v for k, v in heldout_metrics(report).items()}
-        metrics.update({f"{prefix}_rewards/{k}": v for k, v in report["rewards"].items() if v is not None})
-        sampled = self.sampled_metrics(rows, step)
-        if sampled and f"{prefix}_reward" in metrics:  # TRL's eval_reward is the sampled one; the greedy one is named
-            metrics[f"{prefix}_greedy_reward"] = metrics.pop(f"{prefix}_reward")
-        metrics.update({f"{prefix}_{k}": v for k, v in sampled.items()})
-        self.last_evaluation = report
-        return metrics
 
     def sampled_metrics(self, rows, step: int) -> dict[str, float]:
         """Metrics of completions sampled on the held-out rows (GRPO: the eval loss); none by default."""
@@ -418,36 +292,6 @@ class Stage:
                                 lora=is_lora_wrapped(self.adapter), history=self.checkpoints.history)
         write_manifest(folder, changed=card)  # the weights were hashed when they were saved
         return title
-
-    def save_model(self, output_dir: str | Path | None = None) -> Path:
-        """The model (or LoRA adapter) and processor with its model card, in the run's final/ (default) or
-        `output_dir`; returns the folder."""
-        final = self.ctx.run_dir / "final"
-        if output_dir is None or Path(output_dir).resolve() == final.resolve():
-            self.checkpoints.save_final()
-            self.write_card(final)
-            return final
-        out = Path(output_dir)
-        if self.ctx.is_main:  # written whole beside `out`, then renamed: a folder of other files is moved aside
-            staging = outputs.staging_for(out)
-            ckpt.save_model(self.adapter, staging)
-            write_manifest(staging)
-            self.write_card(staging)
-            note = outputs.commit_folder(staging, out)
-            if note:
-                print(note)
-        return out
-
-    def push_to_hub(self, repo_id: str | None = None, *, private: bool | None = None,
-                    commit_message: str = "vlm-grpo run") -> str:
-        """final/ (saved now if the run has not saved it) with its card, to the hub repo `repo_id` (default:
-        logging.hub_model_id, else the run directory's name); returns the commit's URL."""
-        final = self.ctx.run_dir / "final"
-        if not final.is_dir():
-            self.checkpoints.save_final()
-        title = self.write_card(final, title=repo_id)
-        private = self.cfg.logging.hub_private if private is None else private
-        return push_final(final, title, private=private, commit_message=commit_message)
 
 
 def _progress(start: int, total: int, desc: str, enabled: bool):
