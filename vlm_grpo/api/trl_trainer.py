@@ -61,6 +61,11 @@ class TRLTrainer:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(run, name)
 
+    def train_step(self, step: int) -> dict[str, Any]:
+        """One step of the run; the loop calls it through the trainer, so a subclass may wrap it (faults injected,
+        timing) and reach the run's own with super().train_step(step)."""
+        return self.run.train_step(step)
+
     def train(self, resume_from_checkpoint: bool | str | None = None):
         """The run (`resume_from_checkpoint`: True for the newest checkpoint, or a checkpoint path); returns TRL's
         `TrainOutput(global_step, training_loss, metrics)`; `history` holds this run's steps. SIGINT/SIGTERM: the

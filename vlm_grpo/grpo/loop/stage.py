@@ -233,7 +233,7 @@ class Stage:
         self.step, self.policy.updated_in_step = step, False
         started, rng_at_start = time.perf_counter(), ckpt.rng_state()
         try:
-            metrics = self.train_step(step)
+            metrics = self.owner.train_step(step)  # a trainer subclass's own train_step wraps this stage's
         except Exception:
             self.checkpoints.save_after_failure(step, rng_at_start)
             raise
