@@ -23,7 +23,7 @@ import torch
 
 import vlm_grpo.grpo.logprobs.completions as logprobs_module
 import vlm_grpo.grpo.parts.sampler as sampler_module
-import vlm_grpo.grpo.parts.update as update_module
+import vlm_grpo.grpo.parts.trained_policy as update_module  # where the update step is called
 from vlm_grpo.api.trainers import GRPOTrainer
 from vlm_grpo.bench.runners import _load, build_source
 from vlm_grpo.bench.settings import BenchSettings
