@@ -19,7 +19,7 @@ import torch
 
 from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.bench.engine_parts import EngineParts
-from vlm_grpo.bench.lengths import LengthPlan, end_generations_at, parse_lengths
+from vlm_grpo.bench.lengths import LengthPlan, Lengths, end_generations_at, parse_lengths
 from vlm_grpo.bench.measure import FrameworkResult, PeakMemory, sync
 from vlm_grpo.bench.phases import PhaseClock
 from vlm_grpo.bench.settings import BenchSettings, precision_on
@@ -45,7 +45,7 @@ def check_frameworks(settings: BenchSettings) -> None:
     """Refuse, before anything is built, a loss that one of the frameworks asked for does not have, a 4-bit
     base with nothing to train on it, and lengths that cannot be drawn."""
     try:
-        lengths = parse_lengths(settings.lengths, settings.max_new_tokens)
+        lengths = _lengths(settings)
     except ValueError as err:
         raise SettingError("lengths", str(err)) from None
     if lengths.varies and settings.engine != "transformers":
@@ -80,9 +80,18 @@ def _samples(settings: BenchSettings, count: int):
     return [dataset[i] for i in range(count)]
 
 
+def _lengths(settings: BenchSettings) -> Lengths:
+    return parse_lengths(settings.lengths, settings.max_new_tokens)
+
+
+def _fixed_length(settings: BenchSettings) -> int | None:
+    """Both frameworks' min_new_tokens: every completion --max-new-tokens long, or None where lengths are drawn."""
+    return None if _lengths(settings).varies else settings.max_new_tokens
+
+
 def _end_at_drawn_lengths(settings: BenchSettings, model: torch.nn.Module, eos: int) -> LengthPlan | None:
     """With --lengths varying: `model.generate` (the one the framework calls) ends each row at a drawn length."""
-    lengths = parse_lengths(settings.lengths, settings.max_new_tokens)
+    lengths = _lengths(settings)
     if not lengths.varies:
         return None
     plan = LengthPlan(lengths, settings.seed)
@@ -114,7 +123,7 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
         "--model", source, "--recipe", "shapes", "--data.recipe_options", json.dumps({"image_size": settings.image_size}),
         "--train-size", str(max(64, settings.batch_size * total)), "--batch-size", str(settings.batch_size),
         "--num-generations", str(settings.num_generations), "--max-new-tokens", str(settings.max_new_tokens),
-        "--min-new-tokens", str(0 if parse_lengths(settings.lengths, settings.max_new_tokens).varies else settings.max_new_tokens),
+        "--min-new-tokens", str(_fixed_length(settings) or 0),
         "--beta", str(settings.beta), "--loss-type", settings.loss_type,
         "--importance-sampling-level", settings.importance_sampling_level,
         "--learning-rate", str(settings.learning_rate), "--max-steps", str(total), "--seed", str(settings.seed),
@@ -175,8 +184,7 @@ def _trl_engine(settings: BenchSettings, adapter, device: torch.device) -> dict[
     """GRPOConfig's rollout fields: generate(), or vLLM in TRL's process (use_vllm, vllm_mode colocate), with the same
     fixed length and suppressed ids in the engine's own words."""
     if settings.engine != "vllm":
-        fixed = not parse_lengths(settings.lengths, settings.max_new_tokens).varies
-        return {"generation_kwargs": {"min_new_tokens": settings.max_new_tokens if fixed else None,
+        return {"generation_kwargs": {"min_new_tokens": _fixed_length(settings),
                                       "suppress_tokens": adapter.suppressed_token_ids()}}
     if device.type == "cpu":
         from vlm_grpo.grpo.rollout.vllm_engine import cpu_environment
