@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from tests.adapters.samples import mixed_batch, user_turn
 from tests.conftest import families_with
@@ -72,3 +73,47 @@ def test_shared_prompt_equals_one_forward_per_row(family):
         assert shared_tokens == len(prompts) * length + rows * T  # ... and now once
     else:  # recurrent cache layers are updated in place (no gradient through them): the plain path, stated
         assert shared_tokens == plain_tokens
+
+
+def _packing_case(family):
+    adapter = family_class(family).tiny(seed=0)
+    conversations, images = mixed_batch(adapter)
+    prompts = adapter.encode_prompts(conversations, images)
+    groups, width = 4, 9
+    banned = set(adapter.suppressed_token_ids()) | set(adapter.eos_token_ids)
+    allowed = torch.tensor([i for i in range(len(adapter.tokenizer)) if i not in banned])
+    rows = len(prompts) * groups
+    ids = allowed[torch.randint(len(allowed), (rows, width), generator=torch.Generator().manual_seed(1))]
+    lengths = torch.tensor([9, 3, 5, 2, 1, 7, 4, 6, 8, 2, 3, 9] * rows)[:rows]  # a completion of 1: nothing to feed
+    mask = (torch.arange(width) < lengths[:, None]).long()
+    return adapter, prompts, [r // groups for r in range(rows)], ids, mask
+
+
+@pytest.mark.parametrize("family", families_with("shares_prefix"))
+def test_packed_completions_equal_padded_rows(family):
+    """Padding-free: the completion pass over packed rows gives the padded rows' log-probs, entropies, argmax hits and
+    gradients (float32, within 1e-5), in fewer rows; a family or cache that cannot pack takes the padded rows."""
+    adapter, prompts, index, ids, mask = _packing_case(family)
+    results = {}
+    for mode in ("off", "on"):
+        adapter.model.zero_grad(set_to_none=True)
+        seen = []
+        hook = adapter.model.get_decoder().layers[0].register_forward_pre_hook(
+            lambda m, a, k: seen.append((a[0] if a else k["hidden_states"]).shape[:2]), with_kwargs=True)
+        scores = group_scores(adapter, prompts, index, ids, mask, options=ScoreOptions(
+            share_prompt=True, with_entropy=True, with_hits=True, temperature=0.8, padding_free=mode))
+        hook.remove()
+        (scores.logps * torch.linspace(-1.0, 1.0, ids.numel()).view_as(ids) * mask).sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in adapter.model.parameters() if p.grad is not None])
+        results[mode] = scores, grads, seen[-1]  # the last forward: the completion pass
+    (padded, padded_grads, padded_pass), (packed, packed_grads, packed_pass) = results["off"], results["on"]
+    kept = mask.bool()
+    assert (padded.logps - packed.logps)[kept].abs().max().item() <= 1e-5
+    assert (padded.entropy - packed.entropy)[kept].abs().max().item() <= 1e-5
+    assert torch.equal(padded.hits[kept], packed.hits[kept])
+    assert ((padded_grads - packed_grads).norm() / padded_grads.norm()).item() <= 1e-5
+    cache = DynamicCache(config=adapter.model.config.get_text_config())
+    if any(getattr(layer, "is_sliding", False) for layer in cache.layers) or not differentiable_prompt_cache(adapter.model):
+        assert packed_pass == padded_pass  # a window or a recurrent state keeps no whole prompt to continue
+    else:  # completions fed 8+2+4+1+0+6+3+5 | 7+1+2+8 tokens: per prompt, first-fit into rows of 8
+        assert padded_pass == (ids.shape[0], ids.shape[1]) and packed_pass == (4 + 3, 8)

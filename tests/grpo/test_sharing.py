@@ -3,6 +3,8 @@ features in the log-prob forwards, chunked log-probs, and the per-step work coun
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -236,17 +238,35 @@ def _run(tmp_path, name, *overrides):
         (("--freeze", "vision,projector"), 1, "B"),  # frozen: the rollout's features are reused
         (("--freeze", "vision,projector", "--reuse-frozen-features", "false"), 2, "B"),
         (("--shared-prefix", "false", "--share-image-features", "false"), 2, "BG"),  # the plain path
-        (("--beta", "0.04", "--num-iterations", "2"), 5, "B"),  # + reference + old + a second update
+        # rollout + reference + two updates; the old log-probs (at the rollout's weights) reuse the rollout's features
+        (("--beta", "0.04", "--num-iterations", "2"), 4, "B"),
+        # a generation's first step: rollout + update (the old log-probs reuse the rollout's); its second: the update
+        (("--steps-per-generation", "2"), (2, 1), "B"),
     ],
 )
 def test_step_metrics_count_vision_calls_and_tokens(tmp_path, overrides, calls, images_per_call):
     history = _run(tmp_path, "run", *overrides)
     b, g = 2, 4  # the default batch size and num_generations
-    for metrics in history:
-        assert metrics["perf/vision_calls"] == calls
-        assert metrics["perf/vision_images"] == calls * (b if images_per_call == "B" else b * g)
+    for step, metrics in enumerate(history):
+        expected = calls[step] if isinstance(calls, tuple) else calls
+        assert metrics["perf/vision_calls"] == expected
+        assert metrics["perf/vision_images"] == expected * (b if images_per_call == "B" else b * g)
         assert metrics["perf/decode_tokens"] == b * g * 4
         assert metrics["perf/prefill_tokens"] > 0
+
+
+def test_old_logprobs_from_the_rollouts_features_equal_encoding_again(tmp_path):
+    """The old log-probs (taken before any update, at the rollout's weights) read the features the rollout already
+    computed; encoding the images again gives the same log-probs."""
+    cfg = load_config(overrides=["--output-dir", str(tmp_path / "run"), *FAST, "--max-steps", "1",
+                                 "--steps-per-generation", "2"])
+    trainer = GRPOTrainer.from_settings(cfg)
+    stage = trainer.run
+    generation = stage._rollout_batch(0)
+    traj = generation.scored.trajectory
+    assert traj.features is not None and traj.policy_features is None
+    again = stage.scorer.policy_logps(replace(traj, features=None))  # the encoder runs again
+    assert (again - traj.old_logps)[traj.completion_mask.bool()].abs().max().item() <= 1e-6
 
 
 def test_encoding_once_before_the_rollout_gives_the_same_run(tmp_path):

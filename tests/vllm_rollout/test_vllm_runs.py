@@ -48,6 +48,9 @@ def _check_vllm_steps(rows, steps):
         assert 0.0 < r["sampling/importance_sampling_ratio/mean"] <= 2.0
         assert 0.0 <= r["sampling/sampling_logp_difference/mean"] < 0.05
         assert r["perf/decode_tokens"] > 0
+        # beta 0: the policy's image features, taken once with gradient before the rollout, serve both the ratio's
+        # log-probs (detached, at the same weights) and the update: one encoder call per step
+        assert r["perf/vision_calls"] == 1
 
 
 def test_trl_settings_run_colocate_and_resume(tmp_path):

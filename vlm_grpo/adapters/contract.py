@@ -90,6 +90,9 @@ class AdapterContract(VideoHooks, ImageRoutes, ABC):
     # Family files prove them in the contract suite; the generic adapter measures them per model (calibrate.py).
     shares_features: ClassVar[bool] = True
     shares_prefix: ClassVar[bool] = True
+    # the completion pass after a shared prefix may run padding-free: completions packed end to end under a 4-D mask,
+    # with their padded-layout positions (grpo/logprobs/packing.py); the contract suite proves the log-probs equal
+    packs_completions: ClassVar[bool] = True
     # known generation-cache quirks by transformers version: `auto` skips the KV cache where one applies (compat/)
     cache_quirks: ClassVar[tuple[CacheQuirk, ...]] = ()
 

@@ -132,6 +132,7 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
         "--guard.audit_at_start", "false",  # letter_share is a cost stand-in that pays content-free text by design
         "--shared-prefix", str(settings.shared_prefix).lower(),
         "--share-image-features", str(settings.share_image_features).lower(),
+        "--perf.padding_free", settings.padding_free,
         "--mixed-precision", "bf16" if precision_on(settings, device) == "bf16" else "no", "--generation.sampler", settings.sampler,
         "--lora.r", str(settings.lora_r), "--load-in-4bit", str(settings.load_in_4bit).lower(),
         "--rollout.engine", settings.engine,

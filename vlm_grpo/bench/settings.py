@@ -42,6 +42,7 @@ class BenchSettings:
     freeze: tuple[str, ...] = ()  # module groups frozen in both frameworks
     shared_prefix: bool = True  # vlm-grpo's sharing switches (off: the plain path, for ablations)
     share_image_features: bool = True
+    padding_free: str = "auto"  # vlm-grpo's log-prob forwards: packed completions (on), padded rows (off), or auto
     sampler: str = "inverse_cdf"  # vlm-grpo's token draw (multinomial: generate()'s own, for ablations)
     lora_r: int = 0  # > 0: LoRA of this rank on the language model's projections, in both frameworks
     load_in_4bit: bool = False  # QLoRA: the base loaded in 4 bit (bitsandbytes NF4) in both frameworks; needs lora_r

@@ -47,6 +47,8 @@ def add_parser(sub) -> None:
     p.add_argument("--freeze", default="", help="module groups frozen in both runs, e.g. vision,projector")
     p.add_argument("--shared-prefix", type=_bool, default=True, help="vlm-grpo: shared-prefix rollout (ablation: false)")
     p.add_argument("--share-image-features", type=_bool, default=True, help="vlm-grpo: shared image features (ablation: false)")
+    p.add_argument("--padding-free", choices=("auto", "on", "off"), default="auto",
+                   help="vlm-grpo: log-prob forwards over packed completions (on), padded rows (off), or where it pays")
     p.add_argument("--sampler", default="inverse_cdf", choices=["inverse_cdf", "multinomial"],
                    help="vlm-grpo's token draw (ablation: multinomial, generate()'s own)")
     p.add_argument("--lora-r", type=int, default=0, help="LoRA rank in both runs (0: full fine-tuning)")
@@ -106,6 +108,7 @@ def run(args) -> int:
         frameworks=tuple(frameworks),
         freeze=tuple(g for g in args.freeze.split(",") if g),
         shared_prefix=args.shared_prefix, share_image_features=args.share_image_features, sampler=args.sampler,
+        padding_free=args.padding_free,
         lora_r=args.lora_r, load_in_4bit=args.load_in_4bit, device=args.device, engine=args.engine,
         precision=args.precision,
     )

@@ -39,6 +39,8 @@ class GenericAdapter(GenericLayout, VLMAdapter):
     nested_images: bool = False
     mask_positions: bool = False
     completion_token_type: int = 0  # the value token-shaped inputs take over a completion
+    # not calibrated: an unknown model's forward may rebuild its own mask from token types or images
+    packs_completions: ClassVar[bool] = False
 
     def __init__(self, model, processor, source: str = "", use_cache: bool | None = None, calibrate: bool = True):
         super().__init__(model, processor, source=source, use_cache=use_cache)

@@ -79,7 +79,9 @@ class ScoreOptions:
     `turns.turns`, e.g. the rollout's) skips encoding them. `context`: entered around the feature and embedding
     computation (e.g. the accelerator's autocast). router_aux: also a mixture-of-experts model's router
     load-balancing loss (`TokenScores.aux_loss`); it is taken over each row's whole sequence in one forward, as the
-    model defines it, so the prompt is not shared then. The rest go to the LM head (lm_head.chunked_scores):
+    model defines it, so the prompt is not shared then. padding_free (with share_prompt): the completions that follow
+    the prompt's cache run packed end to end where packing.py's rule says so. The rest go to the LM head
+    (lm_head.chunked_scores):
     GRPO reads no argmax hits, hence with_hits off."""
 
     share_features: bool = True
@@ -94,6 +96,7 @@ class ScoreOptions:
     entropy_grad: bool = False
     with_hits: bool = False
     chunk_bytes: int = CHUNK_BYTES
+    padding_free: str = "off"  # with share_prompt: the completions packed end to end (packing.py): on, auto, off
 
     def head(self) -> dict[str, Any]:
         """The LM head's options."""
@@ -128,7 +131,8 @@ def group_scores(adapter, prompts, prompt_index: list[int], completion_ids: torc
             turn_features = image_features(adapter, turns.turns, model=model)
         if share_prompt:
             return shared_prompt_scores(adapter, prompts, prompt_index, encoded, completion_ids, completion_mask, model,
-                                        turns=turns, turn_features=turn_features, **options)
+                                        turns=turns, turn_features=turn_features, padding_free=o.padding_free,
+                                        **options)
         row_features = encoded.select([where[p] for p in prompt_index])
         if turns is not None:
             row_features = turns.row_features(row_features, turn_features)

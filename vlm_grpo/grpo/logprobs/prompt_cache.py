@@ -14,6 +14,8 @@ vocabulary per distinct prompt); tokens 1.. by the completion pass, scored chunk
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from vlm_grpo.adapters.batch import ImageTokenMismatch
@@ -21,6 +23,7 @@ from vlm_grpo.adapters.cache_names import cache_argument, returned_cache
 from vlm_grpo.adapters.completion_images import CompletionImages, with_turn_images
 from vlm_grpo.adapters.features import ImageFeatures, hf_core
 from vlm_grpo.adapters.sharing import embed_with_features, select_cache_rows, text_side
+from vlm_grpo.grpo.logprobs import packing
 from vlm_grpo.grpo.logprobs.lm_head import TokenScores, logit_scores, scoring_head
 
 
@@ -50,10 +53,11 @@ def shared_prompt_scores(adapter, prompts, prompt_index: list[int], features: Im
                          completion_ids: torch.Tensor, completion_mask: torch.Tensor, model: torch.nn.Module, *,
                          turns: CompletionImages | None = None, turn_features: ImageFeatures | None = None,
                          temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
-                         with_hits: bool = True, **options) -> TokenScores:
+                         with_hits: bool = True, padding_free: str = "off", **options) -> TokenScores:
     """TokenScores of rows `k` = (prompt `prompt_index[k]`, completion k); `features`: the image features of the
     distinct prompts in sorted order (`sorted(set(prompt_index))`). `turns` / `turn_features`: images tool turns
-    showed inside the completions and their features; the completion pass places them at their tokens."""
+    showed inside the completions and their features; the completion pass places them at their tokens.
+    `padding_free` (on, auto, off): the completion pass over packed rows where packing.py's rule says so."""
     core = hf_core(model)
     distinct = sorted(set(prompt_index))
     where = {p: k for k, p in enumerate(distinct)}
@@ -78,15 +82,50 @@ def shared_prompt_scores(adapter, prompts, prompt_index: list[int], features: Im
         return TokenScores(*(t.unsqueeze(1) for t in first))
 
     cache = returned_cache(out)
+    head = dict(temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad, with_hits=with_hits,
+                **options)
+    if turns is None and _packs(adapter, core, cache, completion_mask, rows, padding_free):
+        tail = _packed_pass(model, core, cache, rows, prefix["attention_mask"], completion_ids, completion_mask,
+                            positions[..., length:], head)
+        return TokenScores(*(torch.cat([a.unsqueeze(1), b], dim=1) for a, b in zip(first, tail)))
     select_cache_rows(cache, torch.tensor(rows, device=completion_ids.device))  # one cache row per completion
     inputs = {"input_ids": completion_ids, "attention_mask": full["attention_mask"]}
     if turns is not None:  # the tool turns' images go to their tokens, as the prefix pass placed the prompt's
         inputs = _with_turn_features(adapter, inputs, full, turns.completion_only(turn_features), core)
-    with scoring_head(model, completion_ids[:, 1:], temperature=temperature, with_entropy=with_entropy,
-                      entropy_grad=entropy_grad, with_hits=with_hits, **options) as scorer:
+    with scoring_head(model, completion_ids[:, 1:], **head) as scorer:
         model(**inputs, position_ids=positions[..., length:], **cache_argument(core.forward, cache), use_cache=True,
               logits_to_keep=steps)
     return TokenScores(*(torch.cat([a.unsqueeze(1), b], dim=1) for a, b in zip(first, scorer.scores)))
+
+
+def _attention(core) -> str | None:
+    """The language model's attention implementation (the vision tower's may differ)."""
+    return getattr(core.config.get_text_config(), "_attn_implementation", None) or core.config._attn_implementation
+
+
+def _packs(adapter, core, cache, completion_mask: torch.Tensor, rows: list[int], mode: str) -> bool:
+    """Whether the completion pass runs packed: the family proved it (`packs_completions`), the attention takes a
+    4-D mask as given (SDPA, eager), every cache layer keeps the whole prompt (a sliding window's would not), each
+    completion is one run of tokens, and packing.worth_packing says it pays."""
+    if mode == "off" or not adapter.packs_completions or _attention(core) not in ("sdpa", "eager") \
+            or any(cache.is_sliding) or any(cache.is_linear) or not packing.is_right_padded(completion_mask):
+        return False
+    return packing.worth_packing(packing.fed_lengths(completion_mask), rows, mode)
+
+
+def _packed_pass(model, core, cache, rows: list[int], prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                 completion_mask: torch.Tensor, positions: torch.Tensor, head: dict) -> tuple[torch.Tensor, ...]:
+    """Scores of completion tokens 1.. from one pass over the packed rows (packing.py): [rows, T - 1] each."""
+    count, steps = completion_ids.shape
+    packed = packing.plan(packing.fed_lengths(completion_mask), rows, completion_ids.device)
+    select_cache_rows(cache, torch.tensor([rows[k] for k in packed.cache_rows], device=completion_ids.device))
+    ids = packing.gather_slots(completion_ids, packed)
+    targets = packing.gather_slots(completion_ids, replace(packed, step=packed.step + 1)) * packed.valid
+    mask = packing.attention_mask(packed, prompt_mask[[rows[k] for k in packed.cache_rows]], _attention(core))
+    with scoring_head(model, targets, **head) as scorer:
+        model(input_ids=ids, attention_mask=mask, position_ids=packing.gather_slots(positions, packed),
+              **cache_argument(core.forward, cache), use_cache=True, logits_to_keep=ids.shape[1])
+    return tuple(packing.unpack(t, packed, count, steps - 1) for t in scorer.scores)
 
 
 def _with_turn_features(adapter, inputs: dict, full: dict, features: ImageFeatures, core) -> dict:

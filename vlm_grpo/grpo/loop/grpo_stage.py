@@ -130,6 +130,7 @@ class GRPOStage(Stage):
         started = time.perf_counter()
         k = cfg.steps_per_generation
         fresh = step % k == 0 or self._generation is None or self._generation.index != step // k
+        self.vision_counter.reset()  # this step's encoder calls only (a later step of a generation: its update's)
         if fresh:  # a resumed run in mid-generation samples that generation again, from its own seed
             self._generation = self._rollout_batch(step // k)
         gen = self._generation
@@ -160,7 +161,6 @@ class GRPOStage(Stage):
         first_step = index * cfg.steps_per_generation
         torch.manual_seed(step_seed(cfg.seed, first_step, self.ctx.accelerator.process_index))
         batch = self.data.batch(index)
-        self.vision_counter.reset()
         sampled = self.sampler.sample(batch.samples, batch.rows, first_step)
         self.timings = {"rollout": time.perf_counter() - started}
         scored = self.scoring.score(batch.samples, batch.rows, sampled, first_step)
@@ -168,7 +168,7 @@ class GRPOStage(Stage):
         traj.ref_logps = self.scorer.reference_logps(traj)
         correct = sampled.rollout.sampling_logps is not None and cfg.rollout.vllm_importance_sampling_correction
         if cfg.num_iterations > 1 or cfg.steps_per_generation > 1 or correct:
-            traj.old_logps = self.scorer.policy_logps(traj)  # later updates are off-policy
+            traj.old_logps = self.scorer.sampling_policy_logps(traj)  # later updates are off-policy
         engine_metrics = weigh_by_engine(traj, sampled.rollout.sampling_logps, cfg.rollout) if correct else {}
         # TRL shuffles a generation before splitting it into steps (drawn only then: one step per generation takes
         # no random numbers here, so its runs stay as they were)

@@ -41,12 +41,12 @@ class TokenScorer:
     def encodes_once(self) -> bool:
         """Whether the policy's features, with gradient, can be computed before the rollout and serve both it and
         the update: the encoder trains (else the rollout's no-grad features serve), the policy runs one forward
-        at the rollout's weights (one update, one micro-batch) and nothing drops the graph in between
-        (gradient checkpointing, resharding)."""
+        at the rollout's weights (one update of one micro-batch per rollout: not several iterations, nor several
+        steps per generation) and nothing drops the graph in between (gradient checkpointing, resharding)."""
         cfg, perf = self.cfg, self.cfg.perf
         return (perf.encode_once and perf.shared_prefix and perf.share_image_features and self.adapter.shares_features
                 and not self.encoder_frozen
-                and cfg.num_iterations == 1 and cfg.gradient_accumulation_steps == 1
+                and cfg.num_iterations == 1 and cfg.gradient_accumulation_steps == 1 and cfg.steps_per_generation == 1
                 and not perf.gradient_checkpointing and not self.policy.sharded)
 
     def _step_features(self, traj: Trajectory):
@@ -77,6 +77,7 @@ class TokenScorer:
             turns=turns, turn_features=turn_features,
             context=self.ctx.accelerator.autocast if model is self.policy.model else None,
             share_prompt=perf.share_prompt and not perf.gradient_checkpointing,
+            padding_free=perf.padding_free,
             temperature=self.cfg.generation.temperature, with_entropy=with_entropy,
             entropy_grad=with_entropy and self.entropy_trains,  # the bonus trains on the entropy
             chunk_bytes=perf.logprob_chunk_mb * 2**20,
@@ -96,6 +97,14 @@ class TokenScorer:
         rows = list(range(len(traj))) if rows is None else rows
         with torch.no_grad():
             return self.scores(traj, rows, self.policy.model).logps
+
+    def sampling_policy_logps(self, traj: Trajectory) -> torch.Tensor:
+        """The policy's log-probs at the weights that sampled `traj` (old log-probs; an engine's ratio), taken
+        before any update: the image features already computed at those weights serve (the policy's own from
+        before the rollout, detached, or the rollout's) instead of encoding the images again."""
+        features = traj.features if traj.policy_features is None else traj.policy_features.detach()
+        with torch.no_grad():
+            return self.scores(traj, list(range(len(traj))), self.policy.model, features=features).logps
 
     def reference_logps(self, traj: Trajectory) -> torch.Tensor | None:
         """The reference's log-probs (None: no KL term), as the Reference part decides."""

@@ -166,6 +166,10 @@ class PerfConfig:
                                 "computed once, with gradient, before the rollout, which samples from a detached copy")
     share_prompt: bool = setting(True, help="log-prob forwards: run each prompt once and let its G completions reuse "
                                  "its KV cache (off under gradient checkpointing, whose blocks drop the cache)")
+    padding_free: str = setting("auto", help="log-prob forwards after a shared prompt: each prompt's completions "
+                                "packed end to end into fewer rows, attention kept within each completion; auto: when "
+                                "the rows fall by a tenth or more (docs/performance.md)",
+                                choices=("auto", "on", "off"))
     logprob_chunk_mb: int = setting(256, help="fp32 logits of one chunk of positions, in MiB (the LM head scores "
                                     "completions chunk by chunk: no logits of all positions exist)", at_least=1, at_most=1_048_576)
     gradient_checkpointing: bool = setting(False, help="recompute the language model's and vision tower's blocks in "
