@@ -32,3 +32,14 @@ def mixed_batch(adapter):
     texts = ["How many red squares?", "Which picture is wider? Answer briefly.", "Count the blue squares."]
     conversations = [user_turn(len(imgs), t) for imgs, t in zip(images, texts)]
     return conversations, images
+
+
+def same_size_batch(adapter):
+    """3 samples whose images all have one size (prompts of different lengths), a text-only one where the family
+    takes it beside image rows."""
+    two = 2 if getattr(adapter, "supports_multi_image", True) else 1
+    images = [[picture(56, 56, 5)], [picture(56, 56, 6), picture(56, 56, 7)][:two], [picture(56, 56, 8)]]
+    texts = ["How many?", "Which picture has more red squares? Answer briefly.", "Count the blue squares."]
+    if getattr(adapter, "text_rows", "mixed") == "mixed":
+        images[2], texts[2] = [], "No picture here: say hello."
+    return [user_turn(len(imgs), t) for imgs, t in zip(images, texts)], images

@@ -8,10 +8,11 @@ import re
 import pytest
 import torch
 
-from tests.adapters.samples import mixed_batch
+from tests.adapters.samples import mixed_batch, same_size_batch
 from tests.conftest import contract_types, tiny_adapter
 from vlm_grpo.adapters import ImageTokenMismatch
 from vlm_grpo.adapters.base import TextRowsNotSupported
+from vlm_grpo.adapters.prompt_cache import PromptCache
 from vlm_grpo.grpo.logprobs.completions import completion_logprobs, token_logprobs
 
 STEPS = 6
@@ -74,6 +75,25 @@ def test_left_padded_batch_equals_one_by_one(adapter):
         with torch.no_grad():
             alone = completion_logprobs(adapter, single, completion[i : i + 1], mask[i : i + 1])
         assert (alone[0] - together[i]).abs().max().item() <= 1e-4, f"sample {i}"
+
+
+@pytest.mark.parametrize("sizes", ["mixed", "same"])
+def test_prompt_cache_rows_join_as_encoded_together(adapter, sizes):
+    """Rows kept by the prompt cache and rows encoded now, joined, equal the rows encoded together, tensor for
+    tensor (images of one size: the join itself, also for families that pad images to the batch's largest)."""
+    conversations, images = _encode(adapter)[1:] if sizes == "mixed" else same_size_batch(adapter)
+    together = adapter.encode_prompts(conversations, images)
+    cache = PromptCache.of_mib(64)
+    adapter.encode_prompts(conversations[::2], images[::2], cache=cache)
+    for _ in range(2):  # rows 0 and 2 kept, row 1 encoded; then all three kept
+        batch = adapter.encode_prompts(conversations, images, cache=cache)
+        assert torch.equal(batch.input_ids, together.input_ids) and torch.equal(batch.attention_mask,
+                                                                                together.attention_mask)
+        assert batch.mm.keys() == together.mm.keys() and batch.mm_rows == together.mm_rows
+        for key in together.mm:
+            assert batch.mm[key].dtype == together.mm[key].dtype and torch.equal(batch.mm[key], together.mm[key]), key
+        assert batch.image_spans == together.image_spans and batch.token_keys == together.token_keys
+    assert len(cache) == (3 if adapter.joins_encoded_rows else 0)
 
 
 def test_grouping_round_trips(adapter):

@@ -11,11 +11,12 @@ from vlm_grpo.cli import main
 
 def test_bench_runs_both_frameworks_and_counts_images(tmp_path):
     """Completions end at lengths drawn per row (--lengths; the fixed length: the other bench tests), the same
-    draws in both frameworks (one generate() call per step in each)."""
+    draws in both frameworks (one generate() call per step in each). Two images per prompt, and a dataset of one
+    step's prompts: the measured step sees them again, as a second epoch does."""
     out = tmp_path / "report.json"
     args = ["bench", "--model", "tiny:qwen2_5_vl", "--batch-size", "2", "--num-generations", "2", "--max-new-tokens", "4",
-            "--lengths", "uniform:1:4", "--image-size", "56", "--steps", "1", "--warmup", "0", "--threads", "1",
-            "--json", str(out)]
+            "--lengths", "uniform:1:4", "--image-size", "56", "--images-per-prompt", "2", "--prompts", "2",
+            "--steps", "1", "--warmup", "1", "--threads", "1", "--json", str(out)]
     assert main(args) == 0
     report = json.loads(out.read_text())
     ours, trl = report["results"]["vlm-grpo"], report["results"]["trl"]
@@ -32,14 +33,25 @@ def test_bench_runs_both_frameworks_and_counts_images(tmp_path):
     assert ours["step_time_s"] > 0 and trl["step_time_s"] > 0
     assert ours["step_cpu_time_s"] > 0 and trl["step_cpu_time_s"] > 0  # the process's CPU seconds per step
     assert report["settings"]["model"] == "tiny:qwen2_5_vl" and "trl" in report["versions"]
-    # vlm-grpo: each prompt's image once in the reference and once (with gradient, before the rollout) for the
+    # vlm-grpo: each prompt's 2 images once in the reference and once (with gradient, before the rollout) for the
     # policy; TRL: once per completion (G = 2) in the rollout, the reference and the policy
-    assert (ours["vision_calls_per_step"], ours["vision_images_per_step"]) == (2, 2 * 2)
-    assert (trl["vision_calls_per_step"], trl["vision_images_per_step"]) == (3, 3 * 2 * 2)
+    assert (ours["vision_calls_per_step"], ours["vision_images_per_step"]) == (2, 2 * 2 * 2)
+    assert (trl["vision_calls_per_step"], trl["vision_images_per_step"]) == (3, 3 * 2 * 2 * 2)
+    # the measured step's prompts were encoded in the warm-up step: both rows from vlm-grpo's prompt cache
+    assert ours["prompt_cache"]["hits"] == 2 and ours["prompt_cache"]["misses"] == 0
+    assert len(ours["preprocessing_s_per_step"]) == len(trl["preprocessing_s_per_step"]) == 1
     assert set(report["ratios"]) == {
         "step_throughput (trl step time / vlm-grpo step time)", "rollout_tokens_per_s (vlm-grpo / trl)",
         "peak_memory (vlm-grpo / trl)",
     }
+
+
+@pytest.mark.parametrize("flag, value", [("--images-per-prompt", "0"), ("--prompts", "1"), ("--pixel-cache-mb", "-1")])
+def test_bench_data_options_out_of_range_are_refused_by_name(flag, value, tmp_path, capsys):
+    args = ["bench", "--model", "tiny:qwen2_5_vl", "--batch-size", "2", flag, value, "--json", str(tmp_path / "r.json")]
+    assert main(args) == 2
+    assert f"bench {flag} {value}: give at least" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
 
 
 def test_the_bench_takes_the_registered_losses(capsys):

@@ -33,7 +33,7 @@ INNER_FLOORS = {
          "vlm_grpo.adapters.model_dirs", "vlm_grpo.adapters.teacher_forcing",
          "vlm_grpo.adapters.visual_spans", "vlm_grpo.adapters.completion_images",
          "vlm_grpo.adapters.quirks", "vlm_grpo.adapters.sampler", "vlm_grpo.adapters.cache_names",
-         "vlm_grpo.adapters.freeze"),  # parts of the contract
+         "vlm_grpo.adapters.freeze", "vlm_grpo.adapters.prompt_cache"),  # parts of the contract
         ("vlm_grpo.adapters.video_hooks", "vlm_grpo.adapters.image_routes"),  # the contract's video side, image routes
         ("vlm_grpo.adapters.contract", "vlm_grpo.adapters.construction", "vlm_grpo.adapters.prompt_encoding",
          "vlm_grpo.adapters.model_calls", "vlm_grpo.adapters.parameter_groups", "vlm_grpo.adapters.base",

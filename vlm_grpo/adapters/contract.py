@@ -93,6 +93,9 @@ class AdapterContract(VideoHooks, ImageRoutes, ABC):
     # the completion pass after a shared prefix may run padding-free: completions packed end to end under a 4-D mask,
     # with their padded-layout positions (grpo/logprobs/packing.py); the contract suite proves the log-probs equal
     packs_completions: ClassVar[bool] = True
+    # one-row encodings joined by `join_rows` equal the rows encoded together (tokens, masks, every tensor): rows may
+    # then be kept across steps (prompt_cache.py). The contract suite proves it per family; False: always encoded.
+    joins_encoded_rows: ClassVar[bool] = True
     # known generation-cache quirks by transformers version: `auto` skips the KV cache where one applies (compat/)
     cache_quirks: ClassVar[tuple[CacheQuirk, ...]] = ()
 
@@ -114,6 +117,16 @@ class AdapterContract(VideoHooks, ImageRoutes, ABC):
         index) pairs: a row's prompt, then its tool turns) in order. Default: leading rows per sample (flat
         layouts); a family whose tensors pad per sample overrides it."""
         return combine_rows(sources, keys)
+
+    def can_join(self, rows: Sequence[PromptBatch]) -> bool:
+        """Whether `join_rows` (prompt_encoding.py) gives these one-row encodings exactly as the processor would have
+        encoded their rows together. Default: when each family tensor has the same trailing shape in every row (a
+        processor padding to the batch's largest image or tile count pads nothing then); a family whose
+        `combine_images` pads as its processor does overrides it."""
+        for key in dict.fromkeys(k for row in rows for k in row.mm if k not in row.token_keys):
+            if len({tuple(row.mm[key].shape[1:]) for row in rows if key in row.mm}) > 1:
+                return False
+        return True
 
     def _group_runs(self, runs: list[tuple[int, int]], n_images: int) -> list[tuple[int, int]]:
         """Runs of placeholder tokens -> one [start, end) per image (default: a run is an image)."""

@@ -25,6 +25,8 @@ class FrameworkResult:
     mean_length: float | None = None  # drawn completion lengths (bench --lengths), over the measured steps
     parts: dict[str, Any] | None = None  # vLLM rollouts: where the step's time went (engine_parts.py)
     phases: dict[str, float] | None = None  # median seconds per step in each phase (phases.py)
+    preprocessing: list[float] = field(default_factory=list)  # the preprocessing phase's seconds, per measured step
+    prompt_cache: dict[str, int] | None = None  # vlm-grpo's prompt cache over the measured steps: hits, misses, bytes
 
     @property
     def step_time(self) -> float:
@@ -54,6 +56,8 @@ class FrameworkResult:
             "rollout_times_s": self.rollout_times,
             **({"parts": self.parts} if self.parts is not None else {}),
             **({"phases_s": self.phases} if self.phases else {}),
+            "preprocessing_s_per_step": self.preprocessing,
+            **({"prompt_cache": self.prompt_cache} if self.prompt_cache is not None else {}),
         }
 
 

@@ -1,7 +1,9 @@
 """Where a framework's step goes, measured the same way in both frameworks: wall-clock timers on the objects every
 GRPO step uses, whoever calls them.
 
-- preprocessing: the processor's calls (tokenizing the prompts, resizing and normalizing the images);
+- preprocessing: the processor's calls (tokenizing the prompts, resizing and normalizing the images); where a
+  framework encodes prompts through the adapter (vlm-grpo), the whole `encode_prompts` call: the chat template, the
+  images' normalisation, the prompt cache's keys and joins, and the processor;
 - generate: `model.generate()` (the rollout's decoding, with whatever it encodes inside);
 - vision encoder: the vision tower's calls outside generate();
 - LM forward, no grad: the language model's calls outside generate() with gradients off (old and reference log-probs);
@@ -35,11 +37,12 @@ class PhaseClock:
     def __init__(self, adapter, models: list[torch.nn.Module], generating: torch.nn.Module):
         self.current: dict[str, float] = defaultdict(float)
         self.steps: list[dict[str, float]] = []
-        self.depth = {"generate": 0, "backward": 0, "language": 0}
+        self.depth = {"generate": 0, "backward": 0, "language": 0, "preprocessing": 0}
         self._undo = []
         self._step_start = None
         self._wrap(generating, "generate", "generate")  # the bound method, or the wrapper of bench --lengths
         self._wrap_processor(adapter.processor)
+        self._wrap(adapter, "encode_prompts", "preprocessing")  # the processor's calls inside it count once
         self._wrap(torch.autograd, "backward", "backward")  # Tensor.backward calls it by this name
         self._hook_optimizers()
         seen = set()
@@ -66,6 +69,10 @@ class PhaseClock:
 
     def summary(self) -> dict[str, float]:
         return {phase: statistics.median(s[phase] for s in self.steps) for phase in PHASES} if self.steps else {}
+
+    def per_step(self, phase: str) -> list[float]:
+        """`phase`'s seconds in each measured step, in order."""
+        return [s[phase] for s in self.steps]
 
     def close(self) -> None:
         for undo in reversed(self._undo):
@@ -106,7 +113,7 @@ class PhaseClock:
 
         @functools.wraps(original)
         def timed_call(this, *args, **kwargs):
-            if this is not processor or clock.depth["generate"]:
+            if this is not processor or clock.depth["generate"] or clock.depth["preprocessing"]:
                 return original(this, *args, **kwargs)
             return clock._timed("preprocessing", original, this, *args, **kwargs)
 

@@ -51,6 +51,14 @@ def _lengths_said(lengths: str) -> str:
     return "fixed" if lengths == "fixed" else f"lengths drawn {lengths}"
 
 
+def _dataset_said(s: dict[str, Any]) -> str:
+    """How many prompts the data holds, and whether the measured steps see prompts again (a later epoch's case)."""
+    seen = s["batch_size"] * (s["warmup"] + s["steps"])
+    prompts = s.get("prompts") or max(64, seen)
+    return f"{prompts} prompts" + (f" ({seen} drawn: later steps see them again)" if seen > prompts else
+                                   " (every step new ones)")
+
+
 def format_report(report: dict[str, Any]) -> str:
     s = report["settings"]
     lines = [
@@ -58,7 +66,8 @@ def format_report(report: dict[str, Any]) -> str:
             f"model {s['model']}: B={s['batch_size']} G={s['num_generations']} T={s['max_new_tokens']} "
             f"({_lengths_said(s.get('lengths', 'fixed'))}), "
             f"beta={s['beta']} loss={s['loss_type']} ({s['importance_sampling_level']} level) "
-            f"image {s['image_size']} px, "
+            f"{s.get('images_per_prompt', 1)} image(s) of {s['image_size']} px per prompt, "
+            f"{_dataset_said(s)}, "
             f"{'QLoRA (4-bit base), ' if s.get('load_in_4bit') else ''}"
             f"{'LoRA r=' + str(s['lora_r']) + ', ' if s.get('lora_r') else ''}"
             f"{s['steps']} measured step(s) after {s['warmup']} warm-up, "
@@ -92,6 +101,16 @@ def format_report(report: dict[str, Any]) -> str:
             parts = ", ".join(f"{k[:-2].replace('_', ' ')} {v:.3f} s" for k, v in r["parts"].items()
                               if k.endswith("_s"))
             lines.append(f"\n{name}, where the time went (medians per step; engine start once): {parts}")
+    pre = {name: r["preprocessing_s_per_step"] for name, r in report["results"].items()
+           if r.get("preprocessing_s_per_step")}
+    if pre:
+        lines.append("\npreprocessing per measured step (s): " + "; ".join(
+            f"{name} " + ", ".join(f"{t:.4f}" for t in times) for name, times in pre.items()))
+    for name, r in report["results"].items():
+        if r.get("prompt_cache"):
+            c = r["prompt_cache"]
+            lines.append(f"\n{name} prompt cache over the measured steps: {c['hits']} hits, {c['misses']} misses "
+                         f"({c['rows']} rows, {c['bytes'] / 2**20:.1f} MiB kept)")
     for key, value in report.get("ratios", {}).items():
         lines.append(f"\n{key}: {value:.2f}x")
     return "\n".join(lines)

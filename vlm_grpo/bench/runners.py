@@ -51,6 +51,12 @@ def check_frameworks(settings: BenchSettings) -> None:
     if lengths.varies and settings.engine != "transformers":
         raise SettingError("lengths", f"bench --lengths {settings.lengths} ends completions inside generate(): "
                            "use it with --engine transformers")
+    for name, value, low in (("images_per_prompt", settings.images_per_prompt, 1), ("pixel_cache_mb", settings.pixel_cache_mb, 0),
+                             ("prompts", settings.prompts if settings.prompts is not None else settings.batch_size,
+                              settings.batch_size)):
+        if value < low:
+            raise SettingError(name, f"bench --{name.replace('_', '-')} {value}: give at least {low}"
+                               + (" (the prompts of one step)" if name == "prompts" else ""))
     if settings.load_in_4bit and settings.lora_r <= 0:
         raise SettingError("load_in_4bit", "bench --load-in-4bit trains LoRA matrices on the 4-bit base: give "
                            "--lora-r > 0")
@@ -73,10 +79,20 @@ def build_source(settings: BenchSettings, out_dir: Path) -> str:
     return f"{adapter.family}:{out_dir}"
 
 
+def _recipe_options(settings: BenchSettings) -> dict[str, int]:
+    """The shapes recipe's options both frameworks' data is built with."""
+    return {"image_size": settings.image_size, "images_per_prompt": settings.images_per_prompt}
+
+
+def dataset_size(settings: BenchSettings) -> int:
+    """Prompts in both frameworks' dataset: --prompts, else enough that no measured step sees a prompt again."""
+    return settings.prompts or max(64, settings.batch_size * (settings.warmup + settings.steps))
+
+
 def _samples(settings: BenchSettings, count: int):
     from vlm_grpo.recipes import get_recipe
 
-    dataset = get_recipe("shapes").build(split="train", size=count, seed=settings.seed, image_size=settings.image_size)
+    dataset = get_recipe("shapes").build(split="train", size=count, seed=settings.seed, **_recipe_options(settings))
     return [dataset[i] for i in range(count)]
 
 
@@ -120,8 +136,8 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
     adapter = _load(source, device, load_in_4bit=settings.load_in_4bit)
     total = settings.warmup + settings.steps
     overrides = [
-        "--model", source, "--recipe", "shapes", "--data.recipe_options", json.dumps({"image_size": settings.image_size}),
-        "--train-size", str(max(64, settings.batch_size * total)), "--batch-size", str(settings.batch_size),
+        "--model", source, "--recipe", "shapes", "--data.recipe_options", json.dumps(_recipe_options(settings)),
+        "--train-size", str(dataset_size(settings)), "--batch-size", str(settings.batch_size),
         "--num-generations", str(settings.num_generations), "--max-new-tokens", str(settings.max_new_tokens),
         "--min-new-tokens", str(_fixed_length(settings) or 0),
         "--beta", str(settings.beta), "--loss-type", settings.loss_type,
@@ -135,7 +151,7 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
         "--perf.padding_free", settings.padding_free,
         "--mixed-precision", "bf16" if precision_on(settings, device) == "bf16" else "no", "--generation.sampler", settings.sampler,
         "--lora.r", str(settings.lora_r), "--load-in-4bit", str(settings.load_in_4bit).lower(),
-        "--rollout.engine", settings.engine,
+        "--rollout.engine", settings.engine, "--perf.pixel_cache_mb", str(settings.pixel_cache_mb),
     ]
     if settings.freeze:
         overrides += ["--optim.freeze", ",".join(settings.freeze)]
@@ -150,6 +166,8 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
     for step in range(settings.warmup):
         trainer.train_step(step)
     first = len(plan.drawn) if plan else 0
+    cache = trainer.sampler.prompt_cache
+    hits, misses = cache.hits, cache.misses
     with PeakMemory(device) as memory:
         for step in range(settings.warmup, total):
             sync(device)
@@ -170,7 +188,9 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
     result.peak_memory_bytes, result.memory_kind = memory.peak, memory.kind
     _count_tokens(result, settings, plan, first)
     clock.close()
-    result.phases = clock.summary()
+    result.phases, result.preprocessing = clock.summary(), clock.per_step("preprocessing")
+    result.prompt_cache = {"hits": cache.hits - hits, "misses": cache.misses - misses, "rows": len(cache),
+                           "bytes": cache.bytes}
     if parts:
         result.parts = parts.summary()
     trainer.vision_counter.close()
@@ -213,10 +233,8 @@ def run_trl(settings: BenchSettings, source: str, device: torch.device, work: Pa
         peft_config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none",
                                  target_modules=lora_targets(adapter, lora))
     total = settings.warmup + settings.steps
-    samples = _samples(settings, max(64, settings.batch_size * total))
-    if any(len(s.images) != 1 for s in samples):
-        raise ValueError("the TRL run expects exactly one image per prompt")
-    data = datasets.Dataset.from_list([{"prompt": s.prompt, "image": s.images[0]} for s in samples])
+    samples = _samples(settings, dataset_size(settings))
+    data = datasets.Dataset.from_list([{"prompt": s.prompt, "images": s.images} for s in samples])
     args = GRPOConfig(
         **_trl_engine(settings, adapter, device),
         output_dir=str(work / "trl"),
@@ -303,7 +321,7 @@ def run_trl(settings: BenchSettings, source: str, device: torch.device, work: Pa
     _count_tokens(result, settings, plan, state["first"])
     counter.close()
     clock.close()
-    result.phases = clock.summary()
+    result.phases, result.preprocessing = clock.summary(), clock.per_step("preprocessing")
     del trainer, adapter
     gc.collect()
     return result

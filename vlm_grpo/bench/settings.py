@@ -34,6 +34,11 @@ class BenchSettings:
     importance_sampling_level: str = "token"  # or "sequence" (GSPO)
     learning_rate: float = 1e-5
     image_size: int = 224
+    images_per_prompt: int = 1  # images in each prompt, in both frameworks (the shapes recipe's canvases)
+    # prompts in the dataset (None: enough that every step sees new ones); fewer than the steps' prompts make the run
+    # go over them again, as later epochs do (then vlm-grpo's prompt cache skips the processor)
+    prompts: int | None = None
+    pixel_cache_mb: int = 1024  # vlm-grpo's prompt cache (perf.pixel_cache_mb; 0: off, for ablations)
     steps: int = 3  # measured steps per framework
     warmup: int = 1  # steps run first and not measured (cache probe, allocator warm-up)
     threads: int | None = None  # torch intra-op threads on CPU (None: DEFAULT_THREADS for the model, else 1)

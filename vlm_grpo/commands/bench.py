@@ -39,6 +39,12 @@ def add_parser(sub) -> None:
                    help="importance ratio per token or per sequence (GSPO; luspo needs sequence)")
     p.add_argument("--learning-rate", type=float, default=1e-5)
     p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--images-per-prompt", type=int, default=1, help="images in each prompt, in both frameworks")
+    p.add_argument("--prompts", type=int, default=None,
+                   help="prompts in the dataset (default: enough that every step sees new ones); fewer than "
+                        "batch-size x (warmup + steps) makes the measured steps go over them again, as later epochs do")
+    p.add_argument("--pixel-cache-mb", type=int, default=1024,
+                   help="vlm-grpo: encoded prompts kept across steps (perf.pixel_cache_mb; ablation: 0)")
     p.add_argument("--steps", type=int, default=3, help="measured steps per framework")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first")
     p.add_argument("--threads", type=int, default=None, help="torch threads on CPU (default: the model's setting in bench/settings.py)")
@@ -104,7 +110,8 @@ def run(args) -> int:
         model=args.model, batch_size=args.batch_size, num_generations=args.num_generations,
         max_new_tokens=args.max_new_tokens, lengths=args.lengths, beta=args.beta, loss_type=args.loss_type,
         importance_sampling_level=args.importance_sampling_level, learning_rate=args.learning_rate,
-        image_size=args.image_size, steps=args.steps, warmup=args.warmup, threads=args.threads, seed=args.seed,
+        image_size=args.image_size, images_per_prompt=args.images_per_prompt, prompts=args.prompts,
+        pixel_cache_mb=args.pixel_cache_mb, steps=args.steps, warmup=args.warmup, threads=args.threads, seed=args.seed,
         frameworks=tuple(frameworks),
         freeze=tuple(g for g in args.freeze.split(",") if g),
         shared_prefix=args.shared_prefix, share_image_features=args.share_image_features, sampler=args.sampler,

@@ -78,18 +78,27 @@ class ShapesDataset(GeneratedSamples):
     counts: tuple[int, int] = (1, 5)
     image_size: int = CANVAS  # images are drawn at 256 px and resized for small models
     reference: str | dict[str, float] = "chapter"  # style of Sample.reference (SFT only), or a mix of styles
+    # > 1: that many canvases per prompt, the question about all of them (counts summed); the first is drawn as
+    # with one, so the default's samples are unchanged
+    images_per_prompt: int = 1
 
     def draw(self, index: int, rng: random.Random) -> Sample:
         counts = {s: rng.randint(*self.counts) for s in SHAPES}
         target = SHAPES[rng.randint(0, 2)]
-        image = draw_shapes(counts, rng)
+        images = [draw_shapes(counts, rng)]
+        total = dict(counts)
+        for _ in range(self.images_per_prompt - 1):
+            more = {s: rng.randint(*self.counts) for s in SHAPES}
+            images.append(draw_shapes(more, rng))
+            total = {s: total[s] + more[s] for s in SHAPES}
         if self.image_size != CANVAS:
-            image = image.resize((self.image_size, self.image_size), Image.BILINEAR)
+            images = [image.resize((self.image_size, self.image_size), Image.BILINEAR) for image in images]
+        where = "the image" if len(images) == 1 else f"these {len(images)} images together"
         return Sample(
-            prompt=user_turn(f"How many {target} are in the image?"),
-            images=[image],
-            fields={"answer": str(counts[target]), "target": target, "counts": counts},
-            reference=reference_answer(counts, target, self._style(index)),
+            prompt=user_turn(f"How many {target} are in {where}?", n_images=len(images)),
+            images=images,
+            fields={"answer": str(total[target]), "target": target, "counts": total},
+            reference=reference_answer(total, target, self._style(index)),
         )
 
 
@@ -126,11 +135,14 @@ def reasoning(completions: list[str], **_) -> list[float]:
 
 
 def build(split: str = "train", size: int = 256, seed: int = 0, counts: tuple[int, int] | None = None, image_size: int = CANVAS,
-          reference: str | dict[str, float] = "chapter"):
+          reference: str | dict[str, float] = "chapter", images_per_prompt: int = 1):
     if counts is None:
         counts = (1, 5)
     reference_mix(reference)  # checked now, not at the first sample
-    return ShapesDataset(size=size, seed=seed, split=split, counts=tuple(counts), image_size=image_size, reference=reference)
+    if isinstance(images_per_prompt, bool) or not isinstance(images_per_prompt, int) or not 1 <= images_per_prompt <= 64:
+        raise ValueError(f"shapes images_per_prompt {images_per_prompt!r}: give a whole number from 1 to 64")
+    return ShapesDataset(size=size, seed=seed, split=split, counts=tuple(counts), image_size=image_size, reference=reference,
+                         images_per_prompt=images_per_prompt)
 
 
 def _layout(sample: Sample, reasoning_text: str, answer: str) -> str:

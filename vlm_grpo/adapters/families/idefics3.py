@@ -131,6 +131,9 @@ class TiledImageAdapter(TiledTwin, VLMAdapter):
         # per-row shift harmless in exact arithmetic; passing them keeps the rounding identical too.
         return with_mask_positions(super().completion_inputs(batch, completion_ids, completion_mask, completion_types))
 
+    def can_join(self, rows):
+        return True  # combine_images pads tiles as the processor does
+
     def combine_images(self, sources, keys):
         # Each sample owns one row of tiles, padded to the batch's most: join a sample's tiles, then pad again.
         mm, mm_rows = {}, {}

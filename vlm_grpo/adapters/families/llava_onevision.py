@@ -63,6 +63,14 @@ class LlavaOnevisionAdapter(LlavaOnevisionTwin, VLMAdapter):
             mm["batch_num_images"], mm_rows["batch_num_images"] = torch.tensor(n_images), [1] * len(images)
         return self._batch(features, images, mm, mm_rows)
 
+    def combine_images(self, sources, keys):
+        # batch_num_images is one count per new sample (its images, over all its sources), not rows to concatenate
+        mm, mm_rows = super().combine_images(sources, [k for k in keys if k != "batch_num_images"])
+        if "batch_num_images" in keys:
+            counts = [sum(b.mm_rows["pixel_values"][i] for b, i in group if "pixel_values" in b.mm) for group in sources]
+            mm["batch_num_images"], mm_rows["batch_num_images"] = torch.tensor(counts), [1] * len(sources)
+        return mm, mm_rows
+
     # ---------------------------------------------------------------- geometry
     @property
     def base_side(self) -> int:

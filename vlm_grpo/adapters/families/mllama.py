@@ -45,6 +45,7 @@ class MllamaAdapter(MllamaTwin, VLMAdapter):
     repeated_token_keys = ("cross_attention_mask",)
     shares_features = False
     shares_prefix = False
+    joins_encoded_rows = False  # each row's images pad to the batch's most slots inside the cross-attention mask
 
     def suppressed_token_ids(self) -> list[int]:
         # The real checkpoints put <|image|> past the output head (id 128256 of 128256 logits): it cannot be emitted.

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from vlm_grpo.adapters.prompt_cache import PromptCache
 from vlm_grpo.adapters.sharing import image_features
 from vlm_grpo.grpo.rollout.custom import custom_rollout
 from vlm_grpo.grpo.rollout.generation import Rollout, encode, rollout
@@ -30,6 +31,7 @@ class Sampler:
         self.toolset, self.chat_format = toolset, chat_format
         self.rollout_func, self.owner = rollout_func, owner
         self.engine = None  # rollout.engine vllm: opened at the first rollout (after any resume), rollout/vllm_engine.py
+        self.prompt_cache = PromptCache.of_mib(self.cfg.perf.pixel_cache_mb)  # rows seen again skip the processor
 
     def sample(self, samples: list, rows: list[int], step: int) -> Sampled:
         cfg, g, device = self.cfg, self.cfg.data.num_generations, self.ctx.device
@@ -37,7 +39,7 @@ class Sampler:
             if self.toolset.enabled else None
         policy = self.policy
         with self.ctx.accelerator.autocast(), sampling_with(self.adapter.model, cfg.generation):  # policy's precision
-            prompts = encode(self.adapter, samples, device, session)
+            prompts = encode(self.adapter, samples, device, session, cache=self.prompt_cache)
             policy_features = image_features(self.adapter, prompts, model=policy.model) \
                 if self.scorer.encodes_once() else None
             sampled_from = None if policy_features is None else policy_features.detach()

@@ -14,6 +14,7 @@ import torch
 from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch
 from vlm_grpo.adapters.completion_images import CompletionImages
 from vlm_grpo.adapters.features import ImageFeatures
+from vlm_grpo.adapters.prompt_cache import PromptCache
 from vlm_grpo.adapters.sharing import generate_shared
 from vlm_grpo.recipes.base import Sample
 
@@ -61,14 +62,16 @@ def check_no_placeholders(adapter, completion_ids: torch.Tensor, mask: torch.Ten
         )
 
 
-def encode(adapter, samples: list[Sample], device, session=None) -> PromptBatch:
+def encode(adapter, samples: list[Sample], device, session=None, cache: PromptCache | None = None) -> PromptBatch:
     """The samples' prompts, tokenized with their images and videos, on `device` in the model's dtype; with a tool
-    `session` (rollout/turns.py), its prompts and each sample's tools as the chat format describes them."""
+    `session` (rollout/turns.py), its prompts and each sample's tools as the chat format describes them. `cache`:
+    rows encoded in earlier steps are taken from it (adapters/prompt_cache.py)."""
     videos = [s.videos for s in samples]
     if session is not None:
-        prompts = adapter.encode_prompts(session.conversations, session.images, videos, tools=session.template_tools)
+        prompts = adapter.encode_prompts(session.conversations, session.images, videos, tools=session.template_tools,
+                                         cache=cache)
         return prompts.to(device, dtype=next(adapter.model.parameters()).dtype)
-    prompts = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples], videos)
+    prompts = adapter.encode_prompts([s.prompt for s in samples], [s.images for s in samples], videos, cache=cache)
     return prompts.to(device, dtype=next(adapter.model.parameters()).dtype)
 
 

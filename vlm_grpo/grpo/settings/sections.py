@@ -172,6 +172,10 @@ class PerfConfig:
                                 choices=("auto", "on", "off"))
     logprob_chunk_mb: int = setting(256, help="fp32 logits of one chunk of positions, in MiB (the LM head scores "
                                     "completions chunk by chunk: no logits of all positions exist)", at_least=1, at_most=1_048_576)
+    pixel_cache_mb: int = setting(1024, help="encoded prompts (tokens and processed pixels) kept across steps and "
+                                  "epochs, keyed by the prompt text and the images' pixels: a row seen again skips the "
+                                  "processor; least recently used rows dropped beyond this many MiB (0: off)",
+                                  at_least=0, at_most=1_048_576)
     gradient_checkpointing: bool = setting(False, help="recompute the language model's and vision tower's blocks in "
                                            "backward instead of keeping their activations")
     gradient_checkpointing_kwargs: dict[str, Any] = setting(factory=dict, help="torch.utils.checkpoint arguments "
