@@ -164,6 +164,15 @@ def test_rows_with_other_image_sizes_padded_together_are_encoded_together():
     rows = [adapter.encode_prompts([c], [i]) for c, i in zip(conversations, images)]
     assert not adapter.can_join(rows)
     assert_same(adapter.encode_prompts(conversations, images, cache=cache), adapter.encode_prompts(conversations, images))
+    # the run's rows are encoded together from then on (once each, not alone and then again together)
+    calls = []
+    real = adapter._run_processor
+    adapter._run_processor = lambda *a, **k: calls.append(len(a[0])) or real(*a, **k)
+    try:
+        adapter.encode_prompts(conversations, [[img.rotate(90)] for (img,) in images], cache=cache)  # new rows
+    finally:
+        del adapter._run_processor
+    assert calls == [3] and len(cache) == 0 and not cache.enabled
 
 
 # ---------------------------------------------------------------- fast (torchvision) against slow (PIL) processors

@@ -30,6 +30,9 @@ class PromptCache:
         self.bytes = 0
         self.hits = 0
         self.misses = 0
+        # False once a step's rows could not be joined exactly (images padded to the batch's largest, of other sizes):
+        # from then on the run's rows are encoded together, so no later step pays for encoding them twice
+        self.joins = True
         self._rows: OrderedDict[bytes, tuple[PromptBatch, int]] = OrderedDict()
 
     @classmethod
@@ -38,7 +41,7 @@ class PromptCache:
 
     @property
     def enabled(self) -> bool:
-        return self.max_bytes > 0
+        return self.max_bytes > 0 and self.joins
 
     def __len__(self) -> int:
         return len(self._rows)

@@ -86,6 +86,8 @@ class PromptEncoding:
             encoded[key] = row
             rows.append(row)
         if not self.can_join(rows):  # e.g. images of other sizes, padded to the largest: the processor pads them
+            cache.joins = False  # this run's rows may differ again: encoded together from now on, once each
+            cache.clear()
             return self._to_batch(self._run_processor(texts, images), images)
         return self.join_rows(rows)
 
