@@ -48,7 +48,9 @@ def accuracy(completions, solution, **kwargs):
 
 
 def test_your_data_and_trl_rewards_from_the_command_line(family, tmp_path, monkeypatch):
-    """`vlm-grpo train --dataset ./my.jsonl --reward trl.rewards:... --reward my_rewards.py:...` on every family."""
+    """`vlm-grpo train --dataset ./my.jsonl --reward trl.rewards:... --reward my_rewards.py:...` on every family:
+    the step metrics, the completions log, the last checkpoint and a final/ the family's model class loads."""
+    from vlm_grpo.adapters.registry import family_class
     from vlm_grpo.cli import main
     from vlm_grpo.grpo.run.logs import read_jsonl
 
@@ -66,10 +68,17 @@ def test_your_data_and_trl_rewards_from_the_command_line(family, tmp_path, monke
                  "--output-dir", "run", "--max-new-tokens", "4", "--batch-size", "1", "--num-generations", "2",
                  "--logging.progress", "false"])
     assert code == 0
-    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    run = tmp_path / "run"
+    metrics = read_jsonl(run / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
-    assert {"rewards/think_format_reward", "rewards/accuracy"} <= set(metrics[0])
-    assert (tmp_path / "run" / "final" / "config.json").is_file()
+    assert {"rewards/think_format_reward", "rewards/accuracy", "reward", "entropy", "completion_length",
+            "clip_ratio/region_mean", "frac_reward_zero_std", "loss"} <= set(metrics[0])
+    completions = read_jsonl(run / "completions.jsonl")
+    assert len(completions) == 2 * 1 * 2  # steps x prompts x generations
+    assert set(completions[0]["rewards"]) == {"think_format_reward", "accuracy"}
+    reloaded = family_class(family).model_class.from_pretrained(run / "final")  # the family's own class reads it
+    assert sum(p.numel() for p in reloaded.parameters()) > 0
+    assert (run / "checkpoint-2" / "optimizer.pt").is_file()
 
 
 def test_row_checking_recipes_declare_it():
