@@ -121,8 +121,24 @@ def _longest_files_first(items) -> None:
     items.sort(key=lambda item: (-per_file[item.nodeid.split("::", 1)[0]], item.nodeid.split("::", 1)[0], order[id(item)]))
 
 
+def _generic_types_in_turn(items) -> None:
+    """The contract suite on the generic adapter's model types, by default: each type under every other contract test,
+    each test on every other type, in turn (the rest carry `generic_matrix`: `pytest -m generic_matrix` runs them).
+    The families run every test; a type picked by VLM_GRPO_CONTRACT_TYPES (a measurement) runs every test too."""
+    if os.environ.get("VLM_GRPO_CONTRACT_TYPES"):
+        return
+    contract = [item for item in items if item.nodeid.startswith("tests/adapters/test_contract.py::")]
+    tests = sorted({item.originalname for item in contract})
+    types = sorted({t for t in contract_types() if t not in _families()})
+    for item in contract:
+        kind = getattr(getattr(item, "callspec", None), "params", {}).get("adapter")
+        if kind in types and (tests.index(item.originalname) + types.index(kind)) % 2:
+            item.add_marker(pytest.mark.generic_matrix)
+
+
 def pytest_collection_modifyitems(config, items):
     _longest_files_first(items)
+    _generic_types_in_turn(items)
     slow = _slow(items, config)
     if slow:
         config.hook.pytest_deselected(items=slow)

@@ -93,7 +93,8 @@ def test_prompt_cache_rows_join_as_encoded_together(adapter, sizes):
         for key in together.mm:
             assert batch.mm[key].dtype == together.mm[key].dtype and torch.equal(batch.mm[key], together.mm[key]), key
         assert batch.image_spans == together.image_spans and batch.token_keys == together.token_keys
-    assert len(cache) == (3 if adapter.joins_encoded_rows else 0)
+    # rows that could not be joined exactly (images padded to the batch's largest) turn the run's cache off
+    assert len(cache) == (3 if adapter.joins_encoded_rows and cache.joins else 0)
 
 
 def test_grouping_round_trips(adapter):

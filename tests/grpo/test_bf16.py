@@ -36,6 +36,7 @@ def test_masters_step_as_float32_adamw_would_on_the_same_gradients():
     assert len(masters) == 2 and all(m.dtype == torch.float32 for m in masters.masters)
     optimizer = torch.optim.AdamW(masters.param_groups([{"params": list(model.parameters())}]), lr=1e-5)
     theirs = torch.optim.AdamW(reference, lr=1e-5)
+    buffers = None
     for _ in range(3):
         x = torch.randn(4, 16, dtype=torch.bfloat16)
         model(x).float().square().sum().backward()
@@ -43,6 +44,11 @@ def test_masters_step_as_float32_adamw_would_on_the_same_gradients():
             r.grad = p.grad.float()
         masters.gradients_in()
         assert all(p.grad is None for p in model.parameters())
+        assert all(torch.equal(m.grad, r.grad) for m, r in zip(masters.masters, reference))
+        # one fp32 gradient buffer per master, kept across updates (zero_grad drops the optimizer's reference only)
+        pointers = [m.grad.data_ptr() for m in masters.masters]
+        assert buffers is None or pointers == buffers
+        buffers = pointers
         optimizer.step(), theirs.step()
         masters.weights_out()
         optimizer.zero_grad(), theirs.zero_grad()

@@ -162,20 +162,20 @@ def _env():
 
 
 def test_signals_at_random_moments_exit_130_or_143(tmp_path):
-    """20 tries, 10 at a time, each signalled at a random moment of its own 0.15 s slice of the first 3 s (interpreter
+    """12 tries, 6 at a time, each signalled at a random moment of its own 0.25 s slice of the first 3 s (interpreter
     start, imports, settings, model load: the slices tile the window); every one must exit 130 (SIGINT) or 143 (SIGTERM). A process the signal kills before
     Python handles signals is reported by the shell as 128 + the signal too (its return code here: -signal).
     One moment is CPython's, not ours: a SIGINT while the interpreter itself imports `site` (before any line of
     vlm-grpo runs) ends in CPython's "Fatal Python error: init_import_site" with exit 1; those are counted apart."""
     rng = random.Random(36)
-    slices = 20
+    slices = 12
     tries = [(rng.uniform(3.0 * k / slices, 3.0 * (k + 1) / slices), rng.choice([signal.SIGINT, signal.SIGTERM]))
              for k in range(slices)]
-    rng.shuffle(tries)  # each batch of 10 spans the window
+    rng.shuffle(tries)  # each batch of 6 spans the window
     started, wrong, in_site = time.monotonic(), [], 0
-    for batch in range(0, len(tries), 10):
+    for batch in range(0, len(tries), 6):
         procs = []
-        for k, (delay, sig) in enumerate(tries[batch:batch + 10]):
+        for k, (delay, sig) in enumerate(tries[batch:batch + 6]):
             out = tmp_path / f"run{batch + k}"
             procs.append((subprocess.Popen(
                 [sys.executable, "-m", "vlm_grpo.cli", "train", *FAST, "--max-steps", "50", "--output-dir", str(out)],
@@ -199,7 +199,7 @@ def test_signals_at_random_moments_exit_130_or_143(tmp_path):
             if code != 128 + sig:
                 wrong.append((round(delay, 2), sig.name, code, [l for l in err.strip().splitlines() if "frozen" not in l][:14] if err else ""))
     assert not wrong, wrong
-    assert in_site < len(tries) // 5, f"{in_site} of {len(tries)} tries hit the interpreter's own start-up"  # the delays reach past it
+    assert in_site <= len(tries) // 6, f"{in_site} of {len(tries)} tries hit the interpreter's own start-up"  # the delays reach past it
     assert time.monotonic() - started < 300  # a backstop: each process has its own 60 s limit above
 
 
