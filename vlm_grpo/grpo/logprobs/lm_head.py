@@ -94,9 +94,11 @@ def chunked_scores(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.T
 class _ScoringHead(torch.nn.Module):
     """Stands in for the LM head during one forward: scores `targets` at the hidden states it is given."""
 
-    def __init__(self, head: torch.nn.Module, targets: torch.Tensor, softcap: float | None, **options):
+    def __init__(self, head: torch.nn.Module, targets: torch.Tensor, softcap: float | None,
+                 keep: torch.Tensor | None = None, **options):
         super().__init__()
         self.head, self.targets, self.softcap, self.options = head, targets, softcap, options
+        self.keep = keep  # [B, T] bool: the positions to score (None: all); the others' scores are 0
         self.scores: tuple[torch.Tensor, ...] | None = None
 
     @property
@@ -106,22 +108,29 @@ class _ScoringHead(torch.nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         rows, steps = self.targets.shape
         hidden = hidden[:, -steps - 1 : -1] if hidden.shape[1] > steps else hidden  # positions predicting targets
-        flat = chunked_scores(self.head, hidden.reshape(rows * steps, -1), self.targets.reshape(-1),
-                              softcap=self.softcap, **self.options)
+        hidden, targets = hidden.reshape(rows * steps, -1), self.targets.reshape(-1)
+        if self.keep is None:
+            flat = chunked_scores(self.head, hidden, targets, softcap=self.softcap, **self.options)
+        else:  # the head (a vocabulary-wide product per position) runs on the kept positions only
+            keep = self.keep.reshape(-1)
+            kept = chunked_scores(self.head, hidden[keep], targets[keep], softcap=self.softcap, **self.options)
+            flat = tuple(t.new_zeros(rows * steps).masked_scatter(keep, t) for t in kept)
         self.scores = tuple(t.view(rows, steps) for t in flat)
         return hidden.new_zeros(rows, 1, 1)  # the model's "logits": nothing vocabulary-sized
 
 
 @contextlib.contextmanager
 def scoring_head(model: torch.nn.Module, targets: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
-                 entropy_grad: bool = False, with_hits: bool = True,
-                 chunk_bytes: int = CHUNK_BYTES) -> Iterator[_ScoringHead]:
+                 entropy_grad: bool = False, with_hits: bool = True, chunk_bytes: int = CHUNK_BYTES,
+                 keep: torch.Tensor | None = None) -> Iterator[_ScoringHead]:
     """Within the block, `model`'s LM head scores `targets` [B, T] at the last T+1 hidden positions it sees
-    (position t predicts token t) instead of returning logits; read `.scores` after the forward."""
+    (position t predicts token t) instead of returning logits; read `.scores` after the forward. `keep` [B, T]
+    (bool): score only those positions (padding after a completion's end: none of its logits are built); the
+    others' scores are 0."""
     core = hf_core(model)
     head = core.get_output_embeddings()
     softcap = getattr(core.config.get_text_config(), "final_logit_softcapping", None)
-    scorer = _ScoringHead(head, targets, softcap, temperature=temperature, with_entropy=with_entropy,
+    scorer = _ScoringHead(head, targets, softcap, keep, temperature=temperature, with_entropy=with_entropy,
                           entropy_grad=entropy_grad, with_hits=with_hits, chunk_bytes=chunk_bytes)
     core.set_output_embeddings(scorer)
     try:

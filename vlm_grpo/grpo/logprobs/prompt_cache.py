@@ -92,7 +92,8 @@ def shared_prompt_scores(adapter, prompts, prompt_index: list[int], features: Im
     inputs = {"input_ids": completion_ids, "attention_mask": full["attention_mask"]}
     if turns is not None:  # the tool turns' images go to their tokens, as the prefix pass placed the prompt's
         inputs = _with_turn_features(adapter, inputs, full, turns.completion_only(turn_features), core)
-    with scoring_head(model, completion_ids[:, 1:], **head) as scorer:
+    # the head scores the completions' own tokens only, not the padding after their ends
+    with scoring_head(model, completion_ids[:, 1:], keep=completion_mask[:, 1:].bool(), **head) as scorer:
         model(**inputs, position_ids=positions[..., length:], **cache_argument(core.forward, cache), use_cache=True,
               logits_to_keep=steps)
     return TokenScores(*(torch.cat([a.unsqueeze(1), b], dim=1) for a, b in zip(first, scorer.scores)))
@@ -122,7 +123,7 @@ def _packed_pass(model, core, cache, rows: list[int], prompt_mask: torch.Tensor,
     ids = packing.gather_slots(completion_ids, packed)
     targets = packing.gather_slots(completion_ids, replace(packed, step=packed.step + 1)) * packed.valid
     mask = packing.attention_mask(packed, prompt_mask[[rows[k] for k in packed.cache_rows]], _attention(core))
-    with scoring_head(model, targets, **head) as scorer:
+    with scoring_head(model, targets, keep=packed.valid, **head) as scorer:
         model(input_ids=ids, attention_mask=mask, position_ids=packing.gather_slots(positions, packed),
               **cache_argument(core.forward, cache), use_cache=True, logits_to_keep=ids.shape[1])
     return tuple(packing.unpack(t, packed, count, steps - 1) for t in scorer.scores)
