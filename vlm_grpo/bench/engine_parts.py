@@ -33,8 +33,9 @@ class EngineParts:
         engine.rollout = self._timed(engine.rollout, "engine_rollout_s")
         engine.generate = self._timed(engine.generate, "vllm_generate_s")
         engine.load_weights = self._timed(engine.load_weights, "weight_push_s")
-        # the step's own call (the guards keep the method they were given, so their forwards are not counted)
-        trainer.scorer.policy_logps = self._timed(trainer.scorer.policy_logps, "nograd_policy_forward_s")
+        # the step's own call (the guards score through policy_logps, so their forwards are not counted)
+        scorer = trainer.scorer
+        scorer.sampling_policy_logps = self._timed(scorer.sampling_policy_logps, "nograd_policy_forward_s")
 
     def _timed(self, call: Callable, part: str) -> Callable:
         def timed(*args, **kwargs):
