@@ -109,7 +109,7 @@ class _ScoringHead(torch.nn.Module):
         rows, steps = self.targets.shape
         hidden = hidden[:, -steps - 1 : -1] if hidden.shape[1] > steps else hidden  # positions predicting targets
         hidden, targets = hidden.reshape(rows * steps, -1), self.targets.reshape(-1)
-        if self.keep is None:
+        if self.keep is None or bool(self.keep.all()):  # nothing to leave out: no gather, no scatter
             flat = chunked_scores(self.head, hidden, targets, softcap=self.softcap, **self.options)
         else:  # the head (a vocabulary-wide product per position) runs on the kept positions only
             keep = self.keep.reshape(-1)

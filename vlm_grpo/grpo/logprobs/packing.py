@@ -86,10 +86,15 @@ def plan(lengths: list[int], groups: list[int], device: torch.device) -> PackedR
 
 def worth_packing(lengths: list[int], groups: list[int], mode: str) -> bool:
     """Whether to pack: `on` whenever it removes a row, `auto` when it removes AUTO_MIN_SAVING of them, `off` never."""
+    return mode != "off" and pays(len(pack_rows(lengths, groups)), lengths, mode)
+
+
+def pays(packed_rows: int, lengths: list[int], mode: str) -> bool:
+    """worth_packing's rule for a packing already laid out into `packed_rows` rows."""
     if mode == "off" or not any(lengths):
         return False
-    packed, padded = len(pack_rows(lengths, groups)), sum(1 for n in lengths if n > 0)
-    return packed < padded if mode == "on" else packed <= (1 - AUTO_MIN_SAVING) * padded
+    padded = sum(1 for n in lengths if n > 0)
+    return packed_rows < padded if mode == "on" else packed_rows <= (1 - AUTO_MIN_SAVING) * padded
 
 
 def gather_slots(values: torch.Tensor, packed: PackedRows) -> torch.Tensor:

@@ -84,8 +84,9 @@ def shared_prompt_scores(adapter, prompts, prompt_index: list[int], features: Im
     cache = returned_cache(out)
     head = dict(temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad, with_hits=with_hits,
                 **options)
-    if turns is None and _packs(adapter, core, cache, completion_mask, rows, padding_free):
-        tail = _packed_pass(model, core, cache, rows, prefix["attention_mask"], completion_ids, completion_mask,
+    packed = _packing(adapter, core, cache, completion_mask, rows, padding_free) if turns is None else None
+    if packed is not None:
+        tail = _packed_pass(model, core, cache, rows, packed, prefix["attention_mask"], completion_ids,
                             positions[..., length:], head)
         return TokenScores(*(torch.cat([a.unsqueeze(1), b], dim=1) for a, b in zip(first, tail)))
     select_cache_rows(cache, torch.tensor(rows, device=completion_ids.device))  # one cache row per completion
@@ -104,21 +105,23 @@ def _attention(core) -> str | None:
     return getattr(core.config.get_text_config(), "_attn_implementation", None) or core.config._attn_implementation
 
 
-def _packs(adapter, core, cache, completion_mask: torch.Tensor, rows: list[int], mode: str) -> bool:
-    """Whether the completion pass runs packed: the family proved it (`packs_completions`), the attention takes a
-    4-D mask as given (SDPA, eager), every cache layer keeps the whole prompt (a sliding window's would not), each
-    completion is one run of tokens, and packing.worth_packing says it pays."""
+def _packing(adapter, core, cache, completion_mask: torch.Tensor, rows: list[int],
+             mode: str) -> packing.PackedRows | None:
+    """The packed rows of the completion pass, or None to run it padded: packed when the family proved it
+    (`packs_completions`), the attention takes a 4-D mask as given (SDPA, eager), every cache layer keeps the whole
+    prompt (a sliding window's would not), each completion is one run of tokens, and packing.pays says so."""
     if mode == "off" or not adapter.packs_completions or _attention(core) not in ("sdpa", "eager") \
             or any(cache.is_sliding) or any(cache.is_linear) or not packing.is_right_padded(completion_mask):
-        return False
-    return packing.worth_packing(packing.fed_lengths(completion_mask), rows, mode)
+        return None
+    lengths = packing.fed_lengths(completion_mask)
+    packed = packing.plan(lengths, rows, completion_mask.device)
+    return packed if packing.pays(len(packed.cache_rows), lengths, mode) else None
 
 
-def _packed_pass(model, core, cache, rows: list[int], prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-                 completion_mask: torch.Tensor, positions: torch.Tensor, head: dict) -> tuple[torch.Tensor, ...]:
+def _packed_pass(model, core, cache, rows: list[int], packed: packing.PackedRows, prompt_mask: torch.Tensor,
+                 completion_ids: torch.Tensor, positions: torch.Tensor, head: dict) -> tuple[torch.Tensor, ...]:
     """Scores of completion tokens 1.. from one pass over the packed rows (packing.py): [rows, T - 1] each."""
     count, steps = completion_ids.shape
-    packed = packing.plan(packing.fed_lengths(completion_mask), rows, completion_ids.device)
     select_cache_rows(cache, torch.tensor([rows[k] for k in packed.cache_rows], device=completion_ids.device))
     ids = packing.gather_slots(completion_ids, packed)
     targets = packing.gather_slots(completion_ids, replace(packed, step=packed.step + 1)) * packed.valid
