@@ -92,19 +92,18 @@ class TokenScorer:
 
         return TokenScores(*self.policy.forward(run, model))
 
-    def policy_logps(self, traj: Trajectory, rows: list[int] | None = None) -> torch.Tensor:
-        """The policy's log-probs of `rows` (default: all), without gradient."""
+    def policy_logps(self, traj: Trajectory, rows: list[int] | None = None, features=None) -> torch.Tensor:
+        """The policy's log-probs of `rows` (default: all), without gradient; `features` as in `scores`."""
         rows = list(range(len(traj))) if rows is None else rows
         with torch.no_grad():
-            return self.scores(traj, rows, self.policy.model).logps
+            return self.scores(traj, rows, self.policy.model, features=features).logps
 
     def sampling_policy_logps(self, traj: Trajectory) -> torch.Tensor:
         """The policy's log-probs at the weights that sampled `traj` (old log-probs; an engine's ratio), taken
         before any update: the image features already computed at those weights serve (the policy's own from
         before the rollout, detached, or the rollout's) instead of encoding the images again."""
-        features = traj.features if traj.policy_features is None else traj.policy_features.detach()
-        with torch.no_grad():
-            return self.scores(traj, list(range(len(traj))), self.policy.model, features=features).logps
+        return self.policy_logps(traj, features=traj.features if traj.policy_features is None
+                                 else traj.policy_features.detach())
 
     def reference_logps(self, traj: Trajectory) -> torch.Tensor | None:
         """The reference's log-probs (None: no KL term), as the Reference part decides."""
