@@ -58,16 +58,6 @@ class CallbackBridge:
         self.schedule: Schedule | None = None
         self.pending: list[dict[str, Any]] = []  # the steps since the last logged one
 
-    # ---------------------------------------------------------------- TRL's add/pop/remove_callback
-    def add(self, callback: Any) -> None:
-        self.handler.add_callback(callback)
-
-    def pop(self, callback: Any) -> Any:
-        return self.handler.pop_callback(callback)
-
-    def remove(self, callback: Any) -> None:
-        self.handler.remove_callback(callback)
-
     @property
     def callbacks(self) -> list[Any]:
         return self.handler.callbacks

@@ -165,14 +165,14 @@ class TRLTrainer:
 
     def add_callback(self, callback: Any) -> None:
         """A `TrainerCallback` (class or instance) added to the run's callbacks, as TRL's trainer takes it."""
-        self.callback_bridge.add(callback)
+        self.callback_bridge.handler.add_callback(callback)
 
     def pop_callback(self, callback: Any) -> Any:
         """Removes a callback (class: its first instance) and returns it; None when there is none."""
-        return self.callback_bridge.pop(callback)
+        return self.callback_bridge.handler.pop_callback(callback)
 
     def remove_callback(self, callback: Any) -> None:
-        self.callback_bridge.remove(callback)
+        self.callback_bridge.handler.remove_callback(callback)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """TRL's Trainer.log: an entry of state.log_history at the current step, handed to every callback's on_log."""
