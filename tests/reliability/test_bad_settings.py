@@ -74,6 +74,18 @@ def test_a_bad_value_in_a_yaml_file_is_named_too(tmp_path, capsys):
     assert "setting 'config': no such file" in capsys.readouterr().err
 
 
+def test_choice_words_yaml_reads_as_booleans_keep_their_meaning(tmp_path):
+    # PyYAML reads no/off/on/true as booleans: `mixed_precision: no` must still mean "no", not be refused as False
+    path = tmp_path / "run.yaml"
+    path.write_text("mixed_precision: no\nperf: {padding_free: on}\ngeneration: {compile_decode: true, cache_implementation: static}\n")
+    cfg = load_config(path)
+    assert (cfg.mixed_precision, cfg.perf.padding_free, cfg.generation.compile_decode) == ("no", "on", "true")
+    off = load_config(base={"perf": {"padding_free": False}, "generation": {"compile_decode": False}})
+    assert (off.perf.padding_free, off.generation.compile_decode) == ("off", "false")
+    with pytest.raises(ValueError, match="setting 'mixed_precision': True is not one of no, bf16, fp16"):
+        load_config(base={"mixed_precision": True})  # no choice is spelt as a YAML true: still refused
+
+
 def test_trl_names_with_the_same_meaning_are_honoured():
     cfg = load_config(overrides=["--max_completion_length", "256", "--scale_rewards", "false", "--save_steps", "7",
                                  "--save_total_limit", "4", "--lr_scheduler_type", "cosine", "--bf16"])

@@ -62,6 +62,9 @@ def check_fields(obj: Any) -> None:
         if spellings and _hashable(value) and value in spellings:
             value = spellings[value]
             setattr(obj, f.name, value)
+        elif isinstance(value, bool) and meta["choices"]:
+            value = _word_yaml_read_as(value, meta["choices"])
+            setattr(obj, f.name, value)
         if value is None:
             continue
         # a list's limits are its items' (choices of freeze, the range of each reward weight)
@@ -106,6 +109,16 @@ def _check(name: str, value: Any, meta: dict) -> None:
         if not checks[sign](value, bound):
             raise SettingError(name, f"{_value_text(value)} is out of range: it must be {sign} {_number(bound)} "
                                f"(allowed: {range_text(meta)})")
+
+
+# YAML 1.1 (PyYAML) reads these words as booleans: `mixed_precision: no` arrives as False, `padding_free: on` as True
+_YAML_BOOL_WORDS = {False: ("no", "off", "false", "n"), True: ("yes", "on", "true", "y")}
+
+
+def _word_yaml_read_as(value: bool, choices: Sequence[Any]) -> Any:
+    """The one choice a YAML boolean was written as; the boolean itself (refused by the check) if none or several."""
+    words = [c for c in choices if isinstance(c, str) and c.lower() in _YAML_BOOL_WORDS[value]]
+    return words[0] if len(words) == 1 else value
 
 
 def _value_text(value: Any) -> str:
