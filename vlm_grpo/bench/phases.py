@@ -9,9 +9,11 @@ GRPO step uses, whoever calls them.
 - LM forward, no grad: the language model's calls outside generate() with gradients off (old and reference log-probs);
 - LM forward, with grad: the same with gradients on (the policy's log-probs);
 - backward: `torch.autograd.backward` (forwards recomputed under gradient checkpointing count here);
+- LM head: the output projection outside generate() and backward, for the log-prob forwards: the model's own head
+  module's calls (TRL: the logits it keeps, whose log-softmax is then in "other"), or vlm-grpo's scoring head, which
+  takes the log-softmax of the chosen tokens inside it;
 - optimizer: the optimizer's step (torch's global step hooks);
-- other: the rest of the step (rewards, the LM head where a framework calls it outside the language model, the
-  loss, logging).
+- other: the rest of the step (rewards, the loss, logging).
 """
 
 from __future__ import annotations
@@ -24,10 +26,14 @@ from collections import defaultdict
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from vlm_grpo.adapters.features import hf_core
 from vlm_grpo.adapters.module_groups import group_module
+from vlm_grpo.grpo.logprobs.lm_head import ScoringHead
 
-PHASES = ("preprocessing", "generate", "vision encoder", "LM forward, no grad", "LM forward, with grad", "backward",
-          "optimizer", "other")
+PHASES = ("preprocessing", "generate", "vision encoder", "LM forward, no grad", "LM forward, with grad", "LM head",
+          "backward", "optimizer", "other")
+
+_INHERITED = object()  # a wrapped attribute its owner did not hold itself
 
 
 class PhaseClock:
@@ -37,7 +43,7 @@ class PhaseClock:
     def __init__(self, adapter, models: list[torch.nn.Module], generating: torch.nn.Module):
         self.current: dict[str, float] = defaultdict(float)
         self.steps: list[dict[str, float]] = []
-        self.depth = {"generate": 0, "backward": 0, "language": 0, "preprocessing": 0}
+        self.depth = {"generate": 0, "backward": 0, "language": 0, "preprocessing": 0, "LM head": 0}
         self._undo = []
         self._step_start = None
         self._wrap(generating, "generate", "generate")  # the bound method, or the wrapper of bench --lengths
@@ -45,8 +51,14 @@ class PhaseClock:
         self._wrap(adapter, "encode_prompts", "preprocessing")  # the processor's calls inside it count once
         self._wrap(torch.autograd, "backward", "backward")  # Tensor.backward calls it by this name
         self._hook_optimizers()
+        # vlm-grpo's head stand-in (any instance); a head inside the language model's module is that module's time
+        self.time_head_function(ScoringHead, "forward")
         seen = set()
         for model in models:
+            head = hf_core(model).get_output_embeddings()
+            if head is not None and id(head) not in seen:
+                seen.add(id(head))
+                self._time_module(head, "LM head")
             for group, phase in (("vision", "vision encoder"), ("language", None)):
                 if group == "vision" and not adapter.reads_images:
                     continue
@@ -54,6 +66,11 @@ class PhaseClock:
                 if id(module) not in seen:
                     seen.add(id(module))
                     self._time_module(module, phase)
+
+    def time_head_function(self, owner, name: str) -> None:
+        """A framework's own head function (one that reads the head's weight without calling its module), timed as
+        the LM head."""
+        self._wrap(owner, name, "LM head", unless=("generate", "backward", "language"))
 
     # ------------------------------------------------------------------ steps
     def begin_step(self) -> None:
@@ -91,20 +108,23 @@ class PhaseClock:
         finally:
             self._add(phase, time.perf_counter() - started)
 
-    def _wrap(self, owner, name: str, phase: str) -> None:
-        """`owner.name` timed as `phase`, with the depth of its calls kept (what runs inside it is its time)."""
+    def _wrap(self, owner, name: str, phase: str, unless: tuple[str, ...] = ()) -> None:
+        """`owner.name` timed as `phase`, with the depth of its calls kept (what runs inside it is its time); a
+        call made inside one of the phases `unless` names is theirs."""
         call = getattr(owner, name)
 
         @functools.wraps(call)
         def timed(*args, **kwargs):
+            inside = any(self.depth[other] for other in unless)
             self.depth[phase] += 1
             try:
-                return self._timed(phase, call, *args, **kwargs)
+                return call(*args, **kwargs) if inside else self._timed(phase, call, *args, **kwargs)
             finally:
                 self.depth[phase] -= 1
 
+        own = vars(owner).get(name, _INHERITED)  # the raw attribute (a classmethod stays one after close())
         setattr(owner, name, timed)
-        self._undo.append(lambda: setattr(owner, name, call))
+        self._undo.append(lambda: delattr(owner, name) if own is _INHERITED else setattr(owner, name, own))
 
     def _wrap_processor(self, processor) -> None:
         # a call looks __call__ up on the class: wrap the class's, timing this processor's calls only
@@ -132,15 +152,17 @@ class PhaseClock:
         generate() or backward are theirs."""
         started: list[float | None] = []
 
+        nests = "language" if phase is None else phase if phase in self.depth else None
+
         def before(*_):
-            inside = self.depth["generate"] or self.depth["backward"] or self.depth["language"]
+            inside = self.depth["generate"] or self.depth["backward"] or self.depth["language"] or self.depth["LM head"]
             started.append(None if inside else time.perf_counter())
-            if phase is None:
-                self.depth["language"] += 1  # a tower a family runs inside its language model counts there
+            if nests:
+                self.depth[nests] += 1  # a tower a family runs inside its language model counts there
 
         def after(*_):
-            if phase is None:
-                self.depth["language"] -= 1
+            if nests:
+                self.depth[nests] -= 1
             begun = started.pop() if started else None
             if begun is not None:
                 name = phase or ("LM forward, with grad" if torch.is_grad_enabled() else "LM forward, no grad")

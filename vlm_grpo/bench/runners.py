@@ -220,6 +220,7 @@ def run_trl(settings: BenchSettings, source: str, device: torch.device, work: Pa
     import datasets
     import transformers
     from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer import utils as trl_utils
 
     adapter = _load(source, device, decide_cache=False, load_in_4bit=settings.load_in_4bit)  # TRL generates its own way
     adapter.tokenizer.padding_side = "left"  # right padding silently corrupts M-RoPE positions in TRL 1.16
@@ -272,6 +273,9 @@ def run_trl(settings: BenchSettings, source: str, device: torch.device, work: Pa
     models = [trainer.model] + ([trainer.ref_model] if trainer.ref_model is not None else [])
     counter = VisionCounter(adapter, models)
     clock = PhaseClock(adapter, models, trainer.model)
+    chunked_head = getattr(trl_utils, "_ChunkedLogProbFunction", None)  # TRL's fused head: the weight, not the module
+    if chunked_head is not None:
+        clock.time_head_function(chunked_head, "apply")
     memory = PeakMemory(device)
 
     generate = trainer._generate  # instrumentation only: time TRL's rollout (tokenize + generate + decode)

@@ -91,7 +91,7 @@ def chunked_scores(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.T
     return logps, entropy, hits
 
 
-class _ScoringHead(torch.nn.Module):
+class ScoringHead(torch.nn.Module):
     """Stands in for the LM head during one forward: scores `targets` at the hidden states it is given."""
 
     def __init__(self, head: torch.nn.Module, targets: torch.Tensor, softcap: float | None,
@@ -122,7 +122,7 @@ class _ScoringHead(torch.nn.Module):
 @contextlib.contextmanager
 def scoring_head(model: torch.nn.Module, targets: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
                  entropy_grad: bool = False, with_hits: bool = True, chunk_bytes: int = CHUNK_BYTES,
-                 keep: torch.Tensor | None = None) -> Iterator[_ScoringHead]:
+                 keep: torch.Tensor | None = None) -> Iterator[ScoringHead]:
     """Within the block, `model`'s LM head scores `targets` [B, T] at the last T+1 hidden positions it sees
     (position t predicts token t) instead of returning logits; read `.scores` after the forward. `keep` [B, T]
     (bool): score only those positions (padding after a completion's end: none of its logits are built); the
@@ -130,7 +130,7 @@ def scoring_head(model: torch.nn.Module, targets: torch.Tensor, *, temperature: 
     core = hf_core(model)
     head = core.get_output_embeddings()
     softcap = getattr(core.config.get_text_config(), "final_logit_softcapping", None)
-    scorer = _ScoringHead(head, targets, softcap, keep, temperature=temperature, with_entropy=with_entropy,
+    scorer = ScoringHead(head, targets, softcap, keep, temperature=temperature, with_entropy=with_entropy,
                           entropy_grad=entropy_grad, with_hits=with_hits, chunk_bytes=chunk_bytes)
     core.set_output_embeddings(scorer)
     try:
