@@ -8,10 +8,10 @@ GRPO step uses, whoever calls them.
 - vision encoder: the vision tower's calls outside generate();
 - LM forward, no grad: the language model's calls outside generate() with gradients off (old and reference log-probs);
 - LM forward, with grad: the same with gradients on (the policy's log-probs);
+- LM head: the output projection of those forwards, outside generate() and backward: vlm-grpo's scoring head and
+  TRL's chunked log-prob function (each with the log-softmax of the chosen tokens inside), or the head module's own
+  calls where a framework makes them (then the log-softmax after it is "other");
 - backward: `torch.autograd.backward` (forwards recomputed under gradient checkpointing count here);
-- LM head: the output projection outside generate() and backward, for the log-prob forwards: the model's own head
-  module's calls (TRL: the logits it keeps, whose log-softmax is then in "other"), or vlm-grpo's scoring head, which
-  takes the log-softmax of the chosen tokens inside it;
 - optimizer: the optimizer's step (torch's global step hooks);
 - other: the rest of the step (rewards, the loss, logging).
 """
