@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,24 @@ def test_frozen_groups_stay_identical_and_lrs_apply(tmp_path):
         assert any(not torch.equal(before[n], after[n]) for n in groups[group]), group
     lrs = {g["name"]: g["lr"] for g in trainer.optimizer.param_groups}
     assert lrs == {"projector": 3e-3, "language": 2e-3, "head": 1e-3}
+
+
+def test_step_time_is_the_steps_own_wall_time_rollout_included(tmp_path, monkeypatch):
+    from vlm_grpo.grpo.loop.grpo_stage import GRPOStage
+
+    seen, original = [], GRPOStage.train_step
+
+    def watched(self, step):
+        started = time.perf_counter()
+        metrics = original(self, step)
+        seen.append((self.timings["rollout"], metrics["step_time"], time.perf_counter() - started))
+        return metrics
+
+    monkeypatch.setattr(GRPOStage, "train_step", watched)
+    trained(GRPOTrainer.from_settings(run_config(tmp_path, "--model", "tiny:qwen2_5_vl", "--max-steps", "2")))
+    assert len(seen) == 2 and all(0 < rollout < logged <= wall for rollout, logged, wall in seen)  # counted once
+    logged = [row["step_time"] for row in read_jsonl(tmp_path / "metrics.jsonl")]
+    assert logged == [step_time for _, step_time, _ in seen]
 
 
 def _comparable(rows):

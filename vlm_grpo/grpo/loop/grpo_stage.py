@@ -41,7 +41,6 @@ class Generation:
     engine_metrics: dict[str, float]
     order: list[int]
     parts: int
-    seconds: float  # time spent sampling and scoring it
     report: dict[str, float] = field(default_factory=dict)  # its reward and completion metrics, taken once
 
     def part(self, k: int) -> list[int]:
@@ -148,7 +147,7 @@ class GRPOStage(Stage):
         if fresh:
             self.step_log.keep_trl_logs(traj, batch.samples)
             metrics.update(self.watch.step(step, batch.samples, traj))  # after the update: guards read, never change
-        metrics.update(step=step + 1, step_time=time.perf_counter() - started + (gen.seconds if fresh else 0.0))
+        metrics.update(step=step + 1, step_time=time.perf_counter() - started)  # a fresh step's rollout is inside
         if fresh:
             self.step_log.completions(step + 1, traj, batch.samples)
         return metrics
@@ -173,5 +172,4 @@ class GRPOStage(Stage):
         # TRL shuffles a generation before splitting it into steps (drawn only then: one step per generation takes
         # no random numbers here, so its runs stay as they were)
         order = torch.randperm(len(traj)).tolist() if cfg.steps_per_generation > 1 else list(range(len(traj)))
-        return Generation(index, batch, scored, engine_metrics, order, cfg.steps_per_generation,
-                          time.perf_counter() - started)
+        return Generation(index, batch, scored, engine_metrics, order, cfg.steps_per_generation)
