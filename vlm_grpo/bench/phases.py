@@ -152,7 +152,7 @@ class PhaseClock:
         generate() or backward are theirs."""
         started: list[float | None] = []
 
-        nests = "language" if phase is None else phase if phase in self.depth else None
+        nests = {None: "language", "LM head": "LM head"}.get(phase)  # the phases whose calls nest others
 
         def before(*_):
             inside = self.depth["generate"] or self.depth["backward"] or self.depth["language"] or self.depth["LM head"]

@@ -86,7 +86,7 @@ def plan(lengths: list[int], groups: list[int], device: torch.device) -> PackedR
 
 def worth_packing(lengths: list[int], groups: list[int], mode: str) -> bool:
     """Whether to pack: `on` whenever it removes a row, `auto` when it removes AUTO_MIN_SAVING of them, `off` never."""
-    return mode != "off" and pays(len(pack_rows(lengths, groups)), lengths, mode)
+    return pays(len(pack_rows(lengths, groups)), lengths, mode)
 
 
 def pays(packed_rows: int, lengths: list[int], mode: str) -> bool:
