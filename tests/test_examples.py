@@ -45,11 +45,13 @@ def test_experiment_stages_are_valid_settings(path):
     """Each training stage's settings load as `vlm-grpo sft/train` would load them (a wrong key fails here, in the
     fast tier, not after the stages before it ran)."""
     from vlm_grpo.experiment.plan import TRAINING_STAGES, read_experiment
+    from vlm_grpo.experiment.preflight import check_experiment
     from vlm_grpo.experiment.stages import own_settings, stage_settings
     from vlm_grpo.grpo.settings.sources import load_recipe_config
     from vlm_grpo.recipes import get_recipe
 
     exp = read_experiment(path)
+    check_experiment(exp, exp.stage_names())  # what `vlm-grpo experiment` checks before its first stage: eval splits too
     for stage in (*TRAINING_STAGES, *exp.arms):  # the arms too: a GRPO variant's `set` over grpo's settings
         if stage == "align" and exp.aligns_to_words():  # no trainer settings: its recipe names every cell's words
             task = exp.stages[stage]["data"]

@@ -83,6 +83,8 @@ def test_a_good_config_and_overrides(tmp_path):
     ("eval: {splits: [val, test], test_splits: [test]}", "['test'] are in both splits"),
     ("eval: {splits: val}", "eval.splits must be a list of split names"),
     ("eval: {test_splits: [1]}", "eval.test_splits must be a list of split names"),
+    ("eval: {samples: true}", "eval.samples must be a whole number >= 0, got True"),
+    ("base_seed: '3'", "base_seed must be a whole number >= 0, got '3'"),
 ])
 def test_bad_configs_name_the_file_and_the_key(tmp_path, change, message):
     path = write(tmp_path, GOOD + "\n" + change.replace("{", "{{").replace("}", "}}") + "\n")
@@ -101,6 +103,37 @@ def test_bad_overrides_and_stages_are_refused_on_the_command_line(tmp_path, caps
     assert "unknown stage(s) ['rl']" in capsys.readouterr().err
     assert main(["experiment", str(tmp_path / "missing.yaml")]) != 0
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change,message", [
+    ("grpo: {data: {recipe: scene_count}, optim: {lerning_rate: 0.1}}", "grpo: setting 'optim.lerning_rate': unknown"),
+    ("arms: {hot: {method: grpo, set: {generation: {temperature: 0}}}}", "hot: setting 'generation.temperature'"),
+    ("arms: {more: {method: sft_more, set: {max_steps: -1}}}", "more: setting 'max_steps'"),
+    ("eval: {splits: [test, tset], size: 4}", "eval on split 'tset': scene_count split 'tset'"),
+    ("eval: {splits: [test], test_splits: [odd], size: 4}", "eval on split 'odd'"),
+    ("eval: {splits: [test], size: many}", "eval on split 'test': eval.size: 'many' is not a valid int"),
+    ("eval: {splits: [test], size: 4, dtype: float33}", "eval.dtype: 'float33' is not one of"),
+    ("eval: {splits: [test], size: 4, max_new_tokens: 0}", "eval.max_new_tokens: 0 is out of range"),
+])
+def test_a_late_stage_setting_is_refused_before_the_first_stage_runs(tmp_path, capsys, change, message):
+    """Each stage's settings (the arms' and every eval split's too) load before compose starts: a wrong one is named
+    in seconds, not after the hours of the stages before it, and nothing is written."""
+    path = write(tmp_path, GOOD + "\n" + change.replace("{", "{{").replace("}", "}}") + "\n")
+    assert main(["experiment", str(path), "--seed", "0"]) != 0
+    err = capsys.readouterr().err
+    assert message in err and str(path) in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_eval_settings_keep_the_values_as_written(tmp_path):
+    """An eval value reaches the report's settings as written, and their checks read it (a quoted "false" is off, not
+    Python's bool of a non-empty string)."""
+    from vlm_grpo.experiment.stages import eval_settings
+    from vlm_grpo.grpo.settings.sources import load_recipe_config
+
+    exp = read_experiment(write(tmp_path, GOOD + '\neval: {{splits: [test], size: 4, image_reliance: "false"}}\n'))
+    cfg, _ = load_recipe_config(settings=eval_settings(exp, "grpo", "test", 0))
+    assert cfg.eval.image_reliance is False and cfg.eval.size == 4
 
 
 def test_summary_without_finished_seeds_says_what_to_run(tmp_path, capsys):

@@ -30,6 +30,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from vlm_grpo.experiment.plan import ExperimentError, read_experiment
+    from vlm_grpo.experiment.preflight import check_experiment
     from vlm_grpo.experiment.run import run_experiment
     from vlm_grpo.experiment.table import summarize_experiment
 
@@ -42,6 +43,7 @@ def run(args) -> int:
     if unknown:
         raise ExperimentError(f"--stages: unknown stage(s) {unknown}; the stages are {', '.join(exp.stage_names())} "
                               "(or none)")
+    check_experiment(exp, stages)
     for seed in args.seed:
         run_experiment(exp, seed, stages, say=lambda line, seed=seed: print(f"[seed {seed}] {line}", flush=True),
                        test=args.test)

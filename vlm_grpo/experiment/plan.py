@@ -148,13 +148,14 @@ def read_experiment(path: str | Path, overrides: list[str] = ()) -> Experiment:
     if "data" in evaluation:
         check_eval_data(evaluation["data"], source)
     check_splits(evaluation, source)
+    whole_number(evaluation.get("samples", 4), "eval.samples", source)  # the summary's changed answers shown
     arms = {name: check_arm(name, arm, source) for name, arm in _section(data, "arms", source).items()}
     independent = data.get("independent_seeds", False)
     if not isinstance(independent, bool):
         raise ExperimentError(f"{source}: independent_seeds must be true or false, got {independent!r}")
     return Experiment(source=source, name=str(data.get("name") or Path(path).stem),
                       output_dir=Path(data.get("output_dir") or f"runs/{Path(path).stem}"),
-                      base_seed=int(data.get("base_seed", 0)), compose=compose, stages=stages, eval=evaluation,
+                      base_seed=whole_number(data.get("base_seed", 0), "base_seed", source), compose=compose, stages=stages, eval=evaluation,
                       arms=arms, independent_seeds=independent)
 
 
@@ -182,6 +183,13 @@ def check_arm(name: Any, arm: Any, source: str) -> dict[str, Any]:
         raise ExperimentError(f"{where}.question_types: a non-empty list of question types (the recipe's "
                               f"question_type field), for answer_sft and rft only; got {types!r}")
     return {"method": arm["method"], "set": copy.deepcopy(overrides), "question_types": types}
+
+
+def whole_number(value: Any, key: str, source: str) -> int:
+    """A count or seed as written: an integer >= 0 (YAML's true is not 1, nor "3" a number)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ExperimentError(f"{source}: {key} must be a whole number >= 0, got {value!r}")
+    return value
 
 
 def check_splits(evaluation: dict[str, Any], source: str) -> None:

@@ -234,14 +234,14 @@ def eval_task(exp: Experiment) -> dict[str, Any]:
 
 def eval_settings(exp: Experiment, model: str, split: str, seed: int) -> dict[str, Any]:
     """`vlm-grpo eval` settings of one report: the task of eval_task, the experiment's eval section."""
-    ev = exp.eval
+    ev = exp.eval  # values as written: the settings' own checks name a wrong one (bool("false") would be True)
     return {
         "model": {"name": composed_model(exp, seed), "init_from": str(final_of(exp, model_stage(model), seed)),
-                  "dtype": str(ev.get("dtype", "auto"))},
+                  "dtype": ev.get("dtype", "auto")},
         "data": eval_task(exp),
-        "generation": {"max_new_tokens": int(ev.get("max_new_tokens", 64))},
-        "eval": {"split": split, "size": int(ev.get("size", 200)), "eval_batch_size": int(ev.get("eval_batch_size", 32)),
-                 "data_seed": int(ev.get("data_seed", 0)), "image_reliance": bool(ev.get("image_reliance", True))},
+        "generation": {"max_new_tokens": ev.get("max_new_tokens", 64)},
+        "eval": {"split": split, "size": ev.get("size", 200), "eval_batch_size": ev.get("eval_batch_size", 32),
+                 "data_seed": ev.get("data_seed", 0), "image_reliance": ev.get("image_reliance", True)},
         "seed": seed,
     }
 
