@@ -106,8 +106,8 @@ def test_split_table_image_dependence_baseline_leaning_and_verdict(tmp_path):
     text = markdown(summary)
     assert "## val (validation)" in text
     assert "**grpo - rft (the best control), image-dependent accuracy: -50.0" in text and "does not beat it" in text
-    assert "| grpo | kind | 4 | 50.0 +/- 28.9 | 0.0 +/- 0.0 | 50.0 (triangle) | triangle 100.0, triangle 100.0 |" in text
-    assert "| 0 | grpo | kind | 90.0 (step 1) | 90.0 (step 2) | 90.0 (step 3) |" in text
+    assert "| grpo | `kind` | 4 | 50.0 +/- 28.9 | 0.0 +/- 0.0 | 50.0 (`triangle`) | `triangle` 100.0, `triangle` 100.0 |" in text
+    assert "| 0 | grpo | `kind` | 90.0 (step 1) | 90.0 (step 2) | 90.0 (step 3) |" in text
     assert "each seed composed and aligned its own tower and projector" in text
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from vlm_grpo.experiment.plan import Experiment
 from vlm_grpo.experiment.stages import done, eval_task, model_stage, report_path
 from vlm_grpo.experiment.stats import beats, clustered_mean, commonest, difference
+from vlm_grpo.markdown_text import code_span
 
 ALL = "all"  # every question type together
 MONITOR = "guards/answer_share"  # the answer marginal the GRPO runs log (grpo/guards/hacking_watch.py)
@@ -214,7 +215,7 @@ def across(s: dict[str, Any] | None) -> str:
 
 
 def leaning(stated: list[dict[str, Any] | None]) -> str:
-    return ", ".join("-" if c is None else f"{c['answer'] or '(empty)'} {pct(c['share'])}" for c in stated)
+    return ", ".join("-" if c is None else f"{code_span(c['answer'], cell=True)} {pct(c['share'])}" for c in stated)
 
 
 def markdown(summary: dict[str, Any]) -> str:
@@ -246,15 +247,15 @@ def markdown(summary: dict[str, Any]) -> str:
             for kind in table["kinds"]:
                 s, base = kinds[kind], table["baseline"][kind]
                 n = "-" if s["accuracy"] is None else s["accuracy"]["questions"]
-                constant = "-" if base is None else f"{pct(base['share'])} ({base['answer']})"
-                lines.append(f"| {model} | {kind} | {n} | {stat(s['accuracy'])} | {stat(s['image_dependent'])} | "
+                constant = "-" if base is None else f"{pct(base['share'])} ({code_span(base['answer'], cell=True)})"
+                lines.append(f"| {model} | {kind_cell(kind)} | {n} | {stat(s['accuracy'])} | {stat(s['image_dependent'])} | "
                              f"{constant} | {leaning(s['commonest_answer'])} |")
         lines += ["", "| difference | question type | accuracy | seeds' t-interval | image-dependent | seeds' t-interval |",
                   "| --- | --- | --- | --- | --- | --- |"]
         for name, kinds in table["comparisons"].items():
             for kind in table["kinds"]:
                 c = kinds[kind]
-                lines.append(f"| {name} | {kind} | {stat(c['accuracy'], True)} | {across(c['accuracy'])} | "
+                lines.append(f"| {name} | {kind_cell(kind)} | {stat(c['accuracy'], True)} | {across(c['accuracy'])} | "
                              f"{stat(c['image_dependent'], True)} | {across(c['image_dependent'])} |")
         lines.append("")
     lines += monitor_lines(summary)
@@ -264,9 +265,9 @@ def markdown(summary: dict[str, Any]) -> str:
         lines.append(f"| {seed} | " + " | ".join("-" if t[s] is None else f"{t[s]:.0f}" for s in stages) + " |")
     lines += ["", "## Answers GRPO changed", ""]
     for s in summary["changed"]:
-        lines += [f"- seed {s['seed']}, {s['split']} #{s['index']}: {s['prompt']}",
-                  f"  - after SFT ({'right' if s['sft_correct'] else 'wrong'}): `{_one_line(s['sft'])}`",
-                  f"  - after GRPO ({'right' if s['grpo_correct'] else 'wrong'}): `{_one_line(s['grpo'])}`"]
+        lines += [f"- seed {s['seed']}, {s['split']} #{s['index']}: {code_span(s['prompt'])}",
+                  f"  - after SFT ({'right' if s['sft_correct'] else 'wrong'}): {code_span(s['sft'])}",
+                  f"  - after GRPO ({'right' if s['grpo_correct'] else 'wrong'}): {code_span(s['grpo'])}"]
     return "\n".join(lines) + "\n"
 
 
@@ -276,7 +277,7 @@ def monitor_lines(summary: dict[str, Any]) -> list[str]:
         for stage, points in stages.items():
             kinds = sorted({k for p in points.values() for k in p if k != "step"})
             for kind in kinds:
-                rows.append(f"| {seed} | {stage} | {kind} | " + " | ".join(
+                rows.append(f"| {seed} | {stage} | {kind_cell(kind)} | " + " | ".join(
                     f"{pct(points[w].get(kind))} (step {points[w]['step']})" for w in ("first", "middle", "last")) + " |")
     if not rows:
         return []
@@ -286,6 +287,7 @@ def monitor_lines(summary: dict[str, Any]) -> list[str]:
             "| seed | run | question type | first | middle | last |", "| --- | --- | --- | --- | --- | --- |", *rows, ""]
 
 
-def _one_line(text: str) -> str:
-    return text.replace("\n", "\\n").replace("`", "'")
+def kind_cell(kind: str) -> str:
+    """A question type in a table cell: the recipe's (from its samples), so shown as text; "all" is the table's own."""
+    return kind if kind == ALL else code_span(kind, cell=True)
 

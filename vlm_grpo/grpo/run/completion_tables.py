@@ -19,6 +19,7 @@ from PIL import Image
 
 from vlm_grpo.grpo import safe_files
 from vlm_grpo.grpo.run.completion_files import IMAGES_DIR, table_rows
+from vlm_grpo.markdown_text import code_span
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +78,10 @@ def _log_tensorboard(tracker, step: int, rows, run_dir: Path, multimodal: bool) 
 
 
 def _markdown(columns: list[str], data: list[list]) -> str:
-    def cell(v: Any) -> str:
-        text = f"{v:.4g}" if isinstance(v, float) else "" if v is None else str(v)
-        text = text if len(text) <= TEXT_CHARS else text[: TEXT_CHARS - 1] + "…"
-        return text.replace("|", "\\|").replace("\n", "<br>")
+    def cell(v: Any) -> str:  # a prompt or completion as text, whatever it holds (markdown_text.py)
+        if v is None or isinstance(v, (bool, int, float)):
+            return "" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
+        return code_span(v, cell=True, limit=TEXT_CHARS)
 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in data])
