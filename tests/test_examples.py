@@ -51,7 +51,7 @@ def test_experiment_stages_are_valid_settings(path):
     from vlm_grpo.recipes import get_recipe
 
     exp = read_experiment(path)
-    check_experiment(exp, exp.stage_names())  # what `vlm-grpo experiment` checks before its first stage: eval splits too
+    check_experiment(exp, exp.stage_names(), [0, 1, 2])  # what `vlm-grpo experiment` checks before its first stage: eval splits too
     for stage in (*TRAINING_STAGES, *exp.arms):  # the arms too: a GRPO variant's `set` over grpo's settings
         if stage == "align" and exp.aligns_to_words():  # no trainer settings: its recipe names every cell's words
             task = exp.stages[stage]["data"]

@@ -106,12 +106,12 @@ def test_bad_overrides_and_stages_are_refused_on_the_command_line(tmp_path, caps
 
 
 @pytest.mark.parametrize("change,message", [
-    ("grpo: {data: {recipe: scene_count}, optim: {lerning_rate: 0.1}}", "grpo: setting 'optim.lerning_rate': unknown"),
-    ("arms: {hot: {method: grpo, set: {generation: {temperature: 0}}}}", "hot: setting 'generation.temperature'"),
-    ("arms: {more: {method: sft_more, set: {max_steps: -1}}}", "more: setting 'max_steps'"),
-    ("eval: {splits: [test, tset], size: 4}", "eval on split 'tset': scene_count split 'tset'"),
+    ("grpo: {data: {recipe: scene_count}, optim: {lerning_rate: 0.1}}", "grpo (seed 0): setting 'optim.lerning_rate': unknown"),
+    ("arms: {hot: {method: grpo, set: {generation: {temperature: 0}}}}", "hot (seed 0): setting 'generation.temperature'"),
+    ("arms: {more: {method: sft_more, set: {max_steps: -1}}}", "more (seed 0): setting 'max_steps'"),
+    ("eval: {splits: [test, tset], size: 4}", "eval on split 'tset' (seed 0): scene_count split 'tset'"),
     ("eval: {splits: [test], test_splits: [odd], size: 4}", "eval on split 'odd'"),
-    ("eval: {splits: [test], size: many}", "eval on split 'test': eval.size: 'many' is not a valid int"),
+    ("eval: {splits: [test], size: many}", "eval on split 'test' (seed 0): eval.size: 'many' is not a valid int"),
     ("eval: {splits: [test], size: 4, dtype: float33}", "eval.dtype: 'float33' is not one of"),
     ("eval: {splits: [test], size: 4, max_new_tokens: 0}", "eval.max_new_tokens: 0 is out of range"),
 ])
@@ -122,6 +122,12 @@ def test_a_late_stage_setting_is_refused_before_the_first_stage_runs(tmp_path, c
     assert main(["experiment", str(path), "--seed", "0"]) != 0
     err = capsys.readouterr().err
     assert message in err and str(path) in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_seed_no_stage_can_take_is_refused_before_the_first_stage_runs(tmp_path, capsys):
+    assert main(["experiment", str(write(tmp_path, GOOD)), "--seed", "0", "-1"]) != 0
+    assert "sft (seed -1): setting 'seed': -1 is out of range" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
 
 

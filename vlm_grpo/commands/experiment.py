@@ -43,7 +43,7 @@ def run(args) -> int:
     if unknown:
         raise ExperimentError(f"--stages: unknown stage(s) {unknown}; the stages are {', '.join(exp.stage_names())} "
                               "(or none)")
-    check_experiment(exp, stages)
+    check_experiment(exp, stages, args.seed)
     for seed in args.seed:
         run_experiment(exp, seed, stages, say=lambda line, seed=seed: print(f"[seed {seed}] {line}", flush=True),
                        test=args.test)

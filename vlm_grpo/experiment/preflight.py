@@ -7,14 +7,13 @@ from __future__ import annotations
 from vlm_grpo.experiment.plan import TRAINING_STAGES, Experiment, ExperimentError
 from vlm_grpo.experiment.stages import eval_settings, eval_splits, stage_settings
 
-EVAL_SEED = 0  # stages' settings differ between seeds only in the seed and the folders
 # the eval report's settings (stages.eval_settings) by the experiment's own keys
 EVAL_KEYS_OF = {"model.dtype": "eval.dtype", "generation.max_new_tokens": "eval.max_new_tokens",
                 "data.recipe": "eval.data.recipe", "data.recipe_options": "eval.data.recipe_options"}
 
 
-def check_experiment(exp: Experiment, stages: tuple[str, ...]) -> None:
-    """Refuse (ExperimentError naming the file and the stage) what `stages` would refuse later."""
+def check_experiment(exp: Experiment, stages: tuple[str, ...], seeds: list[int]) -> None:
+    """Refuse (ExperimentError naming the file, the stage and the seed) what `stages` would refuse later."""
     from vlm_grpo.grpo.data.recipe_source import heldout_build
     from vlm_grpo.grpo.setting_fields import SettingError
     from vlm_grpo.grpo.settings.sources import load_recipe_config
@@ -22,19 +21,20 @@ def check_experiment(exp: Experiment, stages: tuple[str, ...]) -> None:
     for stage in (*TRAINING_STAGES, *exp.arms):
         if stage not in stages or (stage == "align" and exp.aligns_to_words()):  # words: checked as the file is read
             continue
-        try:
-            load_recipe_config(settings=stage_settings(exp, stage, EVAL_SEED))
-        except ValueError as err:
-            raise ExperimentError(f"{exp.source}: {stage}: {err}") from None
+        for seed in seeds:
+            try:
+                load_recipe_config(settings=stage_settings(exp, stage, seed))
+            except ValueError as err:
+                raise ExperimentError(f"{exp.source}: {stage} (seed {seed}): {err}") from None
     if "eval" not in stages:
         return
     # the test splits too, though answered only with --test: a wrong name is found now, not after every seed
-    for split in eval_splits(exp, test=True):
+    for split, seed in ((split, seed) for split in eval_splits(exp, test=True) for seed in seeds):
         try:
-            cfg, recipe = load_recipe_config(settings=eval_settings(exp, "grpo", split, EVAL_SEED))
+            cfg, recipe = load_recipe_config(settings=eval_settings(exp, "grpo", split, seed))
             heldout_build(recipe, cfg.data, split, 1, cfg.seed if cfg.eval.data_seed is None else cfg.eval.data_seed)
         except SettingError as err:
             key = EVAL_KEYS_OF.get(err.name, err.name)
-            raise ExperimentError(f"{exp.source}: eval on split {split!r}: {key}: {err.problem}") from None
+            raise ExperimentError(f"{exp.source}: eval on split {split!r} (seed {seed}): {key}: {err.problem}") from None
         except ValueError as err:
-            raise ExperimentError(f"{exp.source}: eval on split {split!r}: {err}") from None
+            raise ExperimentError(f"{exp.source}: eval on split {split!r} (seed {seed}): {err}") from None
