@@ -29,10 +29,14 @@ def check_experiment(exp: Experiment, stages: tuple[str, ...], seeds: list[int])
     if "eval" not in stages:
         return
     # the test splits too, though answered only with --test: a wrong name is found now, not after every seed
+    built = set()
     for split, seed in ((split, seed) for split in eval_splits(exp, test=True) for seed in seeds):
         try:
             cfg, recipe = load_recipe_config(settings=eval_settings(exp, "grpo", split, seed))
-            heldout_build(recipe, cfg.data, split, 1, cfg.seed if cfg.eval.data_seed is None else cfg.eval.data_seed)
+            questions = (split, cfg.seed if cfg.eval.data_seed is None else cfg.eval.data_seed)
+            if questions not in built:  # a dataset file is read once per split, not once per seed
+                heldout_build(recipe, cfg.data, split, 1, questions[1])
+                built.add(questions)
         except SettingError as err:
             key = EVAL_KEYS_OF.get(err.name, err.name)
             raise ExperimentError(f"{exp.source}: eval on split {split!r} (seed {seed}): {key}: {err.problem}") from None
