@@ -118,3 +118,21 @@ def test_a_report_without_blanked_answers_has_no_image_dependent_accuracy(tmp_pa
     table = split_table(exp, [0], "val", {(0, m): plain for m in ("base", "sft", "grpo")})
     assert table["models"]["grpo"]["all"]["image_dependent"] is None and table["verdict"] is None
     assert table["models"]["grpo"]["all"]["accuracy"]["across_seeds"] is None  # one seed: no t-interval
+
+
+def test_the_committed_results_recompute_from_their_reports():
+    """docs/results/smollm2-learns-to-see: summary.json's tables are what split_table makes of the committed
+    per-question reports (reports/seedN/), so the page's figures can be checked without the runs."""
+    import json
+    from pathlib import Path
+
+    from vlm_grpo.experiment.plan import read_experiment
+
+    results = Path(__file__).resolve().parents[2] / "docs" / "results" / "smollm2-learns-to-see"
+    summary = json.loads((results / "summary.json").read_text())
+    exp = read_experiment(Path(__file__).resolve().parents[2] / summary["config"])
+    seeds = summary["seeds"]
+    for split, committed in summary["splits"].items():
+        rows = {(seed, model): json.loads((results / "reports" / f"seed{seed}" / f"{model}-{split}.json").read_text())
+                for seed in seeds for model in exp.models()}
+        assert json.loads(json.dumps(split_table(exp, seeds, split, rows))) == committed, split
