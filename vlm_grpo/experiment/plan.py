@@ -155,8 +155,8 @@ def read_experiment(path: str | Path, overrides: list[str] = ()) -> Experiment:
         raise ExperimentError(f"{source}: independent_seeds must be true or false, got {independent!r}")
     return Experiment(source=source, name=str(data.get("name") or Path(path).stem),
                       output_dir=Path(data.get("output_dir") or f"runs/{Path(path).stem}"),
-                      base_seed=whole_number(data.get("base_seed", 0), "base_seed", source), compose=compose, stages=stages, eval=evaluation,
-                      arms=arms, independent_seeds=independent)
+                      base_seed=whole_number(data.get("base_seed", 0), "base_seed", source), compose=compose,
+                      stages=stages, eval=evaluation, arms=arms, independent_seeds=independent)
 
 
 def check_arm(name: Any, arm: Any, source: str) -> dict[str, Any]:
