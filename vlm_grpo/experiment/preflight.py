@@ -7,14 +7,14 @@ from __future__ import annotations
 from vlm_grpo.experiment.plan import TRAINING_STAGES, Experiment, ExperimentError
 from vlm_grpo.experiment.stages import eval_settings, eval_splits, stage_settings
 
-# the eval report's settings (stages.eval_settings) by the experiment's own keys
-EVAL_KEYS_OF = {"model.dtype": "eval.dtype", "generation.max_new_tokens": "eval.max_new_tokens",
-                "data.recipe": "eval.data.recipe", "data.recipe_options": "eval.data.recipe_options"}
+# the eval report's settings (stages.eval_settings) by the experiment's own keys (its data may be grpo's: named as is)
+EVAL_KEYS_OF = {"model.dtype": "eval.dtype", "generation.max_new_tokens": "eval.max_new_tokens"}
 
 
 def check_experiment(exp: Experiment, stages: tuple[str, ...], seeds: list[int]) -> None:
     """Refuse (ExperimentError naming the file, the stage and the seed) what `stages` would refuse later."""
     from vlm_grpo.grpo.data.recipe_source import heldout_build
+    from vlm_grpo.grpo.heldout_eval import heldout_seed
     from vlm_grpo.grpo.setting_fields import SettingError
     from vlm_grpo.grpo.settings.sources import load_recipe_config
 
@@ -33,7 +33,7 @@ def check_experiment(exp: Experiment, stages: tuple[str, ...], seeds: list[int])
     for split, seed in ((split, seed) for split in eval_splits(exp, test=True) for seed in seeds):
         try:
             cfg, recipe = load_recipe_config(settings=eval_settings(exp, "grpo", split, seed))
-            questions = (split, cfg.seed if cfg.eval.data_seed is None else cfg.eval.data_seed)
+            questions = (split, heldout_seed(cfg))
             if questions not in built:  # a dataset file is read once per split, not once per seed
                 heldout_build(recipe, cfg.data, split, 1, questions[1])
                 built.add(questions)

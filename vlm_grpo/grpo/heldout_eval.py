@@ -206,10 +206,14 @@ def side_by_side(before: dict[str, Any], after: dict[str, Any], limit: int | Non
     return "\n".join(lines).rstrip()
 
 
+def heldout_seed(cfg) -> int:
+    """The seed that draws the held-out questions: eval.data_seed, else the run's seed."""
+    return cfg.seed if cfg.eval.data_seed is None else cfg.eval.data_seed
+
+
 def heldout_split(recipe, cfg):
     """The samples a run's held-out evaluation answers (eval section: split, size, data seed; the data settings)."""
-    seed = cfg.seed if cfg.eval.data_seed is None else cfg.eval.data_seed
-    return heldout_build(recipe, cfg.data, cfg.eval.split, cfg.eval.size, seed)
+    return heldout_build(recipe, cfg.data, cfg.eval.split, cfg.eval.size, heldout_seed(cfg))
 
 
 def run_rewards_of(recipe, cfg, device=None, required: bool = True):
