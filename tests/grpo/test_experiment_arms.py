@@ -115,6 +115,17 @@ def test_test_splits_only_with_test_and_the_summary_holds_the_table(run):
     assert "## val (validation)" in text and "the best control" in text and "Answer marginal while GRPO trained" in text
 
 
+def test_each_eval_run_adds_to_the_time_the_earlier_ones_recorded(run):
+    out, path = run
+    first = json.loads((out / "seed0" / "eval" / "stage.json").read_text())
+    assert set(first["seconds_by_split"]) == {"val", "test"}  # the --test run kept the validation run's time
+    assert first["seconds"] >= sum(first["seconds_by_split"].values()) > 0
+    assert set(json.loads((out / "seed1" / "eval" / "stage.json").read_text())["seconds_by_split"]) == {"val"}
+    assert main(["experiment", str(path), "--seed", "0", "--stages", "eval", "--test"]) == 0  # nothing left to answer
+    again = json.loads((out / "seed0" / "eval" / "stage.json").read_text())
+    assert again["seconds_by_split"] == first["seconds_by_split"] and again["seconds"] >= first["seconds"]
+
+
 def test_a_stopped_rft_stage_fine_tunes_again_on_the_completions_it_kept(run, capsys):
     """Sampling is the costly half of RFT: a stage stopped after it resumes from the kept completions, not a new draw."""
     import shutil

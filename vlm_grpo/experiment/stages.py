@@ -264,7 +264,7 @@ def run_eval(exp: Experiment, seed: int, say: Callable[[str], None], test: bool 
     from vlm_grpo.grpo.settings.sources import load_recipe_config
     from vlm_grpo.grpo.training.policy import load_policy
 
-    started = time.time()
+    started, answering = time.time(), {}
     for model in exp.models():
         stage = model_stage(model)
         if not done(exp.stage_dir(stage, seed)):
@@ -278,11 +278,25 @@ def run_eval(exp: Experiment, seed: int, say: Callable[[str], None], test: bool 
             cfg, recipe = load_recipe_config(settings=eval_settings(exp, model, split, seed))
             if policy is None:  # one load per model, for all its splits
                 policy = load_policy(cfg)
+            split_started = time.time()
             report = evaluate_run(policy, recipe, cfg)
+            answering[split] = answering.get(split, 0.0) + time.time() - split_started
             report["model"] = cfg.model.init_from
             write_report(report, report_path(exp, model, split, seed))
             say(f"eval: {model} on {split}: accuracy {report['accuracy']:.3f} +/- {report['accuracy_se']:.3f}")
-    mark_done(exp.seed_dir(seed) / "eval", started)
+    add_eval_time(exp.seed_dir(seed) / "eval", started, answering)
+
+
+def add_eval_time(path: Path, started: float, answering: dict[str, float]) -> None:
+    """Eval runs more than once (the validation splits, later the test splits, or again with nothing left to answer):
+    each run adds its wall time, and each split its answering time, to what the earlier runs recorded."""
+    before = done(path) or {}
+    splits = dict(before.get("seconds_by_split", {}))
+    for split, seconds in answering.items():
+        splits[split] = round(splits.get(split, 0.0) + seconds, 1)
+    path.mkdir(parents=True, exist_ok=True)
+    seconds = float(before.get("seconds", 0.0)) + time.time() - started
+    (path / DONE).write_text(json.dumps({"seconds": round(seconds, 1), "seconds_by_split": splits}, indent=2))
 
 
 def run_word_align(exp: Experiment, seed: int, say: Callable[[str], None]) -> None:
