@@ -63,9 +63,10 @@ def record_spent(path: Path, started: float) -> None:
     (path / SPENT).write_text(json.dumps({"seconds": round(total, 1)}))
 
 
-def mark_done(path: Path, started: float, **facts: Any) -> None:
+def mark_done(path: Path, started: float, earlier: float = 0.0, **facts: Any) -> None:
+    """Write the stage's stage.json: `earlier` seconds (a finished stage run again: eval) + stopped runs + this run."""
     path.mkdir(parents=True, exist_ok=True)
-    seconds = spent_before(path) + time.time() - started
+    seconds = earlier + spent_before(path) + time.time() - started
     (path / DONE).write_text(json.dumps({"seconds": round(seconds, 1), **facts}, indent=2))
 
 
@@ -294,9 +295,7 @@ def add_eval_time(path: Path, started: float, answering: dict[str, float]) -> No
     splits = dict(before.get("seconds_by_split", {}))
     for split, seconds in answering.items():
         splits[split] = round(splits.get(split, 0.0) + seconds, 1)
-    path.mkdir(parents=True, exist_ok=True)
-    seconds = float(before.get("seconds", 0.0)) + time.time() - started
-    (path / DONE).write_text(json.dumps({"seconds": round(seconds, 1), "seconds_by_split": splits}, indent=2))
+    mark_done(path, started, earlier=float(before.get("seconds", 0.0)), seconds_by_split=splits)
 
 
 def run_word_align(exp: Experiment, seed: int, say: Callable[[str], None]) -> None:
