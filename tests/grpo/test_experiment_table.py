@@ -11,7 +11,7 @@ import pytest
 
 from vlm_grpo.experiment.plan import Experiment
 from vlm_grpo.experiment.stats import beats, clustered_mean, commonest, difference, t_quantile
-from vlm_grpo.experiment.table import markdown, split_table
+from vlm_grpo.experiment.table import across, markdown, split_table, stat
 
 
 @pytest.mark.parametrize("df", [1, 2, 3, 5, 10, 29, 30, 31, 45, 120])
@@ -64,6 +64,14 @@ def test_commonest_answer_and_baseline():
     assert commonest(["triangle", "square", "triangle", "circle"]) == {"answer": "triangle", "share": 0.5, "n": 4}
     assert commonest([]) is None
     assert not beats(None) and not beats({"mean": 0.1, "se_clustered": 0.06}) and beats({"mean": 0.13, "se_clustered": 0.06})
+
+
+def test_a_difference_that_rounds_to_zero_prints_without_a_sign_of_its_own():
+    """-0.0004 is 0.0 points at one decimal: the table once printed it "-0.0" (a gain that was not a loss)."""
+    assert stat({"mean": -0.0004, "se_clustered": 0.027}, signed=True) == "+0.0 +/- 2.7"
+    assert stat({"mean": -0.0004, "se_clustered": None}) == "0.0"
+    assert across({"across_seeds": {"ci95": [-0.0004, 0.1], "df": 2}}) == "[+0.0, +10.0] (df 2)"
+    assert stat({"mean": -0.006, "se_clustered": 0.02}, signed=True) == "-0.6 +/- 2.0"
 
 
 def rows(correct: list[int], blank: list[int], stated: list[str], answers: list[str], types: list[str]) -> list[dict]:

@@ -195,15 +195,21 @@ def changed_answers(exp: Experiment, seed: int, split: str, limit: int) -> list[
 # ------------------------------------------------------------------------------------------------ markdown
 
 
+def points(value: float, signed: bool = False) -> str:
+    """A fraction in points, one decimal; a value that rounds to zero prints as 0.0, never -0.0."""
+    rounded = round(100 * value, 1) + 0.0  # adding 0.0 turns -0.0 into 0.0
+    return f"{rounded:+.1f}" if signed else f"{rounded:.1f}"
+
+
 def pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}"
+    return "-" if value is None else points(value)
 
 
 def stat(s: dict[str, Any] | None, signed: bool = False) -> str:
     """mean +/- clustered SE, in points."""
     if s is None:
         return "-"
-    mean = f"{100 * s['mean']:+.1f}" if signed else pct(s["mean"])
+    mean = points(s["mean"], signed)
     return mean + ("" if s["se_clustered"] is None else f" +/- {pct(s['se_clustered'])}")
 
 
@@ -211,7 +217,7 @@ def across(s: dict[str, Any] | None) -> str:
     if s is None or s["across_seeds"] is None:
         return "-"
     a = s["across_seeds"]
-    return f"[{100 * a['ci95'][0]:+.1f}, {100 * a['ci95'][1]:+.1f}] (df {a['df']})"
+    return f"[{points(a['ci95'][0], True)}, {points(a['ci95'][1], True)}] (df {a['df']})"
 
 
 def leaning(stated: list[dict[str, Any] | None]) -> str:
