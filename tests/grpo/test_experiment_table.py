@@ -96,27 +96,54 @@ def test_split_table_image_dependence_baseline_leaning_and_verdict(tmp_path):
     base = rows([0] * 6, [0] * 6, ["x"] * 6, ANSWERS, TYPES)
     by = {"base": base, "sft": sft, "grpo": grpo, "rft": rft}
     table = split_table(exp, [0, 1], "val", {(s, m): r for s in (0, 1) for m, r in by.items()})
-    assert table["role"] == "validation" and table["kinds"] == ["all", "colour", "kind"]
-    assert table["baseline"]["kind"] == {"answer": "triangle", "share": 0.5, "n": 4}
-    kind = table["models"]["grpo"]["kind"]
+    assert table["role"] == "validation" and table["kinds"] == ["colour", "kind"]
+    assert table["baseline"]["by_type"]["kind"] == {"answer": "triangle", "share": 0.5, "n": 4}
+    kind = table["models"]["grpo"]["by_type"]["kind"]
     assert kind["accuracy"]["mean"] == 0.5 and kind["image_dependent"]["mean"] == 0.0
     assert kind["commonest_answer"][0] == {"answer": "triangle", "share": 1.0, "n": 4}
-    assert table["models"]["rft"]["kind"]["image_dependent"]["mean"] == 0.75
-    assert table["comparisons"]["grpo - sft"]["kind"]["accuracy"]["mean"] == 0.5
+    assert table["models"]["rft"]["by_type"]["kind"]["image_dependent"]["mean"] == 0.75
+    assert table["comparisons"]["grpo - sft"]["by_type"]["kind"]["accuracy"]["mean"] == 0.5
     assert table["comparisons"]["grpo - rft"]["all"]["image_dependent"]["mean"] == pytest.approx(-3 / 6)
     verdict = table["verdict"]
     assert verdict["best_control"] == "rft" and verdict["grpo"]["grpo"]["beats_by_2_se"] is False
     summary = {"experiment": "x", "config": "x.yaml", "written": "2026-11-28",
                "versions": {"commit": "abc", "torch": "2", "transformers": "5"}, "seeds": [0, 1],
                "independent_seeds": True, "splits": {"val": table}, "times": {0: {"sft": 1.0, "eval": None}},
-               "monitor": {0: {"grpo": {w: {"step": s, "all": 0.5, "kind": 0.9} for w, s in
+               "monitor": {0: {"grpo": {w: {"step": s, "all": 0.5, "by_type": {"kind": 0.9}} for w, s in
                                         (("first", 1), ("middle", 2), ("last", 3))}}}, "changed": []}
     text = markdown(summary)
     assert "## val (validation)" in text
     assert "**grpo - rft (the best control), image-dependent accuracy: -50.0" in text and "does not beat it" in text
     assert "| grpo | `kind` | 4 | 50.0 +/- 28.9 | 0.0 +/- 0.0 | 50.0 (`triangle`) | `triangle` 100.0, `triangle` 100.0 |" in text
     assert "| 0 | grpo | `kind` | 90.0 (step 1) | 90.0 (step 2) | 90.0 (step 3) |" in text
+    assert "| 0 | grpo | all | 50.0 (step 1) | 50.0 (step 2) | 50.0 (step 3) |" in text
     assert "each seed composed and aligned its own tower and projector" in text
+
+
+def test_a_question_type_named_like_the_total_keeps_its_own_row(tmp_path):
+    """A recipe may call a question type "all" or "step": its figures stay its own, the total stays the total (the
+    table once keyed both by the same name, and the type's figures replaced the total's)."""
+    exp = Experiment(source="x.yaml", name="x", output_dir=tmp_path, base_seed=0, compose={}, stages={},
+                     eval={"splits": ["val"]})
+    types = ["all", "all", "step", "step", "step", "step"]
+    by = {m: rows(c, [0] * 6, ["a"] * 6, ANSWERS, types) for m, c in
+          {"base": [0] * 6, "sft": [1, 1, 0, 0, 0, 0], "grpo": [1, 1, 1, 1, 1, 1]}.items()}
+    table = split_table(exp, [0], "val", {(0, m): r for m, r in by.items()})
+    assert table["kinds"] == ["all", "step"]
+    sft = table["models"]["sft"]
+    assert sft["all"]["accuracy"]["mean"] == pytest.approx(2 / 6) and sft["all"]["accuracy"]["questions"] == 6
+    assert sft["by_type"]["all"]["accuracy"]["mean"] == 1.0 and sft["by_type"]["step"]["accuracy"]["mean"] == 0.0
+    assert table["comparisons"]["grpo - sft"]["all"]["accuracy"]["mean"] == pytest.approx(4 / 6)
+    summary = {"experiment": "x", "config": "x.yaml", "written": "2026-11-28",
+               "versions": {"commit": "abc", "torch": "2", "transformers": "5"}, "seeds": [0],
+               "independent_seeds": True, "splits": {"val": table}, "times": {0: {"sft": 1.0}},
+               "monitor": {0: {"grpo": {w: {"step": 7, "all": 0.25, "by_type": {"all": 1.0, "step": 0.5}}
+                                        for w in ("first", "middle", "last")}}}, "changed": []}
+    text = markdown(summary)
+    assert "| sft | all | 6 | 33.3 +/- " in text and "| sft | `all` | 2 | 100.0 +/- " in text
+    assert "| sft | `step` | 4 | 0.0 +/- " in text
+    assert "| 0 | grpo | all | 25.0 (step 7) |" in text and "| 0 | grpo | `all` | 100.0 (step 7) |" in text
+    assert "| 0 | grpo | `step` | 50.0 (step 7) |" in text
 
 
 def test_a_report_without_blanked_answers_has_no_image_dependent_accuracy(tmp_path):

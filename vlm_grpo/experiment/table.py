@@ -24,7 +24,8 @@ from vlm_grpo.experiment.stages import done, eval_task, model_stage, report_path
 from vlm_grpo.experiment.stats import beats, clustered_mean, commonest, difference
 from vlm_grpo.markdown_text import code_span
 
-ALL = "all"  # every question type together
+ALL = "all"  # every question type together; each type's own figures sit apart, under "by_type", so that a recipe
+# whose question type is itself called "all" (or "step") cannot overwrite the total
 MONITOR = "guards/answer_share"  # the answer marginal the GRPO runs log (grpo/guards/hacking_watch.py)
 
 
@@ -54,10 +55,20 @@ def compact(report: dict[str, Any], span) -> list[dict[str, Any]]:
              "blank_correct": r.get("blank_correct")} for r in report["samples"] if r.get("correct") is not None]
 
 
-def values(rows: list[dict[str, Any]], kind: str, what: str) -> dict[int, float] | None:
-    """Question index -> the value `what` (accuracy, image_dependent) over the rows of question type `kind`; None
-    when a row lacks it (a report without blanked answers has no image-dependent accuracy)."""
-    rows = [r for r in rows if kind == ALL or r["type"] == kind]
+def of_kind(rows: list[dict[str, Any]], kind: str | None) -> list[dict[str, Any]]:
+    """The rows of question type `kind`; every row for None (the total)."""
+    return rows if kind is None else [r for r in rows if r["type"] == kind]
+
+
+def per_kind(kinds: list[str], figure) -> dict[str, Any]:
+    """`figure(kind)` for all questions together and for each question type: {"all": ..., "by_type": {kind: ...}}."""
+    return {ALL: figure(None), "by_type": {kind: figure(kind) for kind in kinds}}
+
+
+def values(rows: list[dict[str, Any]], kind: str | None, what: str) -> dict[int, float] | None:
+    """Question index -> the value `what` (accuracy, image_dependent) over the rows of question type `kind` (None:
+    every row); None when a row lacks it (a report without blanked answers has no image-dependent accuracy)."""
+    rows = of_kind(rows, kind)
     if what == "accuracy":
         return {r["index"]: float(r["correct"]) for r in rows}
     if any(r["blank_correct"] is None for r in rows):
@@ -68,29 +79,26 @@ def values(rows: list[dict[str, Any]], kind: str, what: str) -> dict[int, float]
 def split_table(exp: Experiment, seeds: list[int], split: str, rows: dict[tuple[int, str], list]) -> dict[str, Any]:
     """One split: per model and question type the statistics, the constant-answer baseline, the comparisons."""
     first = rows[(seeds[0], "sft")]
-    kinds = [ALL, *sorted({r["type"] for r in first if r["type"] is not None})]
-    baseline = {kind: commonest([r["answer"] for r in first if (kind == ALL or r["type"] == kind) and r["answer"] is not None])
-                for kind in kinds}
-    models: dict[str, Any] = {}
-    for model in exp.models():
-        models[model] = {}
-        for kind in kinds:
-            acc = [values(rows[(s, model)], kind, "accuracy") for s in seeds]
-            dep = [values(rows[(s, model)], kind, "image_dependent") for s in seeds]
-            stated = [commonest([r["stated"] for r in rows[(s, model)] if kind == ALL or r["type"] == kind]) for s in seeds]
-            models[model][kind] = {"accuracy": clustered_mean(acc),
-                                   "image_dependent": None if None in dep else clustered_mean(dep),
-                                   "commonest_answer": stated}
+    kinds = sorted({r["type"] for r in first if r["type"] is not None})
+    baseline = per_kind(kinds, lambda kind: commonest([r["answer"] for r in of_kind(first, kind) if r["answer"] is not None]))
+
+    def figures(model: str, kind: str | None) -> dict[str, Any]:
+        acc = [values(rows[(s, model)], kind, "accuracy") for s in seeds]
+        dep = [values(rows[(s, model)], kind, "image_dependent") for s in seeds]
+        return {"accuracy": clustered_mean(acc), "image_dependent": None if None in dep else clustered_mean(dep),
+                "commonest_answer": [commonest([r["stated"] for r in of_kind(rows[(s, model)], kind)]) for s in seeds]}
+
+    models = {model: per_kind(kinds, lambda kind, model=model: figures(model, kind)) for model in exp.models()}
     comparisons: dict[str, Any] = {}
     for grpo in grpo_models(exp):
         for other in control_models(exp):
-            comparisons[f"{grpo} - {other}"] = {kind: {what: _diff(rows, seeds, grpo, other, kind, what)
-                                                       for what in ("accuracy", "image_dependent")} for kind in kinds}
+            comparisons[f"{grpo} - {other}"] = per_kind(kinds, lambda kind, grpo=grpo, other=other: {
+                what: _diff(rows, seeds, grpo, other, kind, what) for what in ("accuracy", "image_dependent")})
     return {"role": "test" if split in exp.eval.get("test_splits", []) else "validation", "kinds": kinds,
             "baseline": baseline, "models": models, "comparisons": comparisons, "verdict": verdict(exp, models, comparisons)}
 
 
-def _diff(rows, seeds, first: str, second: str, kind: str, what: str):
+def _diff(rows, seeds, first: str, second: str, kind: str | None, what: str):
     a = [values(rows[(s, first)], kind, what) for s in seeds]
     b = [values(rows[(s, second)], kind, what) for s in seeds]
     return None if None in a or None in b else difference(a, b)
@@ -120,8 +128,8 @@ def monitor(exp: Experiment, seed: int) -> dict[str, Any]:
         steps = [s for s in steps if any(k.startswith(MONITOR) for k in s)]
         if steps:
             picked = {"first": steps[0], "middle": steps[len(steps) // 2], "last": steps[-1]}
-            out[stage] = {when: {"step": s.get("step"), **{k[len(MONITOR):].lstrip("/") or ALL: v
-                                                           for k, v in s.items() if k.startswith(MONITOR)}}
+            out[stage] = {when: {"step": s.get("step"), ALL: s.get(MONITOR),
+                                 "by_type": {k[len(MONITOR) + 1:]: v for k, v in s.items() if k.startswith(MONITOR + "/")}}
                           for when, s in picked.items()}
     return out
 
@@ -249,18 +257,16 @@ def markdown(summary: dict[str, Any]) -> str:
             lines.append("")
         lines += ["| model | question type | n | accuracy | image-dependent | constant | leaning (per seed) |",
                   "| --- | --- | --- | --- | --- | --- | --- |"]
-        for model, kinds in table["models"].items():
-            for kind in table["kinds"]:
-                s, base = kinds[kind], table["baseline"][kind]
+        for model, figures in table["models"].items():
+            for kind, s, base in each_kind(table["kinds"], figures, table["baseline"]):
                 n = "-" if s["accuracy"] is None else s["accuracy"]["questions"]
                 constant = "-" if base is None else f"{pct(base['share'])} ({code_span(base['answer'], cell=True)})"
                 lines.append(f"| {model} | {kind_cell(kind)} | {n} | {stat(s['accuracy'])} | {stat(s['image_dependent'])} | "
                              f"{constant} | {leaning(s['commonest_answer'])} |")
         lines += ["", "| difference | question type | accuracy | seeds' t-interval | image-dependent | seeds' t-interval |",
                   "| --- | --- | --- | --- | --- | --- |"]
-        for name, kinds in table["comparisons"].items():
-            for kind in table["kinds"]:
-                c = kinds[kind]
+        for name, figures in table["comparisons"].items():
+            for kind, c in each_kind(table["kinds"], figures):
                 lines.append(f"| {name} | {kind_cell(kind)} | {stat(c['accuracy'], True)} | {across(c['accuracy'])} | "
                              f"{stat(c['image_dependent'], True)} | {across(c['image_dependent'])} |")
         lines.append("")
@@ -281,10 +287,10 @@ def monitor_lines(summary: dict[str, Any]) -> list[str]:
     rows = []
     for seed, stages in summary["monitor"].items():
         for stage, points in stages.items():
-            kinds = sorted({k for p in points.values() for k in p if k != "step"})
-            for kind in kinds:
+            kinds = sorted({k for p in points.values() for k in p["by_type"]})
+            for kind, *shares in each_kind(kinds, *points.values()):
                 rows.append(f"| {seed} | {stage} | {kind_cell(kind)} | " + " | ".join(
-                    f"{pct(points[w].get(kind))} (step {points[w]['step']})" for w in ("first", "middle", "last")) + " |")
+                    f"{pct(share)} (step {p['step']})" for share, p in zip(shares, points.values())) + " |")
     if not rows:
         return []
     return ["## Answer marginal while GRPO trained", "",
@@ -293,7 +299,14 @@ def monitor_lines(summary: dict[str, Any]) -> list[str]:
             "| seed | run | question type | first | middle | last |", "| --- | --- | --- | --- | --- | --- |", *rows, ""]
 
 
-def kind_cell(kind: str) -> str:
-    """A question type in a table cell: the recipe's (from its samples), so shown as text; "all" is the table's own."""
-    return kind if kind == ALL else code_span(kind, cell=True)
+def each_kind(kinds: list[str], *tables: dict[str, Any]):
+    """(kind, each table's figure) for the total (kind None) and then each question type; a type a table lacks: None."""
+    yield (None, *(t[ALL] for t in tables))
+    for kind in kinds:
+        yield (kind, *(t["by_type"].get(kind) for t in tables))
+
+
+def kind_cell(kind: str | None) -> str:
+    """A question type in a table cell: the recipe's (from its samples), so shown as text; None is the total, "all"."""
+    return ALL if kind is None else code_span(kind, cell=True)
 
