@@ -126,6 +126,28 @@ def test_each_eval_run_adds_to_the_time_the_earlier_ones_recorded(run):
     assert again["seconds_by_split"] == first["seconds_by_split"] and again["seconds"] >= first["seconds"]
 
 
+def test_eval_answers_every_finished_model_before_it_names_the_stage_still_training(run, capsys):
+    """An arm still training does not hold up the reports of the models after it: they are written, the run then
+    stops naming the unfinished stage, and once it finishes the same command answers only its reports."""
+    out, path = run
+    arm = out / "seed1" / "answer_sft" / "stage.json"
+    aside = arm.with_name("stage.json.finished")
+    reports = {m: out / "seed1" / "eval" / f"{m}-val.json" for m in ("answer_sft", "sft_more")}  # in the models' order
+    arm.rename(aside)  # as while the stage trains
+    for report in reports.values():
+        report.unlink()
+    capsys.readouterr()
+    try:
+        assert main(["experiment", str(path), "--seed", "1", "--stages", "eval"]) != 0
+    finally:
+        aside.rename(arm)
+    assert "these stages have not finished: answer_sft" in capsys.readouterr().err
+    assert reports["sft_more"].is_file() and not reports["answer_sft"].is_file()
+    later = reports["sft_more"].read_text()
+    assert main(["experiment", str(path), "--seed", "1", "--stages", "eval"]) == 0
+    assert reports["answer_sft"].is_file() and reports["sft_more"].read_text() == later  # answered once
+
+
 def test_a_stopped_rft_stage_fine_tunes_again_on_the_completions_it_kept(run, capsys):
     """Sampling is the costly half of RFT: a stage stopped after it resumes from the kept completions, not a new draw."""
     import shutil

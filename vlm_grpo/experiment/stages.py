@@ -260,17 +260,17 @@ def eval_splits(exp: Experiment, test: bool = False) -> list[str]:
 
 def run_eval(exp: Experiment, seed: int, say: Callable[[str], None], test: bool = False) -> None:
     """Every model's report on each split (eval_splits); a report written earlier is kept, never asked again: a test
-    split is answered once."""
+    split is answered once. A model whose stage has not finished waits: the others are answered first, then the
+    run stops naming it, so the same command later answers only what is left."""
     from vlm_grpo.grpo.heldout_eval import evaluate_run, write_report
     from vlm_grpo.grpo.settings.sources import load_recipe_config
     from vlm_grpo.grpo.training.policy import load_policy
 
     started, answering = time.time(), {}
+    waiting = [model for model in exp.models() if not done(exp.stage_dir(model_stage(model), seed))]
     for model in exp.models():
-        stage = model_stage(model)
-        if not done(exp.stage_dir(stage, seed)):
-            raise RuntimeError(f"eval of the {model} model: its stage ({stage}) has not finished; run it first "
-                               f"(--stages {stage})")
+        if model in waiting:
+            continue
         splits = [s for s in eval_splits(exp, test) if not report_path(exp, model, s, seed).is_file()]
         if not splits:
             continue
@@ -286,6 +286,10 @@ def run_eval(exp: Experiment, seed: int, say: Callable[[str], None], test: bool 
             write_report(report, report_path(exp, model, split, seed))
             say(f"eval: {model} on {split}: accuracy {report['accuracy']:.3f} +/- {report['accuracy_se']:.3f}")
     add_eval_time(exp.seed_dir(seed) / "eval", started, answering)
+    if waiting:
+        stages = ",".join(model_stage(model) for model in waiting)
+        raise RuntimeError(f"eval of seed {seed}: the finished models are answered; these stages have not finished: "
+                           f"{stages}; run them (--stages {stages}), then eval again")
 
 
 def add_eval_time(path: Path, started: float, answering: dict[str, float]) -> None:
