@@ -4,6 +4,7 @@ commonest answer, and every GRPO model against the best control (vlm_grpo/experi
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 
@@ -109,7 +110,7 @@ def test_split_table_image_dependence_baseline_leaning_and_verdict(tmp_path):
     summary = {"experiment": "x", "config": "x.yaml", "written": "2026-11-28",
                "versions": {"commit": "abc", "torch": "2", "transformers": "5"}, "seeds": [0, 1],
                "independent_seeds": True, "splits": {"val": table}, "times": {0: {"sft": 1.0, "eval": None}},
-               "monitor": {0: {"grpo": {w: {"step": s, "all": 0.5, "by_type": {"kind": 0.9}} for w, s in
+               "monitor": {0: {"grpo": {w: {"steps": [s, s], "all": 0.5, "by_type": {"kind": 0.9}} for w, s in
                                         (("first", 1), ("middle", 2), ("last", 3))}}}, "changed": []}
     text = markdown(summary)
     assert "## val (validation)" in text
@@ -137,13 +138,35 @@ def test_a_question_type_named_like_the_total_keeps_its_own_row(tmp_path):
     summary = {"experiment": "x", "config": "x.yaml", "written": "2026-11-28",
                "versions": {"commit": "abc", "torch": "2", "transformers": "5"}, "seeds": [0],
                "independent_seeds": True, "splits": {"val": table}, "times": {0: {"sft": 1.0}},
-               "monitor": {0: {"grpo": {w: {"step": 7, "all": 0.25, "by_type": {"all": 1.0, "step": 0.5}}
+               "monitor": {0: {"grpo": {w: {"steps": [7, 16], "all": 0.25, "by_type": {"all": 1.0, "steps": 0.5}}
                                         for w in ("first", "middle", "last")}}}, "changed": []}
     text = markdown(summary)
     assert "| sft | all | 6 | 33.3 +/- " in text and "| sft | `all` | 2 | 100.0 +/- " in text
     assert "| sft | `step` | 4 | 0.0 +/- " in text
-    assert "| 0 | grpo | all | 25.0 (step 7) |" in text and "| 0 | grpo | `all` | 100.0 (step 7) |" in text
-    assert "| 0 | grpo | `step` | 50.0 (step 7) |" in text
+    assert "| 0 | grpo | all | 25.0 (steps 7-16) |" in text and "| 0 | grpo | `all` | 100.0 (steps 7-16) |" in text
+    assert "| 0 | grpo | `steps` | 50.0 (steps 7-16) |" in text
+
+
+def test_the_answer_marginal_is_averaged_over_windows_of_steps(tmp_path):
+    """One step's share is of a handful of prompts: the summary gives the mean of the first, middle and last ten
+    steps (a type a step did not ask is left out of that step's mean, not counted as 0)."""
+    from vlm_grpo.experiment.table import monitor
+
+    exp = Experiment(source="x.yaml", name="x", output_dir=tmp_path, base_seed=0, compose={}, stages={},
+                     eval={"splits": ["val"]})
+    grpo = exp.stage_dir("grpo", 0)
+    grpo.mkdir(parents=True)
+    steps = [{"step": n, "loss": 0.1, "guards/answer_share": 0.25 if n % 2 else 0.75,
+              **({"guards/answer_share/kind": n / 100} if n % 3 else {})} for n in range(1, 101)]
+    (grpo / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in [*steps, {"step": 100, "eval": 1}]))
+    points = monitor(exp, 0)["grpo"]
+    assert [points[w]["steps"] for w in ("first", "middle", "last")] == [[1, 10], [46, 55], [91, 100]]
+    assert all(points[w]["all"] == 0.5 for w in points)
+    assert points["first"]["by_type"]["kind"] == pytest.approx(sum(n for n in range(1, 11) if n % 3) / 7 / 100)
+    short = exp.stage_dir("grpo", 1)
+    short.mkdir(parents=True)
+    (short / "metrics.jsonl").write_text(json.dumps({"step": 1, "guards/answer_share": 0.5}) + "\n")
+    assert monitor(exp, 1)["grpo"]["last"] == {"steps": [1, 1], "all": 0.5, "by_type": {}}
 
 
 def test_a_report_without_blanked_answers_has_no_image_dependent_accuracy(tmp_path):

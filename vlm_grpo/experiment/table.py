@@ -25,7 +25,7 @@ from vlm_grpo.experiment.stats import beats, clustered_mean, commonest, differen
 from vlm_grpo.markdown_text import code_span
 
 ALL = "all"  # every question type together; each type's own figures sit apart, under "by_type", so that a recipe
-# whose question type is itself called "all" (or "step") cannot overwrite the total
+# whose question type is itself called "all" (or "steps") cannot overwrite the total
 MONITOR = "guards/answer_share"  # the answer marginal the GRPO runs log (grpo/guards/hacking_watch.py)
 
 
@@ -117,8 +117,13 @@ def verdict(exp: Experiment, models: dict[str, Any], comparisons: dict[str, Any]
                      for g in grpo_models(exp)}}
 
 
+WINDOW = 10  # steps averaged per monitor point: one step's share is of its 8-odd prompts, mostly their right answers
+
+
 def monitor(exp: Experiment, seed: int) -> dict[str, Any]:
-    """Each GRPO run's answer marginal (metrics.jsonl's guards/answer_share keys): first, middle and last step."""
+    """Each GRPO run's answer marginal (metrics.jsonl's guards/answer_share keys), averaged over its first, middle and
+    last WINDOW steps (fewer when the run is short): one step's share is of a handful of prompts, and says more about
+    which answers they happen to need than about a drift."""
     out = {}
     for stage in grpo_models(exp):
         path = exp.stage_dir(stage, seed) / "metrics.jsonl"
@@ -127,11 +132,22 @@ def monitor(exp: Experiment, seed: int) -> dict[str, Any]:
         steps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         steps = [s for s in steps if any(k.startswith(MONITOR) for k in s)]
         if steps:
-            picked = {"first": steps[0], "middle": steps[len(steps) // 2], "last": steps[-1]}
-            out[stage] = {when: {"step": s.get("step"), ALL: s.get(MONITOR),
-                                 "by_type": {k[len(MONITOR) + 1:]: v for k, v in s.items() if k.startswith(MONITOR + "/")}}
-                          for when, s in picked.items()}
+            size = max(1, min(WINDOW, len(steps) // 3))
+            middle = (len(steps) - size) // 2
+            windows = {"first": steps[:size], "middle": steps[middle:middle + size], "last": steps[-size:]}
+            out[stage] = {when: window_shares(part) for when, part in windows.items()}
     return out
+
+
+def window_shares(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The mean of each answer-share key over `steps` (over the steps that logged it), and which steps they were."""
+    def mean(key: str) -> float | None:
+        logged = [s[key] for s in steps if s.get(key) is not None]
+        return sum(logged) / len(logged) if logged else None
+
+    kinds = sorted({k[len(MONITOR) + 1:] for s in steps for k in s if k.startswith(MONITOR + "/")})
+    return {"steps": [steps[0].get("step"), steps[-1].get("step")], ALL: mean(MONITOR),
+            "by_type": {kind: mean(f"{MONITOR}/{kind}") for kind in kinds}}
 
 
 def versions() -> dict[str, str]:
@@ -290,13 +306,19 @@ def monitor_lines(summary: dict[str, Any]) -> list[str]:
             kinds = sorted({k for p in points.values() for k in p["by_type"]})
             for kind, *shares in each_kind(kinds, *points.values()):
                 rows.append(f"| {seed} | {stage} | {kind_cell(kind)} | " + " | ".join(
-                    f"{pct(share)} (step {p['step']})" for share, p in zip(shares, points.values())) + " |")
+                    f"{pct(share)} ({steps_cell(p)})" for share, p in zip(shares, points.values())) + " |")
     if not rows:
         return []
     return ["## Answer marginal while GRPO trained", "",
             "The share of the commonest stated answer among each step's sampled completions (metrics.jsonl "
-            "guards/answer_share), per question type.", "",
+            f"guards/answer_share), per question type, averaged over the first, middle and last {WINDOW} steps. A "
+            "share above the constant-answer baseline of the tables above is a lean to one answer.", "",
             "| seed | run | question type | first | middle | last |", "| --- | --- | --- | --- | --- | --- |", *rows, ""]
+
+
+def steps_cell(point: dict[str, Any]) -> str:
+    first, last = point["steps"]
+    return f"step {first}" if first == last else f"steps {first}-{last}"
 
 
 def each_kind(kinds: list[str], *tables: dict[str, Any]):
