@@ -150,23 +150,29 @@ def test_a_question_type_named_like_the_total_keeps_its_own_row(tmp_path):
 def test_the_answer_marginal_is_averaged_over_windows_of_steps(tmp_path):
     """One step's share is of a handful of prompts: the summary gives the mean of the first, middle and last ten
     steps (a type a step did not ask is left out of that step's mean, not counted as 0)."""
-    from vlm_grpo.experiment.table import monitor
+    from vlm_grpo.experiment.table import monitor, monitor_lines
 
     exp = Experiment(source="x.yaml", name="x", output_dir=tmp_path, base_seed=0, compose={}, stages={},
                      eval={"splits": ["val"]})
     grpo = exp.stage_dir("grpo", 0)
     grpo.mkdir(parents=True)
     steps = [{"step": n, "loss": 0.1, "guards/answer_share": 0.25 if n % 2 else 0.75,
-              **({"guards/answer_share/kind": n / 100} if n % 3 else {})} for n in range(1, 101)]
+              **({"guards/answer_share/kind": n / 100, "guards/right_answer_share/kind": 0.5} if n % 3 else {})}
+             for n in range(1, 101)]
     (grpo / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in [*steps, {"step": 100, "eval": 1}]))
     points = monitor(exp, 0)["grpo"]
     assert [points[w]["steps"] for w in ("first", "middle", "last")] == [[1, 10], [46, 55], [91, 100]]
     assert all(points[w]["all"] == 0.5 for w in points)
     assert points["first"]["by_type"]["kind"] == pytest.approx(sum(n for n in range(1, 11) if n % 3) / 7 / 100)
+    assert points["last"]["right"] == {"all": None, "by_type": {"kind": 0.5}}
+    summary = {"monitor": {0: {"grpo": points}}}
+    assert "| 0 | grpo | `kind` | 5.3 (right 50.0; steps 1-10) |" in "\n".join(monitor_lines(summary))
+    assert "| 0 | grpo | all | 50.0 (steps 1-10) | 50.0 (steps 46-55) |" in "\n".join(monitor_lines(summary))
     short = exp.stage_dir("grpo", 1)
     short.mkdir(parents=True)
     (short / "metrics.jsonl").write_text(json.dumps({"step": 1, "guards/answer_share": 0.5}) + "\n")
-    assert monitor(exp, 1)["grpo"]["last"] == {"steps": [1, 1], "all": 0.5, "by_type": {}}
+    assert monitor(exp, 1)["grpo"]["last"] == {"steps": [1, 1], "all": 0.5, "by_type": {},
+                                               "right": {"all": None, "by_type": {}}}
 
 
 def test_a_report_without_blanked_answers_has_no_image_dependent_accuracy(tmp_path):

@@ -69,21 +69,28 @@ def test_what_counts_as_enumerating_answers():
 
 def test_the_answer_marginal_per_question_type():
     """The share of the commonest stated answer among a step's completions, over all and per question type: a
-    policy saying "triangle" to every shape question shows 1.0 there, whatever the colour questions do."""
+    policy saying "triangle" to every shape question shows 1.0 there, whatever the colour questions do; beside it the
+    share the commonest right answer holds among the same prompts, what a policy right on every prompt would show."""
     from types import SimpleNamespace
 
     from vlm_grpo.grpo.guards.hacking_watch import answer_marginal, stated_answers
     from vlm_grpo.recipes.audit_hints import DEFAULT_HINTS
 
-    samples = [SimpleNamespace(fields={"question_type": "kind"}), SimpleNamespace(fields={"question_type": "colour"}),
-               SimpleNamespace(fields={})]
+    samples = [SimpleNamespace(fields={"question_type": "kind", "answer": "Triangle"}),
+               SimpleNamespace(fields={"question_type": "colour", "answer": "red"}), SimpleNamespace(fields={})]
     completions = ["<think>x</think>\n<answer>Triangle</answer>", "<answer> triangle </answer>",
                    "<think>y</think>\n<answer>red</answer>", "<answer>blue</answer>", "<answer>red</answer>", "no tags"]
     rows = stated_answers(SimpleNamespace(num_generations=2, completions=completions), samples, DEFAULT_HINTS)
     assert [r["type"] for r in rows] == ["kind", "kind", "colour", "colour", "", ""]
     assert [r["answer"] for r in rows[:2]] == ["triangle", "triangle"]
+    assert [r["right"] for r in rows] == ["triangle", "triangle", "red", "red", None, None]
     shares = answer_marginal(rows)
-    assert shares == {"guards/answer_share": 2 / 6, "guards/answer_share/kind": 1.0, "guards/answer_share/colour": 0.5}
-    assert answer_marginal([{"type": "count all", "answer": "1"}]) == {"guards/answer_share": 1.0,
-                                                                      "guards/answer_share/count_all": 1.0}
+    # the third prompt names no right answer: no right-answer share over all; each type's prompts all name theirs
+    assert shares == {"guards/answer_share": 2 / 6, "guards/answer_share/kind": 1.0, "guards/answer_share/colour": 0.5,
+                      "guards/right_answer_share/kind": 1.0, "guards/right_answer_share/colour": 1.0}
+    assert answer_marginal([{"type": "count all", "answer": "1", "right": "2"}]) == {
+        "guards/answer_share": 1.0, "guards/answer_share/count_all": 1.0,
+        "guards/right_answer_share": 1.0, "guards/right_answer_share/count_all": 1.0}
+    four = [{"type": "kind", "answer": "square", "right": r} for r in ("square", "circle", "circle", "triangle")]
+    assert answer_marginal(four)["guards/right_answer_share/kind"] == 0.5  # a drift to "square": 1.0 against 0.5
     assert answer_marginal([]) == {}

@@ -27,6 +27,7 @@ from vlm_grpo.markdown_text import code_span
 ALL = "all"  # every question type together; each type's own figures sit apart, under "by_type", so that a recipe
 # whose question type is itself called "all" (or "steps") cannot overwrite the total
 MONITOR = "guards/answer_share"  # the answer marginal the GRPO runs log (grpo/guards/hacking_watch.py)
+RIGHT = "guards/right_answer_share"  # beside it: the commonest right answer's share among the same prompts
 
 
 def seeds_found(exp: Experiment, splits: list[str]) -> list[int]:
@@ -140,14 +141,17 @@ def monitor(exp: Experiment, seed: int) -> dict[str, Any]:
 
 
 def window_shares(steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """The mean of each answer-share key over `steps` (over the steps that logged it), and which steps they were."""
-    def mean(key: str) -> float | None:
-        logged = [s[key] for s in steps if s.get(key) is not None]
-        return sum(logged) / len(logged) if logged else None
+    """The mean of each answer-share key over `steps` (over the steps that logged it), which steps they were, and
+    the same for the share the commonest right answer held among those prompts (logged beside it: RIGHT)."""
+    def shares(prefix: str) -> dict[str, Any]:
+        def mean(key: str) -> float | None:
+            logged = [s[key] for s in steps if s.get(key) is not None]
+            return sum(logged) / len(logged) if logged else None
 
-    kinds = sorted({k[len(MONITOR) + 1:] for s in steps for k in s if k.startswith(MONITOR + "/")})
-    return {"steps": [steps[0].get("step"), steps[-1].get("step")], ALL: mean(MONITOR),
-            "by_type": {kind: mean(f"{MONITOR}/{kind}") for kind in kinds}}
+        kinds = sorted({k[len(prefix) + 1:] for s in steps for k in s if k.startswith(prefix + "/")})
+        return {ALL: mean(prefix), "by_type": {kind: mean(f"{prefix}/{kind}") for kind in kinds}}
+
+    return {"steps": [steps[0].get("step"), steps[-1].get("step")], **shares(MONITOR), "right": shares(RIGHT)}
 
 
 def versions() -> dict[str, str]:
@@ -304,21 +308,29 @@ def monitor_lines(summary: dict[str, Any]) -> list[str]:
     for seed, stages in summary["monitor"].items():
         for stage, points in stages.items():
             kinds = sorted({k for p in points.values() for k in p["by_type"]})
-            for kind, *shares in each_kind(kinds, *points.values()):
+            windows = list(points.values())
+            for (kind, *stated), (_, *right) in zip(each_kind(kinds, *windows),
+                                                    each_kind(kinds, *(w.get("right", EMPTY) for w in windows))):
                 rows.append(f"| {seed} | {stage} | {kind_cell(kind)} | " + " | ".join(
-                    f"{pct(share)} ({steps_cell(p)})" for share, p in zip(shares, points.values())) + " |")
+                    share_cell(*cell) for cell in zip(stated, right, windows)) + " |")
     if not rows:
         return []
     return ["## Answer marginal while GRPO trained", "",
             "The share of the commonest stated answer among each step's sampled completions (metrics.jsonl "
-            f"guards/answer_share), per question type, averaged over the first, middle and last {WINDOW} steps. A "
-            "share above the constant-answer baseline of the tables above is a lean to one answer.", "",
+            f"guards/answer_share), per question type, averaged over the first, middle and last {WINDOW} steps. A step "
+            "asks a handful of prompts, whose own right answers may be mostly one: \"right\", where the run logged it "
+            "(guards/right_answer_share), is the share the commonest right answer held among the same prompts, what a "
+            "policy right on every prompt would show. A share above it is a lean to one answer.", "",
             "| seed | run | question type | first | middle | last |", "| --- | --- | --- | --- | --- | --- |", *rows, ""]
 
 
-def steps_cell(point: dict[str, Any]) -> str:
-    first, last = point["steps"]
-    return f"step {first}" if first == last else f"steps {first}-{last}"
+EMPTY: dict[str, Any] = {ALL: None, "by_type": {}}  # a window of a run that did not log the right-answer share
+
+
+def share_cell(stated: float | None, right: float | None, window: dict[str, Any]) -> str:
+    first, last = window["steps"]
+    steps = f"step {first}" if first == last else f"steps {first}-{last}"
+    return f"{pct(stated)} ({steps})" if right is None else f"{pct(stated)} (right {pct(right)}; {steps})"
 
 
 def each_kind(kinds: list[str], *tables: dict[str, Any]):

@@ -100,29 +100,52 @@ def completion_stats(traj: Trajectory, samples, hints: AuditHints, accuracy: str
     return stats, rows
 
 
-def stated_answers(traj: Trajectory, samples, hints: AuditHints) -> list[dict[str, str]]:
-    """Each completion's stated answer (the recipe's answer span, trimmed, lower-cased) and its prompt's question
-    type (the sample's `question_type` field, "" when it names none)."""
+def stated_answers(traj: Trajectory, samples, hints: AuditHints) -> list[dict[str, str | None]]:
+    """Each completion's stated answer (the recipe's answer span, trimmed, lower-cased), its prompt's question type
+    (the sample's `question_type` field, "" when it names none) and its prompt's right answer, alike (None when the
+    recipe names none)."""
     g = traj.num_generations
     return [{"type": str((getattr(samples[i // g], "fields", None) or {}).get("question_type") or ""),
-             "answer": " ".join(hints.span(text).split()).lower()} for i, text in enumerate(traj.completions)]
+             "answer": plain(hints.span(text)), "right": right_answer(hints, samples[i // g])}
+            for i, text in enumerate(traj.completions)]
 
 
-def answer_marginal(rows: list[dict[str, str]]) -> dict[str, float]:
+def plain(text: str) -> str:
+    return " ".join(text.split()).lower()
+
+
+def right_answer(hints: AuditHints, sample) -> str | None:
+    try:
+        answer = hints.answer(sample)
+    except (AttributeError, KeyError, TypeError, ValueError):  # a sample without the fields the hints read
+        return None
+    return None if answer is None else plain(str(answer))
+
+
+def answer_marginal(rows: list[dict[str, str | None]]) -> dict[str, float]:
     """The share of the commonest stated answer among the step's completions (`guards/answer_share`), and for each
-    question type (`guards/answer_share/<type>`): a policy that drifts to one answer whatever the image shows raises
-    it above the share its right answers hold (the recipe's constant-answer baseline)."""
+    question type (`guards/answer_share/<type>`); beside each, where every prompt names its right answer, the share
+    the commonest right answer holds among the same completions (`guards/right_answer_share[/<type>]`): what a policy
+    answering every prompt right would show. A step asks a handful of prompts, so the two are read together: a policy
+    that drifts to one answer whatever the image shows puts the first above the second."""
     if not rows:
         return {}
-    groups: dict[str, list[str]] = {"": [r["answer"] for r in rows]}
+    groups: dict[str, list[dict[str, str | None]]] = {"": list(rows)}
     for r in rows:
         if r["type"]:
-            groups.setdefault(r["type"], []).append(r["answer"])
+            groups.setdefault(r["type"], []).append(r)
     out = {}
-    for kind, answers in groups.items():
-        key = "guards/answer_share" + (f"/{kind.replace(' ', '_')}" if kind else "")
-        out[key] = Counter(answers).most_common(1)[0][1] / len(answers)
+    for kind, members in groups.items():
+        suffix = f"/{kind.replace(' ', '_')}" if kind else ""
+        out["guards/answer_share" + suffix] = share_of_commonest([r["answer"] for r in members])
+        rights = [r.get("right") for r in members]
+        if None not in rights:
+            out["guards/right_answer_share" + suffix] = share_of_commonest(rights)
     return out
+
+
+def share_of_commonest(values: list) -> float:
+    return Counter(values).most_common(1)[0][1] / len(values)
 
 
 class HackingWatch:
