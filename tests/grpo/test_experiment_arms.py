@@ -92,6 +92,24 @@ def test_each_seed_has_its_own_base_and_grpo_logs_its_answer_marginal(run):
     assert any(k.startswith("guards/answer_share/") for m in shares for k in m)
 
 
+def test_the_answer_marginal_recomputed_from_completions_is_what_the_run_logged(run):
+    """scripts/answer_marginal.py rebuilds a run's training samples from its config.yaml to give older runs the
+    right answers' share: on a run that logged both, its figures are the logged ones."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("answer_marginal",
+                                                  Path(__file__).parents[2] / "scripts" / "answer_marginal.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out, _ = run
+    grpo = out / "seed0" / "grpo"
+    logged = [json.loads(line) for line in (grpo / "metrics.jsonl").read_text().splitlines()]
+    logged = {m["step"]: {k: v for k, v in m.items() if "answer_share" in k} for m in logged if "guards/answer_share" in m}
+    again = {m["step"]: {k: v for k, v in m.items() if k != "step"} for m in script.step_shares(grpo)}
+    assert again == logged and any(k.startswith("guards/right_answer_share") for m in again.values() for k in m)
+
+
 def test_test_splits_only_with_test_and_the_summary_holds_the_table(run):
     out, _ = run
     assert (out / "seed0" / "eval" / "grpo-test.json").is_file()

@@ -133,11 +133,16 @@ def monitor(exp: Experiment, seed: int) -> dict[str, Any]:
         steps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         steps = [s for s in steps if any(k.startswith(MONITOR) for k in s)]
         if steps:
-            size = max(1, min(WINDOW, len(steps) // 3))
-            middle = (len(steps) - size) // 2
-            windows = {"first": steps[:size], "middle": steps[middle:middle + size], "last": steps[-size:]}
-            out[stage] = {when: window_shares(part) for when, part in windows.items()}
+            out[stage] = windowed(steps)
     return out
+
+
+def windowed(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The answer shares of `steps` (metrics rows, in order) over the first, middle and last WINDOW of them."""
+    size = max(1, min(WINDOW, len(steps) // 3))
+    middle = (len(steps) - size) // 2
+    windows = {"first": steps[:size], "middle": steps[middle:middle + size], "last": steps[-size:]}
+    return {when: window_shares(part) for when, part in windows.items()}
 
 
 def window_shares(steps: list[dict[str, Any]]) -> dict[str, Any]:
