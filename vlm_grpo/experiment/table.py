@@ -118,7 +118,7 @@ def verdict(exp: Experiment, models: dict[str, Any], comparisons: dict[str, Any]
                      for g in grpo_models(exp)}}
 
 
-WINDOW = 10  # steps averaged per monitor point: one step's share is of its 8-odd prompts, mostly their right answers
+WINDOW = 10  # steps averaged per monitor point: one step asks a handful of prompts, so its share alone is noise
 
 
 def monitor(exp: Experiment, seed: int) -> dict[str, Any]:
