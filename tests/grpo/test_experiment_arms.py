@@ -166,6 +166,32 @@ def test_eval_answers_every_finished_model_before_it_names_the_stage_still_train
     assert reports["answer_sft"].is_file() and reports["sft_more"].read_text() == later  # answered once
 
 
+def test_a_finished_stage_is_reused_only_under_the_settings_it_ran_with(run, capsys):
+    """An arm edited after it finished (a hotter temperature, more steps, another method) is not silently taken for
+    the old model: the run stops naming each change; a change a resume would honour (logging) reuses it."""
+    out, path = run
+    config = yaml.safe_load(path.read_text())
+    edited = path.with_name("edited.yaml")
+
+    def again(change) -> tuple[int, str]:
+        data = json.loads(json.dumps(config))
+        change(data)
+        edited.write_text(yaml.safe_dump(data))
+        capsys.readouterr()
+        code = main(["experiment", str(edited), "--seed", "0", "--stages", "sft,grpo_hot,sft_more"])
+        return code, capsys.readouterr().err
+
+    code, err = again(lambda c: c["arms"]["grpo_hot"]["set"]["generation"].update(temperature=0.7))
+    assert code != 0 and "grpo_hot finished" in err and "generation.temperature 1.5 -> 0.7" in err
+    code, err = again(lambda c: c["sft"].update(max_steps=5))
+    assert code != 0 and "sft finished" in err and "max_steps 1 -> 5" in err
+    code, err = again(lambda c: c["arms"]["sft_more"].update(method="answer_sft"))
+    assert code != 0 and "arm.method 'sft_more' -> 'answer_sft'" in err
+    code, err = again(lambda c: c["sft"]["logging"].update(plot=True))
+    assert code == 0, err
+    assert json.loads((out / "seed0" / "grpo_hot" / "stage-settings.json").read_text())["generation"]["temperature"] == 1.5
+
+
 def test_a_stopped_rft_stage_fine_tunes_again_on_the_completions_it_kept(run, capsys):
     """Sampling is the costly half of RFT: a stage stopped after it resumes from the kept completions, not a new draw."""
     import shutil

@@ -9,8 +9,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "experiment", help="run a compose -> align -> SFT -> GRPO (+ controls) -> eval experiment from one config (resumable)",
         description="Runs the stages of the experiment in CONFIG (examples/smollm2_learns_to_see.yaml) for each "
-        "--seed. A finished stage is skipped and a stopped one resumes from its newest checkpoint, so the same "
-        "command continues a run. compose and align run once (base_seed) and are shared by every seed, unless the "
+        "--seed. A finished stage is skipped (refused, naming the change, when the config now gives it other settings "
+        "than it ran with) and a stopped one resumes from its newest checkpoint, so the same command continues a run. compose and align run once (base_seed) and are shared by every seed, unless the "
         "config sets independent_seeds. The arms (controls, GRPO variants) run after grpo, each from the SFT model.",
     )
     p.add_argument("config", help="the experiment's YAML file")

@@ -181,6 +181,11 @@ def train_stage(exp: Experiment, stage: str, seed: int, say: Callable[[str], Non
 
     out = exp.stage_dir(stage, seed)
     if done(out):
+        changed = changed_since(out, ran_with(exp, stage))
+        if changed:
+            raise RuntimeError(f"{stage} finished in {out} with other settings than the config gives it now: "
+                               f"{'; '.join(changed)}. Its model is not what the config describes: move {out} aside "
+                               "to train it again with these settings, or restore the config's values")
         return say(f"{stage}: done earlier ({out})")
     require_previous(exp, stage, seed)
     settings = stage_settings(exp, stage, seed)
@@ -207,7 +212,39 @@ def train_stage(exp: Experiment, stage: str, seed: int, say: Callable[[str], Non
     complete = bool(history) and history[-1]["step"] == cfg.max_steps and final_of(exp, stage, seed).is_dir()
     if not complete:
         raise RuntimeError(f"{stage} stopped before its last step ({out}); run the command again to resume it")
+    (out / RAN_WITH).write_text(json.dumps(ran_with(exp, stage), indent=1, default=str) + "\n")
     mark_done(out, started, steps=cfg.max_steps, resumed=settings["resume"], **facts)
+
+
+RAN_WITH = "stage-settings.json"  # a finished stage's settings as the config gave them (ran_with)
+LENGTH = ("max_steps", "epochs")  # honoured by a resume, but a finished stage of another length is another model
+
+
+def ran_with(exp: Experiment, stage: str) -> dict[str, Any]:
+    """What the config says of a stage: its settings (own_settings) and, for an arm, its method and options."""
+    arm = {k: v for k, v in exp.arms.get(stage, {}).items() if k != "set"}
+    return {**own_settings(exp, stage), **({"arm": arm} if arm else {})}
+
+
+def changed_since(out: Path, settings: dict[str, Any]) -> list[str]:
+    """The settings that differ, in what the run means, between those the config gave a finished stage (RAN_WITH)
+    and those it gives now (`settings`, ran_with), each as "key was -> now"; a value set on one side only counts.
+    Settings whose change a resumed run honours (logging, evaluation, performance switches) do not count; the
+    length (LENGTH) does. A stage that finished before the record was kept is not checked."""
+    from vlm_grpo.grpo.checkpoint.resume_rules import flat
+    from vlm_grpo.grpo.setting_fields import resume_policies
+    from vlm_grpo.grpo.settings.sections import TrainConfig
+
+    record = out / RAN_WITH
+    if not record.is_file():
+        return []
+    was = flat(json.loads(record.read_text()))
+    now = flat(json.loads(json.dumps(settings, default=str)))
+    policies = resume_policies(TrainConfig())
+    unset = "(not set)"
+    return [f"{key} {was.get(key, unset)!r} -> {now.get(key, unset)!r}" for key in sorted(set(was) | set(now))
+            if was.get(key, unset) != now.get(key, unset)
+            and (key in LENGTH or policies.get(key, "refused") in ("refused", "fixed"))]
 
 
 def with_rows(recipe, rows: list):

@@ -23,11 +23,12 @@ from vlm_grpo.grpo.setting_fields import SettingError
 PROCESSES = "num_processes"  # not a setting: how many processes trained (each draws its own prompts)
 
 
-def _flat(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flat(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Settings by dotted key, `section.field` (a field's own mapping, such as recipe_options, kept whole)."""
     out = {}
     for key, value in settings.items():
         if isinstance(value, dict) and not prefix and key not in ("history",):
-            out.update(_flat(value, f"{key}."))
+            out.update(flat(value, f"{key}."))
         else:
             out[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
     return out
@@ -47,7 +48,7 @@ class Change:
 def compare(saved: dict[str, Any], current: dict[str, Any], accept: list[str], policies: dict[str, str]) -> list[Change]:
     """Every setting that differs between the checkpoint's settings and the run's, classified by its declared
     resume policy (`policies`: key -> honoured | refused | fixed | ignored; grpo/setting_fields.py)."""
-    old, new = _flat(saved), _flat(current)
+    old, new = flat(saved), flat(current)
     accept_all = "all" in accept
     changes = []
     for key, now in new.items():
