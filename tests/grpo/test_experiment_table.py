@@ -184,18 +184,19 @@ def test_a_report_without_blanked_answers_has_no_image_dependent_accuracy(tmp_pa
     assert table["models"]["grpo"]["all"]["accuracy"]["across_seeds"] is None  # one seed: no t-interval
 
 
-def test_the_committed_results_recompute_from_their_reports():
-    """docs/results/smollm2-learns-to-see: summary.json's tables are what split_table makes of the committed
-    per-question reports (reports/seedN/), so the page's figures can be checked without the runs."""
-    import json
+@pytest.mark.parametrize("name", ["smollm2-learns-to-see", "smollm2-same-skill"])
+def test_the_committed_results_recompute_from_their_reports(name):
+    """docs/results/<name>: summary.json's tables are what split_table makes of the committed per-question reports
+    (reports/seedN/), so the page's figures can be checked without the runs."""
     from pathlib import Path
 
     from vlm_grpo.experiment.plan import read_experiment
 
-    results = Path(__file__).resolve().parents[2] / "docs" / "results" / "smollm2-learns-to-see"
+    results = Path(__file__).resolve().parents[2] / "docs" / "results" / name
     summary = json.loads((results / "summary.json").read_text())
     exp = read_experiment(Path(__file__).resolve().parents[2] / summary["config"])
     seeds = summary["seeds"]
+    assert summary["splits"]
     for split, committed in summary["splits"].items():
         rows = {(seed, model): json.loads((results / "reports" / f"seed{seed}" / f"{model}-{split}.json").read_text())
                 for seed in seeds for model in exp.models()}
