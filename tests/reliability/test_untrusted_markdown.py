@@ -73,7 +73,8 @@ def test_the_experiment_summary_shows_hostile_answers_prompts_and_types_as_text(
     summary = {"experiment": "x", "config": "x.yaml", "written": "2026-11-28",
                "versions": {"commit": "abc", "torch": "2", "transformers": "5"}, "seeds": [0],
                "independent_seeds": True, "splits": {"val": table}, "times": {0: {"sft": 1.0}},
-               "monitor": {0: {"grpo": {w: {"step": 1, "all": 0.5, "t|1": 0.9} for w in ("first", "middle", "last")}}},
+               "monitor": {0: {"grpo": {w: {"steps": [1, 10], "all": 0.5, "by_type": {"t|1": 0.9},
+                                        "right": {"all": 0.4, "by_type": {"t|1": 0.6}}} for w in ("first", "middle", "last")}}},
                "changed": changed}
     text = markdown(summary)
     rendered = RENDER.render(text)
