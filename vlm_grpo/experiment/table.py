@@ -46,7 +46,9 @@ def control_models(exp: Experiment) -> list[str]:
 
 
 def stated_answer(span, completion: str) -> str:
-    return " ".join(span(completion).split()).lower()
+    from vlm_grpo.grpo.guards.hacking_watch import plain  # as the answer-marginal monitor states it
+
+    return plain(span(completion))
 
 
 def compact(report: dict[str, Any], span) -> list[dict[str, Any]]:
