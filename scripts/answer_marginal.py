@@ -15,7 +15,7 @@ from pathlib import Path
 
 from vlm_grpo.experiment.table import monitor_lines, windowed
 from vlm_grpo.grpo.data.recipe_source import build_split
-from vlm_grpo.grpo.guards.hacking_watch import answer_marginal, plain, right_answer, run_hints
+from vlm_grpo.grpo.guards.hacking_watch import answer_marginal, answer_row, run_hints
 from vlm_grpo.grpo.settings.sources import load_recipe_config
 
 
@@ -28,10 +28,7 @@ def step_shares(run: Path) -> list[dict]:
     with (run / "completions.jsonl").open() as lines:
         for line in lines:
             row = json.loads(line)
-            sample = samples[row["sample_index"]]
-            by_step[row["step"]].append({"type": str(sample.fields.get("question_type") or ""),
-                                         "answer": plain(hints.span(row["completion"])),
-                                         "right": right_answer(hints, sample)})
+            by_step[row["step"]].append(answer_row(samples[row["sample_index"]], row["completion"], hints))
     return [{"step": step, **answer_marginal(rows)} for step, rows in sorted(by_step.items())]
 
 

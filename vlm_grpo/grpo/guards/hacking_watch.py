@@ -105,9 +105,13 @@ def stated_answers(traj: Trajectory, samples, hints: AuditHints) -> list[dict[st
     (the sample's `question_type` field, "" when it names none) and its prompt's right answer, alike (None when the
     recipe names none)."""
     g = traj.num_generations
-    return [{"type": str((getattr(samples[i // g], "fields", None) or {}).get("question_type") or ""),
-             "answer": plain(hints.span(text)), "right": right_answer(hints, samples[i // g])}
-            for i, text in enumerate(traj.completions)]
+    return [answer_row(samples[i // g], text, hints) for i, text in enumerate(traj.completions)]
+
+
+def answer_row(sample, completion: str, hints: AuditHints) -> dict[str, str | None]:
+    """One completion's row of stated_answers."""
+    return {"type": str((getattr(sample, "fields", None) or {}).get("question_type") or ""),
+            "answer": plain(hints.span(completion)), "right": right_answer(hints, sample)}
 
 
 def plain(text: str) -> str:
