@@ -209,3 +209,34 @@ def test_a_stopped_rft_stage_fine_tunes_again_on_the_completions_it_kept(run, ca
         patch.undo()
     assert "accepted earlier" in capsys.readouterr().out and kept.read_text() == before
     assert json.loads((out / "seed1" / "rft" / "stage.json").read_text())["accepted"] == json.loads(before)["accepted"]
+
+
+def test_a_stage_runs_in_one_command_at_a_time_and_other_stages_run_beside_it(run, capsys):
+    """Two commands on one seed would write one stage folder at once (compose and align clear the partial work, two
+    evals write the same reports): the second is refused naming the first; another stage of that seed still runs."""
+    import os
+
+    from vlm_grpo.experiment.plan import read_experiment
+    from vlm_grpo.experiment.stage_lock import stage_lock
+
+    out, path = run
+    exp = read_experiment(str(path), [])
+    for stage in ("eval", "compose"):
+        report = out / "seed1" / "eval" / "sft-val.json"
+        before = report.read_text()
+        report.unlink()  # something left to answer
+        holder = stage_lock(exp, stage, 1)
+        holder.path.parent.mkdir(parents=True, exist_ok=True)
+        holder.acquire()
+        try:
+            capsys.readouterr()
+            assert main(["experiment", str(path), "--seed", "1", "--stages", f"{stage},eval"]) != 0
+            err = capsys.readouterr().err
+            assert f"seed 1: stage {stage} " in err and f"is being run by another command: process {os.getpid()} " in err
+            assert not report.exists()  # refused before it answered anything
+            assert main(["experiment", str(path), "--seed", "1", "--stages", "sft_more"]) == 0  # another stage: runs
+        finally:
+            holder.release()
+        assert main(["experiment", str(path), "--seed", "1", "--stages", f"{stage},eval"]) == 0
+        again = json.loads(report.read_text())  # answered once the first command ended (the same greedy answers)
+        assert [s["completion"] for s in again["samples"]] == [s["completion"] for s in json.loads(before)["samples"]]

@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Callable
 
 from filelock import FileLock, Timeout
 
@@ -46,13 +47,20 @@ def _parse(text: str) -> dict | None:
     return holder if isinstance(holder, dict) else None
 
 
+def _refuse_run(run_dir: Path, holder: str) -> Exception:
+    return SettingError("logging.output_dir", f"{run_dir} is in use by another run: {holder}; wait for it to end, "
+                        "stop it, or choose another --output-dir")
+
+
 class RunLock:
     """The run directory's lock. `acquire()` raises SettingError when another run holds it; `stale` is the record a
-    dead holder left (None: the last holder released it cleanly)."""
+    dead holder left (None: the last holder released it cleanly). Other work that must run alone (an experiment's
+    stage) names its own lock file (`path`) and its own refusal (`refuse(run_dir, holder)`, the error to raise)."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, path: Path | None = None, refuse: Callable[[Path, str], Exception] = _refuse_run):
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / LOCK_FILE
+        self.path = Path(path) if path is not None else self.run_dir / LOCK_FILE
+        self.refuse = refuse
         self.stale: dict | None = None
         self._lock = FileLock(self.path, timeout=0, preserve_lock_file=True, on_acquired=self._record)
 
@@ -75,8 +83,7 @@ class RunLock:
             self._lock.acquire()
         except Timeout:
             holder = _parse(self.path.read_text(errors="replace")) if self.path.is_file() else None
-            raise SettingError("logging.output_dir", f"{self.run_dir} is in use by another run: {describe(holder)}; "
-                               "wait for it to end, stop it, or choose another --output-dir") from None
+            raise self.refuse(self.run_dir, describe(holder)) from None
         except OSError as err:  # (Timeout is an OSError too: caught above)
             if err.errno != errno.ENOSYS:
                 raise
