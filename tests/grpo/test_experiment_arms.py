@@ -226,7 +226,6 @@ def test_a_stage_runs_in_one_command_at_a_time_and_other_stages_run_beside_it(ru
         before = report.read_text()
         report.unlink()  # something left to answer
         holder = stage_lock(exp, stage, 1)
-        holder.path.parent.mkdir(parents=True, exist_ok=True)
         holder.acquire()
         try:
             capsys.readouterr()

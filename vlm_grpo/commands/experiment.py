@@ -10,8 +10,10 @@ def add_parser(sub) -> None:
         "experiment", help="run a compose -> align -> SFT -> GRPO (+ controls) -> eval experiment from one config (resumable)",
         description="Runs the stages of the experiment in CONFIG (examples/smollm2_learns_to_see.yaml) for each "
         "--seed. A finished stage is skipped (refused, naming the change, when the config now gives it other settings "
-        "than it ran with) and a stopped one resumes from its newest checkpoint, so the same command continues a run. compose and align run once (base_seed) and are shared by every seed, unless the "
-        "config sets independent_seeds. The arms (controls, GRPO variants) run after grpo, each from the SFT model.",
+        "than it ran with) and a stopped one resumes from its newest checkpoint, so the same command continues a run. "
+        "compose and align run once (base_seed) and are shared by every seed, unless the config sets "
+        "independent_seeds. The arms (controls, GRPO variants) run after grpo, each from the SFT model. A stage runs "
+        "in one command at a time: another command reaching it is refused, naming the first.",
     )
     p.add_argument("config", help="the experiment's YAML file")
     p.add_argument("--seed", type=int, nargs="+", default=[0], help="seeds of the SFT, GRPO and eval stages (default 0)")

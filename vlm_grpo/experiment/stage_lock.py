@@ -22,13 +22,14 @@ def stage_lock(exp: Experiment, stage: str, seed: int) -> RunLock:
         return ExperimentError(f"seed {seed}: stage {stage} ({run_dir}) is being run by another command: {holder}; "
                                "wait for it to end, or stop it (a stopped stage resumes), then run this again")
 
-    return RunLock(folder, path=exp.output_dir / ".locks" / f"{name}.lock", refuse=refuse)
+    path = exp.output_dir / ".locks" / f"{name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return RunLock(folder, path=path, refuse=refuse)
 
 
 @contextlib.contextmanager
 def stage_held(exp: Experiment, stage: str, seed: int, say: Callable[[str], None]) -> Iterator[None]:
     lock = stage_lock(exp, stage, seed)
-    lock.path.parent.mkdir(parents=True, exist_ok=True)
     lock.acquire()
     try:
         if note := lock.stale_note():

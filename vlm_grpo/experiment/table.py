@@ -45,16 +45,12 @@ def control_models(exp: Experiment) -> list[str]:
     return ["sft", *(name for name, arm in exp.arms.items() if arm["method"] != "grpo")]
 
 
-def stated_answer(span, completion: str) -> str:
-    from vlm_grpo.grpo.guards.hacking_watch import plain  # as the answer-marginal monitor states it
-
-    return plain(span(completion))
-
-
 def compact(report: dict[str, Any], span) -> list[dict[str, Any]]:
     """A report's questions, one small row each: what the table is computed from (and committed)."""
+    from vlm_grpo.grpo.guards.hacking_watch import plain  # stated as the answer-marginal monitor states it (torch: here)
+
     return [{"index": r["index"], "type": r.get("question_type"), "answer": r.get("answer"),
-             "stated": stated_answer(span, r["completion"]), "correct": bool(r["correct"]),
+             "stated": plain(span(r["completion"])), "correct": bool(r["correct"]),
              "blank_correct": r.get("blank_correct")} for r in report["samples"] if r.get("correct") is not None]
 
 
