@@ -12,9 +12,10 @@ import urllib.request
 import pytest
 import torch
 
-from vlm_grpo.grpo.rollout import vllm_access
-from vlm_grpo.grpo.rollout.vllm_engine import signature
-from vlm_grpo.grpo.rollout.vllm_server import VLLMServer, http_server, weights_bytes
+from vlm_grpo.grpo.rollout.vllm import access as vllm_access
+from vlm_grpo.grpo.rollout.vllm.server import VLLMServer, http_server
+from vlm_grpo.grpo.rollout.vllm.weights import signature
+from vlm_grpo.grpo.rollout.vllm.wire import weights_bytes
 
 KEY = "k" * 20 + "-secret"
 WEIGHTS = [("w", torch.zeros(2, 3))]
@@ -39,7 +40,7 @@ class StandInLLM:
 
 @pytest.fixture()
 def server(monkeypatch):
-    import vlm_grpo.grpo.rollout.vllm_server as module
+    import vlm_grpo.grpo.rollout.vllm.server as module
 
     llm = StandInLLM()
     monkeypatch.setattr(module, "llm_generate", lambda engine, reqs, options: engine.generate(reqs, options) or [])
@@ -137,7 +138,7 @@ def test_the_key_sources_and_the_host_warning(tmp_path, monkeypatch):
 
 
 def test_the_trainer_needs_the_key(monkeypatch):
-    from vlm_grpo.grpo.rollout.vllm_server import ServerEngine
+    from vlm_grpo.grpo.rollout.vllm.client import ServerEngine
     from vlm_grpo.grpo.settings.sections import TrainConfig
 
     monkeypatch.delenv(vllm_access.KEY_ENV, raising=False)

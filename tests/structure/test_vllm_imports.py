@@ -1,4 +1,4 @@
-"""`make test` neither installs nor imports vLLM: the package names it in two rollout modules only, and only inside
+"""`make test` neither installs nor imports vLLM: the package names it in its vLLM rollout folder only, and only inside
 functions, which run when rollout.engine vllm (or `vlm-grpo bench --engine vllm`) is chosen."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import vlm_grpo
 
 ROOT = Path(vlm_grpo.__file__).resolve().parent
-ALLOWED = {"grpo/rollout/vllm_engine.py", "grpo/rollout/vllm_server.py"}
+ALLOWED_FOLDER = "grpo/rollout/vllm/"  # vLLM rollouts: runtime, engine, server, the worker extension
 
 
 def vllm_imports(source: str) -> list[tuple[int, bool]]:
@@ -29,8 +29,8 @@ def vllm_imports(source: str) -> list[tuple[int, bool]]:
 def test_vllm_is_imported_inside_functions_of_the_rollout_modules_only():
     where = {str(p.relative_to(ROOT)): vllm_imports(p.read_text()) for p in ROOT.rglob("*.py")}
     where = {k: v for k, v in where.items() if v}
-    assert set(where) <= ALLOWED, where
-    assert set(where) == ALLOWED  # the check sees the imports it guards
+    assert all(k.startswith(ALLOWED_FOLDER) for k in where), where
+    assert where  # the check sees the imports it guards
     assert not [(k, line) for k, found in where.items() for line, top in found if top]
 
 

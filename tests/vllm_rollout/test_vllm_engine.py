@@ -11,9 +11,9 @@ import torch
 from PIL import Image
 
 from vlm_grpo.adapters.families.qwen2_5_vl import Qwen2_5_VLAdapter
-from vlm_grpo.grpo.rollout.vllm_engine import (
-    build_llm, check_runnable, export_model, llm_generate, llm_load_weights, pushed_weights, requests, runnable_families,
-)
+from vlm_grpo.grpo.rollout.vllm.requests import requests
+from vlm_grpo.grpo.rollout.vllm.runtime import build_llm, check_runnable, llm_generate, llm_load_weights, runnable_families
+from vlm_grpo.grpo.rollout.vllm.weights import export_model, pushed_weights
 
 PRESET = "qwen2_5_vl_vllm_tiny"  # head_dim 32: vLLM's CPU attention refuses the tiny twins' 16
 LOGPROB_TOL = 2e-3  # nats: vLLM's CPU kernels vs the trainer's float32 forward, per token

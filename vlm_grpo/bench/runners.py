@@ -208,7 +208,7 @@ def _trl_engine(settings: BenchSettings, adapter, device: torch.device) -> dict[
         return {"generation_kwargs": {"min_new_tokens": _fixed_length(settings),
                                       "suppress_tokens": adapter.suppressed_token_ids()}}
     if device.type == "cpu":
-        from vlm_grpo.grpo.rollout.vllm_engine import cpu_environment
+        from vlm_grpo.grpo.rollout.vllm.runtime import cpu_environment
 
         cpu_environment(kvcache_gb=1)
     return {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3,

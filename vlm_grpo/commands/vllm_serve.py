@@ -23,8 +23,8 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import sys
 
-    from vlm_grpo.grpo.rollout.vllm_access import KEY_ENV, exposure_warning, server_key
-    from vlm_grpo.grpo.rollout.vllm_engine import import_vllm
+    from vlm_grpo.grpo.rollout.vllm.access import KEY_ENV, exposure_warning, server_key
+    from vlm_grpo.grpo.rollout.vllm.runtime import import_vllm
     from vlm_grpo.grpo.settings.sections import TrainConfig
 
     key, made = server_key(args.api_key_file)  # a bad key file is refused before anything loads
@@ -32,8 +32,8 @@ def run(args) -> int:
     if warning:
         print(warning, file=sys.stderr)
     import_vllm()  # one line saying how to install it, before the model loads
-    from vlm_grpo.grpo.rollout.vllm_engine import max_model_len
-    from vlm_grpo.grpo.rollout.vllm_server import serve
+    from vlm_grpo.grpo.rollout.vllm.runtime import max_model_len
+    from vlm_grpo.grpo.rollout.vllm.server import serve
 
     adapter = load_from_args(args, decide_cache=False)
     cfg = TrainConfig(rollout={"engine": "vllm", "vllm_max_model_length": args.max_model_len})

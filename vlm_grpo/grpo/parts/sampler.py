@@ -30,7 +30,7 @@ class Sampler:
         self.scorer = scorer  # says whether the step encodes the images once
         self.toolset, self.chat_format = toolset, chat_format
         self.rollout_func, self.owner = rollout_func, owner
-        self.engine = None  # rollout.engine vllm: opened at the first rollout (after any resume), rollout/vllm_engine.py
+        self.engine = None  # rollout.engine vllm: opened at the first rollout (after any resume), rollout/vllm/engine.py
         self.prompt_cache = PromptCache.of_mib(self.cfg.perf.pixel_cache_mb)  # rows seen again skip the processor
 
     def sample(self, samples: list, rows: list[int], step: int) -> Sampled:
@@ -59,7 +59,7 @@ class Sampler:
 
     def open_engine(self):
         if self.engine is None:
-            from vlm_grpo.grpo.rollout.engines import open_engine
+            from vlm_grpo.grpo.rollout.vllm.modes import open_engine
 
             self.engine = open_engine(self.adapter, self.cfg, self.ctx.device)
         return self.engine

@@ -13,7 +13,7 @@ IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
 
 @dataclass
 class RolloutConfig:
-    """What generates the completions: the policy's own generate() (transformers), or vLLM (rollout/vllm_engine.py),
+    """What generates the completions: the policy's own generate() (transformers), or vLLM (rollout/vllm/engine.py),
     in this process (colocate) or in a `vlm-grpo vllm-serve` server. The vllm_* names are TRL's (GRPOConfig)."""
 
     engine: str = setting("transformers", help="transformers: the policy's generate() (shared prefix and image "

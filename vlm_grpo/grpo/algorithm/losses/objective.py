@@ -6,7 +6,7 @@
 3. the importance ratio, per token or per sequence (`importance_sampling_level`, GSPO);
 4. the k3 KL to the reference, times the ratio under `use_bias_correction_kl`;
 5. the registered loss's per-token term, masked, plus beta x KL;
-   (with an engine's sampling correction, rollout/vllm_engine.py: the per-token loss times its bounded ratio of
+   (with an engine's sampling correction, rollout/vllm/engine.py: the per-token loss times its bounded ratio of
    trainer to engine probabilities, algorithm/sampling_correction.py);
 6. the loss's normalisation (`NORMALISATIONS`); micro-batch normalisations are scaled by the micro-batch's share of
    the step's rows (TRL divides them by the accumulation steps), `step_tokens` by the step's token count;

@@ -7,7 +7,7 @@ VLM_GRPO_VLLM_KEY or `rollout.vllm_server_key_file` (never a setting's value: se
 A web page cannot send that header to another origin without the server's consent (CORS), so a page the user opens
 reaches nothing either.
 
-A request's sampling options are an allow-list with limits (what the trainer sends, `vllm_engine.sampling_options`),
+A request's sampling options are an allow-list with limits (what the trainer sends, `requests.sampling_options`),
 never handed to vLLM's SamplingParams unchecked: `n: 1e9` or an unknown keyword is refused with 400, naming it.
 """
 

@@ -1,4 +1,4 @@
-"""Which vLLM engine a run rolls out with: colocate (vllm_engine.py, in this process) or server (vllm_server.py)."""
+"""Which vLLM engine a run rolls out with: colocate (colocate.py, in this process) or server (client.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from pathlib import Path
 
 import torch
 
-from vlm_grpo.grpo.rollout.vllm_engine import ColocateEngine, VLLMEngine
-from vlm_grpo.grpo.rollout.vllm_server import ServerEngine
+from vlm_grpo.grpo.rollout.vllm.client import ServerEngine
+from vlm_grpo.grpo.rollout.vllm.colocate import ColocateEngine
+from vlm_grpo.grpo.rollout.vllm.engine import VLLMEngine
 
 
 def open_engine(adapter, cfg, device: torch.device, work_dir: str | Path | None = None) -> VLLMEngine:

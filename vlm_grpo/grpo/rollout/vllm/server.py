@@ -1,7 +1,7 @@
-"""vLLM in its own process: `vlm-grpo vllm-serve --model SPEC` (the server) and the trainer's client.
+"""vLLM in its own process: `vlm-grpo vllm-serve --model SPEC`, the server.
 
 A small HTTP server on the loopback (stdlib, one request at a time) wrapping one `LLM`; routes named as TRL's
-trl/scripts/vllm_serve.py where they do the same. Every request carries the server's key (vllm_access.py: 401
+trl/scripts/vllm_serve.py where they do the same. Every request carries the server's key (access.py: 401
 without it, before the body is read); a request's sampling options are checked against an allow-list (400):
 
 - GET  /health/            -> 200 once the engine is built
@@ -10,57 +10,30 @@ without it, before the body is read); a request's sampling options are checked a
 - POST /update_weights/    -> the policy's weights as safetensors bytes (works on CPU and GPU: no NCCL group)
 - POST /reset_prefix_cache/
 
-The client refuses a server whose model or protocol differs from the trainer's (the handshake), naming both.
+The trainer (client.py) refuses a server whose model or protocol differs from the trainer's (the handshake), naming both.
 """
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import logging
-import urllib.error
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import torch
 
-from vlm_grpo.grpo.rollout import vllm_access
-from vlm_grpo.grpo.rollout.vllm_access import HEADER, KEY_ENV, AccessError
-from vlm_grpo.grpo.rollout.vllm_engine import (
-    PROTOCOL, VLLMEngine, architecture_of, build_llm, llm_generate, llm_load_weights, model_signature, signature,
-)
+from vlm_grpo.grpo.rollout.vllm import access
+from vlm_grpo.grpo.rollout.vllm.access import HEADER, KEY_ENV, AccessError
+from vlm_grpo.grpo.rollout.vllm.engine import PROTOCOL
+from vlm_grpo.grpo.rollout.vllm.runtime import architecture_of, build_llm, llm_generate, llm_load_weights
+from vlm_grpo.grpo.rollout.vllm.weights import model_signature, signature
+from vlm_grpo.grpo.rollout.vllm.wire import image_from_png, weights_from_bytes
 
 log = logging.getLogger(__name__)
 
 
 class ServerMismatch(RuntimeError):
     """The server runs another model (or protocol) than the trainer's."""
-
-
-def _png(image) -> str:
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-def _image(text: str):
-    from PIL import Image
-
-    return Image.open(io.BytesIO(base64.b64decode(text))).convert("RGB")
-
-
-def weights_bytes(items: list[tuple[str, torch.Tensor]]) -> bytes:
-    from safetensors.torch import save
-
-    return save({n: t.contiguous() for n, t in items})
-
-
-def weights_from_bytes(data: bytes) -> list[tuple[str, torch.Tensor]]:
-    from safetensors.torch import load
-
-    return list(load(data).items())
 
 
 # ---------------------------------------------------------------- the server
@@ -76,14 +49,14 @@ class VLLMServer:
                      "architecture": architecture, "signature": weights_signature}
 
     def generate(self, body: dict) -> dict:
-        checked = vllm_access.checked_requests(body)
-        options = vllm_access.checked_sampling(body.get("sampling", {}), max_model_len=self.max_model_len,
+        checked = access.checked_requests(body)
+        options = access.checked_sampling(body.get("sampling", {}), max_model_len=self.max_model_len,
                                                requests=len(checked))
         reqs = []
         for r in checked:
             req: dict[str, Any] = {"prompt": r["prompt"]}
             if r.get("images"):
-                req["multi_modal_data"] = {"image": [_image(x) for x in r["images"]]}
+                req["multi_modal_data"] = {"image": [image_from_png(x) for x in r["images"]]}
             reqs.append(req)
         return {"results": llm_generate(self.llm, reqs, options)}
 
@@ -108,7 +81,7 @@ def _handler(server: VLLMServer):
 
         def _allowed(self) -> bool:
             """Every route, /health/ included, answers only a request that carries the key."""
-            if vllm_access.authorized(self.headers.get(HEADER), server.key):
+            if access.authorized(self.headers.get(HEADER), server.key):
                 return True
             self.close_connection = True  # the body (maybe weights) is never read
             self._send(401, {"error": f"this server needs its key: send `{HEADER}: Bearer KEY` (the trainer reads "
@@ -132,10 +105,10 @@ def _handler(server: VLLMServer):
                 size = int(self.headers.get("Content-Length", 0))
             except ValueError:
                 size = -1
-            if size < 0 or (route == "/generate" and size > vllm_access.MAX_GENERATE_BYTES):
+            if size < 0 or (route == "/generate" and size > access.MAX_GENERATE_BYTES):
                 self.close_connection = True
                 return self._send(413 if size > 0 else 400, {"error": f"Content-Length {size}: at most "
-                                                             f"{vllm_access.MAX_GENERATE_BYTES} bytes"})
+                                                             f"{access.MAX_GENERATE_BYTES} bytes"})
             body = self.rfile.read(size)
             try:
                 if route == "/generate":
@@ -178,7 +151,8 @@ def serve(adapter, *, host: str, port: int, max_model_len: int, seed: int, gpu_m
     import vllm
     from vllm import ModelRegistry
 
-    from vlm_grpo.grpo.rollout.vllm_engine import check_runnable, export_model
+    from vlm_grpo.grpo.rollout.vllm.runtime import check_runnable
+    from vlm_grpo.grpo.rollout.vllm.weights import export_model
 
     check_runnable(adapter, device, ModelRegistry.get_supported_archs())
     with tempfile.TemporaryDirectory(prefix="vllm-serve-", dir=work_dir) as tmp:
@@ -195,59 +169,3 @@ def serve(adapter, *, host: str, port: int, max_model_len: int, seed: int, gpu_m
             httpd.serve_forever()
         finally:
             httpd.server_close()
-
-
-# ---------------------------------------------------------------- the trainer's client
-class ServerEngine(VLLMEngine):
-    """The trainer's side of server mode: the handshake at start, then generate and weight pushes over HTTP."""
-
-    def __init__(self, adapter, cfg):
-        super().__init__(adapter, cfg)
-        r = cfg.rollout
-        self.url = (r.vllm_server_base_url or f"http://{r.vllm_server_host}:{r.vllm_server_port}").rstrip("/")
-        self.timeout = r.vllm_server_timeout
-        self.key = vllm_access.client_key(r.vllm_server_key_file)
-        if self.key is None:
-            raise ValueError(f"rollout.vllm_mode server: the server's key is not given: set {KEY_ENV} (or "
-                             "rollout.vllm_server_key_file) to the key `vlm-grpo vllm-serve` printed at start")
-        self.handshake()
-
-    def _call(self, route: str, data: bytes | None = None, content_type: str = "application/json") -> dict:
-        request = urllib.request.Request(self.url + route, data=data, method="POST" if data is not None else "GET",
-                                         headers={"Content-Type": content_type, HEADER: f"Bearer {self.key}"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as err:
-            detail = json.loads(err.read() or b"{}").get("error", err.reason)
-            if err.code == 401:
-                raise RuntimeError(f"the vLLM server at {self.url} refused the trainer's key: give the key the "
-                                   f"server printed at start ({KEY_ENV} or rollout.vllm_server_key_file)") from None
-            if err.code == 409:
-                raise ServerMismatch(f"the vLLM server at {self.url} refused the trainer: {detail}") from None
-            raise RuntimeError(f"the vLLM server at {self.url} failed {route}: {detail}") from None
-        except urllib.error.URLError as err:
-            raise RuntimeError(f"no vLLM server answers at {self.url} ({err.reason}): start one with "
-                               "`vlm-grpo vllm-serve --model SAME_MODEL`, or set rollout.vllm_mode colocate") from None
-
-    def handshake(self) -> None:
-        info = self._call("/info/")
-        mine = {"protocol": PROTOCOL, "architecture": architecture_of(self.adapter.model),
-                "signature": model_signature(self.adapter.model)}
-        for key, value in mine.items():
-            if info.get(key) != value:
-                raise ServerMismatch(
-                    f"the vLLM server at {self.url} serves {info.get('architecture')} ({info.get('model')}, {key} "
-                    f"{info.get(key)!r}), the trainer's model is {mine['architecture']} ({self.adapter.source}, "
-                    f"{key} {value!r}): start the server with the trainer's --model")
-        self.info = info
-
-    def generate(self, reqs, options):
-        body = {"requests": [{"prompt": r["prompt"],
-                              "images": [_png(im) for im in r.get("multi_modal_data", {}).get("image", [])]}
-                             for r in reqs],
-                "sampling": options}
-        return self._call("/generate/", json.dumps(body).encode())["results"]
-
-    def load_weights(self, items):
-        self._call("/update_weights/", weights_bytes(items), content_type="application/octet-stream")
