@@ -186,3 +186,24 @@ def test_each_settings_resume_policy_is_the_one_declared_with_it():
     assert kinds == {"section.cadence": "safe", "section.shape": "fixed", "meaning": "refused"}
     with pytest.raises(ValueError, match="resume='later'"):
         setting(1, resume="later", help="not a policy")
+
+
+def test_where_vllm_runs_may_move_on_resume_and_the_engine_may_not():
+    """A resumed vLLM run may reach its server elsewhere, over another transport, or sync LoRA another way (the same
+    policy samples either way); switching the engine itself changes how completions are drawn and is refused."""
+    from vlm_grpo.grpo.checkpoint.resume_rules import compare
+    from vlm_grpo.grpo.setting_fields import resume_policies
+    from vlm_grpo.grpo.settings.sections import TrainConfig
+
+    saved = TrainConfig(rollout={"engine": "vllm", "vllm_mode": "server", "vllm_server_port": 8000})
+    moved = TrainConfig(rollout={"engine": "vllm", "vllm_mode": "colocate", "vllm_server_port": 9000,
+                                 "vllm_group_port": 51300, "vllm_weight_transport": "distributed",
+                                 "vllm_server_host": "10.0.0.2", "vllm_server_timeout": 60.0, "vllm_lora_sync": "merged"})
+    as_dict = lambda cfg: json.loads(json.dumps(cfg.to_dict()))  # noqa: E731
+    changes = compare(as_dict(saved), as_dict(moved), [], resume_policies(moved))
+    assert {c.key for c in changes} == {"rollout.vllm_mode", "rollout.vllm_server_port", "rollout.vllm_group_port",
+                                        "rollout.vllm_weight_transport", "rollout.vllm_server_host",
+                                        "rollout.vllm_server_timeout", "rollout.vllm_lora_sync"}
+    assert {c.kind for c in changes} == {"safe"}
+    engine = compare(as_dict(saved), as_dict(TrainConfig()), [], resume_policies(saved))
+    assert [(c.key, c.kind) for c in engine if c.key == "rollout.engine"] == [("rollout.engine", "refused")]

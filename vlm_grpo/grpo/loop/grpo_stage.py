@@ -101,9 +101,6 @@ class GRPOStage(Stage):
         self.step_log = StepLog(ctx, data.rewards, policy, self.vision_counter, self.watch.flags)
         self.sampled_evaluation = SampledEvaluation(ctx, self.sampler, self.scoring, self.scorer,
                                                     PolicyObjective(loss_cfg))
-        if cfg.rollout.uses_vllm and self.toolset.enabled:
-            raise ValueError("rollout.engine vllm samples one turn; this run has tools (the recipe's or yours): use "
-                             "rollout.engine transformers, or tools.recipe_tools false")
         return [self.policy_update, KeptUnder("guards", self.watch), KeptUnder("step_log", self.step_log)]
 
     def scheduler_steps(self) -> int:
@@ -137,12 +134,12 @@ class GRPOStage(Stage):
         rows = None if k == 1 else gen.part(step % k)
         rates = self.policy.learning_rates()  # the rates this update uses (the schedule moves on after it)
         losses = self.policy_update.run(traj, step, rows)
-        self.sampler.after_update()  # the new weights to vLLM every vllm_sync_steps steps
+        sync = self.sampler.after_update()  # the new weights to vLLM every vllm_sync_steps steps
         if fresh:  # a generation's reward and length numbers: each of its steps reports them
             gen.report = {**self.step_log.reward_metrics(scored), **self.step_log.trl_metrics(traj, rates, scored.logged)}
         metrics = self.ctx.mean_over_processes({
             **losses, **gen.report, **self.step_log.cost_metrics(traj, rates), **gen.engine_metrics,
-            "learning_rate": self.step_log.learning_rate(rates),
+            "learning_rate": self.step_log.learning_rate(rates), **sync,
         })
         if fresh:
             self.step_log.keep_trl_logs(traj, batch.samples)
@@ -169,6 +166,7 @@ class GRPOStage(Stage):
         if cfg.num_iterations > 1 or cfg.steps_per_generation > 1 or correct:
             traj.old_logps = self.scorer.sampling_policy_logps(traj)  # later updates are off-policy
         engine_metrics = weigh_by_engine(traj, sampled.rollout.sampling_logps, cfg.rollout) if correct else {}
+        engine_metrics = self.ctx.extremes_over_processes(engine_metrics)  # TRL's min of mins, max of maxes
         # TRL shuffles a generation before splitting it into steps (drawn only then: one step per generation takes
         # no random numbers here, so its runs stay as they were)
         order = torch.randperm(len(traj)).tolist() if cfg.steps_per_generation > 1 else list(range(len(traj)))

@@ -95,6 +95,9 @@ class RunContext:
     def mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
         return processes.mean_over_processes(self.accelerator, metrics)
 
+    def extremes_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
+        return processes.extremes_over_processes(self.accelerator, metrics)
+
     def agreed_stop(self, signum: int | None) -> int:
         """The signal received by this process or any other (0: none): all stop at the same step, since saving is
         collective."""

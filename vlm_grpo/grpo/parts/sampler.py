@@ -43,13 +43,18 @@ class Sampler:
             policy_features = image_features(self.adapter, prompts, model=policy.model) \
                 if self.scorer.encodes_once() else None
             sampled_from = None if policy_features is None else policy_features.detach()
-            if cfg.rollout.uses_vllm:  # vLLM samples; the trainer encoded the prompts for its own forwards
-                ro = self.open_engine().rollout(samples, prompts, cfg.generation, g, device)
-                return Sampled(ro, policy_features, session)
-            args, turns = (self.adapter, samples, cfg.generation, g, device), cfg.tools.max_tool_calling_iterations
-            if self.rollout_func is not None:
+            if self.rollout_func is not None:  # the user's rollout, whichever engine the run names (TRL's rule)
                 ro = custom_rollout(self.rollout_func, self.owner, self.adapter, samples, prompts, g)
                 return Sampled(ro, policy_features, session)
+            if cfg.rollout.uses_vllm:  # vLLM samples; the trainer encoded the prompts for its own forwards
+                # tool images are encoded by the policy (once each, as below); vLLM holds its own weights, so
+                # the policy's stay sharded
+                ro = self.open_engine().rollout(
+                    samples, prompts, cfg.generation, g, device, session, self.chat_format,
+                    max_iterations=cfg.tools.max_tool_calling_iterations,
+                    encoder=policy.model if policy_features is not None else None)
+                return Sampled(ro, policy_features, session)
+            args, turns = (self.adapter, samples, cfg.generation, g, device), cfg.tools.max_tool_calling_iterations
             ro = policy.with_full_weights(lambda: rollout(
                 *args, shared_prefix=cfg.perf.shared_prefix, prompts=prompts, features=sampled_from,
             ) if session is None else ToolRollout.sample(  # multi-turn: tool images encoded once each
@@ -61,10 +66,17 @@ class Sampler:
         if self.engine is None:
             from vlm_grpo.grpo.rollout.vllm.modes import open_engine
 
-            self.engine = open_engine(self.adapter, self.cfg, self.ctx.device)
+            # every process opens its engine (colocate) or its client (server) at the same rollout; a sharded
+            # policy's first push gathers unit by unit across them
+            self.engine = open_engine(self.adapter, self.cfg, self.ctx.device, root=self.policy.model,
+                                      announce=self.ctx.is_main)
         return self.engine
 
-    def after_update(self) -> None:
-        """The new weights to vLLM every vllm_sync_steps steps (no engine: nothing to do)."""
-        if self.engine is not None:
-            self.engine.after_update()
+    def after_update(self) -> dict[str, float]:
+        """The new weights to vLLM every vllm_sync_steps steps (no engine: nothing to do); the push's time when one
+        was made."""
+        if self.engine is None:
+            return {}
+        pushes = self.engine.pushes
+        self.engine.after_update()
+        return {"perf/weight_sync_s": self.engine.push_seconds[-1]} if self.engine.pushes > pushes else {}

@@ -1,5 +1,8 @@
 """Multi-turn rollouts with tools (TRL 1.16's loop): sample, run the calls, show the results, sample again.
 
+One loop for every engine: what samples the model's turns is a `TurnEngine` (`GenerateTurns`, transformers'
+generate; the vLLM engine's `VLLMTurns`, rollout/vllm/requests.py); the calls, the budget, `tool_mask` and the
+conversations are the loop's alone.
 1. The first turn is the ordinary rollout (each prompt encoded and prefilled once, G completions sampled).
 2. Each completion's latest turn is parsed (chat_format.py); its calls run (calls.py) and their results, text or
    images or both, become one tool turn: rendered by the chat template, encoded by the adapter like a prompt (the
@@ -7,6 +10,7 @@
 3. The new images are encoded once (one vision call per round, every completion's new images together), and the
    completions that called tools continue from prompt + everything so far: the prompt's image features and the
    turns' are placed into the sequence (no image is encoded twice) and generation samples the next turn.
+   (vLLM continues each row from its token ids instead, its images passed beside them: `VLLMTurns`.)
 4. Until no completion calls a tool, `max_iterations` rounds, or the token budget (`max_new_tokens` counts every
    completion token, the tools' included, as TRL's max_completion_length): a tool turn that would not fit is
    dropped and the completion ends with the turn that called it (TRL's rule).
@@ -16,28 +20,36 @@ and ends its completion; a failed call (raised, unknown tool, timed out) returns
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
-from vlm_grpo.adapters.batch import PromptBatch
+from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch
 from vlm_grpo.adapters.completion_images import CompletionImages
 from vlm_grpo.adapters.features import ImageFeatures
 from vlm_grpo.adapters.sharing import generate_shared, image_features
-from vlm_grpo.grpo.rollout.generation import Rollout, check_no_placeholders, mask_after_eos, rollout, sampling_settings
+from vlm_grpo.grpo.rollout.generation import Rollout, rollout, sampling_settings
 from vlm_grpo.grpo.tools.chat_format import ChatFormat
 from vlm_grpo.grpo.tools.toolset import ToolSession
+
 
 @dataclass
 class _Row:
     """One completion being built: its tokens so far (the model's and the tools'), and what it did."""
 
+    index: int  # its row in the batch: its sample is index // G, its completion index % G
     prompt: int
     ids: list[int]
     own: list[int]  # 1: the model's own token, 0: a tool turn's
     ended: bool  # the latest model turn ended with an end-of-turn token (else the budget cut it)
     types: dict[str, list[int]] = field(default_factory=dict)  # token-shaped values (tool images), aligned with ids
+    # the same turns with each tool turn as the tokenizer alone gives it (image placeholders not expanded): what an
+    # engine that expands them itself continues from (vLLM)
+    plain: list[int] = field(default_factory=list)
+    tool_images: list[Any] = field(default_factory=list)  # the images its tool turns showed, in order
+    logps: list[float] = field(default_factory=list)  # the engine's log-prob of each token (NaN: a tool's, or none)
     turns: list[int] = field(default_factory=list)  # the image turns it shows (indices into the step's turns)
     messages: list[dict] = field(default_factory=list)  # the conversation after the prompt (TRL's completion)
     last: list[int] = field(default_factory=list)  # the model's latest turn
@@ -45,12 +57,15 @@ class _Row:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("calls", "failed", "malformed", "timeouts",
                                                                           "turns", "images"), 0))
 
-    def add(self, ids: list[int], own: int, types: dict[str, list[int]] | None = None) -> None:
+    def add(self, ids: list[int], own: int, types: dict[str, list[int]] | None = None, plain: list[int] | None = None,
+            logps: list[float] | None = None) -> None:
         start = len(self.ids)
         for key in set(self.types) | set(types or {}):
             self.types.setdefault(key, [0] * start).extend((types or {}).get(key, [0] * len(ids)))
         self.ids += ids
         self.own += [own] * len(ids)
+        self.plain += ids if plain is None else plain
+        self.logps += [math.nan] * len(ids) if logps is None else list(logps)
 
 
 def _model_turn(ids: list[int], eos: set[int], budget: int) -> tuple[list[int], bool]:
@@ -90,15 +105,61 @@ def loggable_messages(messages: list[dict]) -> list[dict]:
             for m in messages]
 
 
+@dataclass
+class SampledTurns:
+    """An engine's next turn for the rows that continue, in their order: each row's sampled tokens (up to the largest
+    budget; the loop cuts each row to its own)."""
+
+    ids: list[list[int]]
+    logps: list[list[float]] | None  # the engine's log-prob of each sampled token (vLLM's); None: the policy sampled
+    prefill_tokens: int
+    decode_tokens: int
+
+
+class TurnEngine(Protocol):
+    """What samples the model's turns of the tool loop: every rollout's first turn (G per prompt, as a one-turn
+    rollout), then the next turn of the rows that continue (`turn`: its number, the first being 1)."""
+
+    def first(self, loop: "ToolRollout", samples, num_generations: int, prompts: PromptBatch,
+              features: ImageFeatures | None) -> Rollout: ...
+
+    def next(self, loop: "ToolRollout", rows: list[_Row], max_new_tokens: int, turn: int) -> SampledTurns: ...
+
+
+class GenerateTurns:
+    """The transformers engine: the first turn from each prompt prefilled once (`shared_prefix`), a later one from
+    each row's whole sequence with every image's features placed (none encoded again)."""
+
+    def __init__(self, shared_prefix: bool = True, use_cache: bool | None = None):
+        self.shared_prefix, self.use_cache = shared_prefix, use_cache
+
+    def first(self, loop, samples, num_generations, prompts, features):
+        return rollout(loop.adapter, samples, loop.gen, num_generations, loop.device, use_cache=self.use_cache,
+                       shared_prefix=self.shared_prefix, prompts=prompts, features=features)
+
+    def next(self, loop, rows, max_new_tokens, turn):
+        batch = loop._batch(rows)
+        settings = sampling_settings(loop.gen, self.use_cache, max_new_tokens)
+        if self.shared_prefix:
+            result = generate_shared(loop.adapter, batch, 1, features=loop._features(rows), **settings)
+            out, prefill = result.output, result.prefill_tokens
+        else:
+            out, prefill = loop.adapter.generate(batch, **settings), int(batch.attention_mask.sum())
+        new = out.sequences[:, batch.input_ids.shape[1]:]
+        return SampledTurns(new.tolist(), None, prefill, int(new.numel()))
+
+
 class ToolRollout:
     """Builds one batch's multi-turn completions. `encode_images(batch) -> ImageFeatures`: the tool images' encoder
-    (the trainer's keeps the gradient when the policy's features are taken once for the update)."""
+    (the trainer's keeps the gradient when the policy's features are taken once for the update). `engine`: what
+    samples the turns (default: transformers' generate, with `shared_prefix` and `use_cache`)."""
 
     def __init__(self, adapter, session: ToolSession, fmt: ChatFormat, gen, device, *, shared_prefix: bool = True,
                  max_iterations: int | None = None, encode_images: Callable[[PromptBatch], ImageFeatures] | None = None,
-                 use_cache: bool | None = None):
+                 use_cache: bool | None = None, engine: TurnEngine | None = None):
         self.adapter, self.session, self.fmt, self.gen, self.device = adapter, session, fmt, gen, device
-        self.shared_prefix, self.max_iterations, self.use_cache = shared_prefix, max_iterations, use_cache
+        self.max_iterations = max_iterations
+        self.engine = engine or GenerateTurns(shared_prefix, use_cache)
         self.encode_images = encode_images or self._no_grad_features
         self.eos = set(adapter.eos_token_ids)
         self.image_batches: list[PromptBatch] = []  # per round with images: its image turns, encoded
@@ -122,15 +183,17 @@ class ToolRollout:
 
     # ---------------------------------------------------------------- the loop
     def run(self, samples, num_generations: int, prompts: PromptBatch, features: ImageFeatures | None = None) -> Rollout:
-        first = rollout(self.adapter, samples, self.gen, num_generations, self.device, use_cache=self.use_cache,
-                        shared_prefix=self.shared_prefix, prompts=prompts, features=features)
+        self.num_generations = num_generations
+        first = self.engine.first(self, samples, num_generations, prompts, features)
         self.stats = dict(first.stats)
         self.prompts, self.prompt_features = prompts, first.features if first.features is not None else features
+        engine_logps = None if first.sampling_logps is None else first.sampling_logps.tolist()
         rows = []
         for r, (ids, mask) in enumerate(zip(first.completion_ids.tolist(), first.completion_mask.tolist())):
             turn = ids[: sum(mask)]
-            row = _Row(prompt=r // num_generations, ids=[], own=[], ended=bool(turn) and turn[-1] in self.eos, last=turn)
-            row.add(turn, 1)
+            row = _Row(index=r, prompt=r // num_generations, ids=[], own=[],
+                       ended=bool(turn) and turn[-1] in self.eos, last=turn)
+            row.add(turn, 1, logps=None if engine_logps is None else engine_logps[r][: len(turn)])
             rows.append(row)
         rounds = 0
         while True:
@@ -139,7 +202,7 @@ class ToolRollout:
                 break
             continuing = self._tool_turns(calling)
             if continuing:
-                self._continue(continuing)
+                self._continue(continuing, turn=rounds + 2)
             rounds += 1
         return self._finish(first, rows)
 
@@ -170,6 +233,7 @@ class ToolRollout:
         texts = [self.fmt.tool_turn([x.message() for x in res]) for res in results]
         images = [[img for x in res for img in x.images] for res in results]
         batch = self.adapter.encode_turns(texts, images)  # every tool turn of the round, one processor call
+        plain = self.adapter.tokenizer(texts, add_special_tokens=False)["input_ids"]  # placeholders unexpanded
         kept, shown = [], []
         for k, ((r, row, _), res) in enumerate(zip(calling, results)):
             keep = batch.attention_mask[k].bool()
@@ -178,7 +242,8 @@ class ToolRollout:
                 row.active = False
                 continue
             row.messages += [x.message() for x in res]
-            row.add(ids, 0, {key: batch.mm[key][k][keep].tolist() for key in batch.token_keys})
+            row.add(ids, 0, {key: batch.mm[key][k][keep].tolist() for key in batch.token_keys}, plain=plain[k])
+            row.tool_images += images[k]
             kept.append(row)
             if images[k]:
                 row.counts["images"] += len(images[k])
@@ -233,23 +298,22 @@ class ToolRollout:
         return parts.gather([[row.prompt] + [first[b] + j for b, j in (self.where[t] for t in row.turns)]
                              for row in rows]).detach()
 
-    def _continue(self, rows: list[_Row]) -> None:
-        batch = self._batch(rows)
+    def _continue(self, rows: list[_Row], turn: int) -> None:
+        """The next model turn of each row, sampled within what is left of its budget."""
         room = [self.gen.max_new_tokens - len(row.ids) for row in rows]
-        settings = sampling_settings(self.gen, self.use_cache, max(room))
-        if self.shared_prefix:
-            result = generate_shared(self.adapter, batch, 1, features=self._features(rows), **settings)
-            out, prefill = result.output, result.prefill_tokens
-        else:
-            out, prefill = self.adapter.generate(batch, **settings), int(batch.attention_mask.sum())
-        new = out.sequences[:, batch.input_ids.shape[1]:]
-        check_no_placeholders(self.adapter, new, mask_after_eos(new, self.adapter.eos_token_ids), 1)
-        self.stats["prefill_tokens"] += prefill
-        self.stats["decode_tokens"] += int(new.numel())
-        for row, ids, budget in zip(rows, new.tolist(), room):
-            turn, row.ended = _model_turn(ids, self.eos, budget)
-            row.last = turn
-            row.add(turn, 1)
+        sampled = self.engine.next(self, rows, max(room), turn)
+        cut = [_model_turn(ids, self.eos, budget) for ids, budget in zip(sampled.ids, room)]
+        for row, (ids, _) in zip(rows, cut):
+            if self.adapter.image_token_id in ids:  # a generated placeholder would shift image features onto text
+                raise ImageTokenMismatch(
+                    f"sample {row.prompt}, completion {row.index % self.num_generations}, turn {turn}: generated the "
+                    f"image placeholder id {self.adapter.image_token_id}; it must be suppressed "
+                    "(adapter.suppressed_token_ids)")
+        self.stats["prefill_tokens"] += sampled.prefill_tokens
+        self.stats["decode_tokens"] += sampled.decode_tokens
+        for k, (row, (ids, ended)) in enumerate(zip(rows, cut)):
+            row.last, row.ended = ids, ended
+            row.add(ids, 1, logps=None if sampled.logps is None else sampled.logps[k][: len(ids)])
 
     # ---------------------------------------------------------------- the result
     def _finish(self, first: Rollout, rows: list[_Row]) -> Rollout:
@@ -275,6 +339,12 @@ class ToolRollout:
             features = ImageFeatures.concat(self.turn_features)
             images = CompletionImages(turns, [list(row.turns) for row in rows],
                                       {k: v.to(self.device) for k, v in types.items()}, features.detach())
+        sampling_logps = None
+        if first.sampling_logps is not None:  # the engine's own log-probs: NaN at tool turns' tokens and padding
+            sampling_logps = torch.full((n, width), math.nan, dtype=torch.float32)
+            for r, row in enumerate(rows):
+                sampling_logps[r, : len(row.logps)] = torch.tensor(row.logps, dtype=torch.float32)
+            sampling_logps = sampling_logps.to(self.device)
         total = {k: sum(row.counts[k] for row in rows) for k in rows[0].counts}
         metrics = {
             "call_frequency": total["calls"] / n,  # TRL's names: tool calls per completion, failed share of calls
@@ -289,5 +359,5 @@ class ToolRollout:
             completions=[transcript(row.messages) for row in rows], prompt_texts=first.prompt_texts,
             num_generations=first.num_generations, features=first.features, stats=self.stats,
             tool_mask=own.to(self.device), completion_images=images, conversations=[row.messages for row in rows],
-            tool_metrics=metrics, turn_features=features,
+            tool_metrics=metrics, turn_features=features, sampling_logps=sampling_logps,
         )

@@ -395,11 +395,9 @@ class TrainConfig:
 
     def _check_vllm(self) -> None:
         """What the vLLM engine cannot do here, refused before anything loads."""
-        if self.tools.tools or self.tools.environment:
-            raise SettingError("rollout.engine", "vllm samples one turn; multi-turn tool rollouts run on the "
-                               "transformers engine (rollout.engine transformers)")
-        if self.fsdp != "no":
-            raise SettingError("rollout.engine", "vllm weight pushes gather no FSDP shards yet: use fsdp no")
+        if self.rollout.vllm_lora_sync == "adapter" and self.lora.r == 0:
+            raise SettingError("rollout.vllm_lora_sync", "adapter sends a LoRA adapter alone, and this run has none "
+                               "(lora.r 0): use auto")
         if self.loss.loss_type == "vespo" and self.rollout.vllm_importance_sampling_correction:
             raise SettingError("rollout.vllm_importance_sampling_correction", "vespo folds the vLLM ratio into its "
                                "own weight, which is not done here: set it false, or use another loss_type")

@@ -252,7 +252,34 @@ def _collect(file_data: dict[str, Any] | None, overrides: list[str] | None, base
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> TrainConfig:
     """Defaults <- `base` mapping <- YAML file <- command-line words, checked once merged."""
-    return build_config(_collect(read_yaml(path) if path else None, overrides, base))
+    from_file = read_yaml(path) if path else None
+    cfg = build_config(_collect(from_file, overrides, base))
+    warn_remote_vllm_server(cfg, path, from_file, overrides)
+    return cfg
+
+
+def warn_remote_vllm_server(cfg: TrainConfig, path: str | Path | None, from_file: dict[str, Any] | None,
+                            overrides: list[str] | None) -> None:
+    """A vLLM server address that a settings FILE gave and that is not this machine's loopback is named on stderr:
+    the trainer sends that server its key and the policy's weights, and a file may have come from someone else. An
+    address given on the command line is the user's own."""
+    import sys
+    from urllib.parse import urlsplit
+
+    from vlm_grpo.grpo.rollout.vllm.access import settings_host_warning
+
+    rollout = cfg.rollout
+    if not path or not from_file or not (rollout.uses_vllm and rollout.vllm_mode == "server"):
+        return
+    name = "vllm_server_base_url" if rollout.vllm_server_base_url else "vllm_server_host"
+    key = f"rollout.{name}"
+    value = getattr(rollout, name)
+    if _collect(from_file, None).get(key) != value or key in _collect(None, overrides):
+        return  # the address in use is not the file's
+    host = (urlsplit(value).hostname or value) if name == "vllm_server_base_url" else value
+    warning = settings_host_warning(path, key, value, host)
+    if warning:
+        print(warning, file=sys.stderr)
 
 
 def merge_settings(*layers: dict[str, Any]) -> dict[str, Any]:
@@ -276,7 +303,8 @@ def load_recipe_config(path: str | Path | None = None, overrides: list[str] | No
     before any model loads. `settings`: a mapping as the YAML file holds (the Python API's), above the file."""
     from vlm_grpo import pretrained
 
-    file_data = merge_settings(read_yaml(path) if path else {}, settings or {}) or None
+    from_file = read_yaml(path) if path else {}
+    file_data = merge_settings(from_file, settings or {}) or None
     # Which recipe and model: from the user's values alone; the whole settings are checked only once the
     # defaults are underneath (a cross-setting check must see the batch size the defaults give).
     user = _collect(file_data, overrides)
@@ -290,6 +318,7 @@ def load_recipe_config(path: str | Path | None = None, overrides: list[str] | No
     base = merge_settings(*layers)
     cfg = build_config(_collect(file_data, overrides, base) if base else user)
     build_options(recipe, cfg.data)
+    warn_remote_vllm_server(cfg, path, from_file, overrides)
     return cfg, recipe
 
 

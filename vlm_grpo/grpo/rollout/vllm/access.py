@@ -9,16 +9,24 @@ reaches nothing either.
 
 A request's sampling options are an allow-list with limits (what the trainer sends, `requests.sampling_options`),
 never handed to vLLM's SamplingParams unchecked: `n: 1e9` or an unknown keyword is refused with 400, naming it.
+
+Before the trainer sends anything keyed, the server proves it holds the key: the trainer's random nonce, answered
+with HMAC-SHA256(key, PROOF_TAG + nonce) on the one route that needs no key (/prove/). A server that cannot answer
+(another program on the port, a host a settings file pointed at) never sees the key or the weights. A key file
+others may read is refused, as ssh refuses such a private key.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import math
 import os
+import re
 import secrets
 import socket
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +38,8 @@ MAX_COMPLETIONS = 16_384  # prompts x n in one call
 MAX_GENERATE_BYTES = 256 * 2**20  # a /generate/ body (prompts and PNG images)
 MAX_BIAS_ENTRIES = 4096
 MAX_STOP_IDS = 1024
+PROOF_TAG = b"vlm-grpo vllm-serve proof\x00"  # what the server signs: its key proves nothing for another protocol
+NONCE = re.compile(r"[A-Za-z0-9_-]{32,256}")  # url-safe, as secrets.token_urlsafe makes it
 
 
 class AccessError(ValueError):
@@ -46,7 +56,12 @@ def new_key() -> str:
 
 
 def read_key_file(path: str | Path, what: str) -> str:
+    """The key in `path`; refused when others than its owner may read or change the file."""
     try:
+        mode = os.stat(path).st_mode
+        if stat.S_ISREG(mode) and mode & 0o077:
+            raise ValueError(f"{what} {path}: group or others may read or change it (mode "
+                             f"{stat.S_IMODE(mode):04o}); a key file must be its owner's alone: `chmod 600 {path}`")
         key = Path(path).read_text().strip()
     except OSError as err:
         raise ValueError(f"{what} {path}: cannot read it ({err.strerror or err})") from None
@@ -83,6 +98,27 @@ def authorized(header: str | None, key: str) -> bool:
     return hmac.compare_digest(given.strip().encode("utf-8", "replace"), key.encode())
 
 
+def new_nonce() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def checked_nonce(value: object) -> str:
+    if not isinstance(value, str) or not NONCE.fullmatch(value):
+        raise AccessError(400, "nonce: 32 to 256 url-safe characters (A-Z a-z 0-9 _ -) expected")
+    return value
+
+
+def proof(key: str, nonce: str) -> str:
+    """What a server holding `key` answers to `nonce` (hex HMAC-SHA256 over PROOF_TAG + nonce)."""
+    return hmac.new(key.encode(), PROOF_TAG + nonce.encode(), hashlib.sha256).hexdigest()
+
+
+def proves(answer: object, key: str, nonce: str) -> bool:
+    """Whether `answer` is the proof of `key` for `nonce` (constant time)."""
+    return isinstance(answer, str) and hmac.compare_digest(answer.encode("utf-8", "replace"),
+                                                           proof(key, nonce).encode())
+
+
 def is_loopback(host: str) -> bool:
     """Whether `host` listens on this machine only."""
     if host in ("localhost", "localhost.localdomain"):
@@ -102,6 +138,15 @@ def exposure_warning(host: str) -> str | None:
     return (f"warning: vllm-serve listens on {host}, not on the loopback: every machine that reaches this port can "
             "try the key, and the key and the weights travel unencrypted over HTTP; keep the port behind a firewall "
             "or an SSH tunnel (docs/vllm.md)")
+
+
+def settings_host_warning(source: str | Path, setting: str, value: str, host: str) -> str | None:
+    """A server address a settings FILE gave (not the command line), when it is not this machine's loopback."""
+    if is_loopback(host):
+        return None
+    return (f"warning: {source} sets {setting} {value}: the trainer will send its vLLM server key and the policy's "
+            f"weights to {host}, another machine than this one; if that is not your server, remove it from the file "
+            "(a server you start yourself can be given on the command line)")
 
 
 # ---------------------------------------------------------------- what a request may ask
@@ -124,10 +169,28 @@ def _bool(name: str, value: Any) -> bool:
     return value
 
 
-def checked_sampling(options: Any, *, max_model_len: int, requests: int) -> dict[str, Any]:
-    """The request's sampling options as SamplingParams may take them: only the trainer's keys, each in range."""
+def checked_sampling(options: Any, *, max_model_len: int, requests: int) -> dict[str, Any] | list[dict[str, Any]]:
+    """The call's sampling options as SamplingParams may take them: only the trainer's keys, each in range; one
+    mapping for every prompt, or a list of one per prompt (a tool turn: each row its own seed and budget)."""
+    if isinstance(options, list):
+        if len(options) != requests:
+            raise AccessError(400, f"sampling: {len(options)} option sets for {requests} prompts (one each, or one "
+                              "mapping for all)")
+        out = [_checked_options(o, max_model_len) for o in options]
+        if sum(o.get("n", 1) for o in out) > MAX_COMPLETIONS:
+            raise AccessError(400, f"{sum(o.get('n', 1) for o in out)} completions in one call: at most "
+                              f"{MAX_COMPLETIONS}")
+        return out
+    out = _checked_options(options, max_model_len)
+    if requests * out.get("n", 1) > MAX_COMPLETIONS:
+        raise AccessError(400, f"{requests} prompts x n={out.get('n', 1)} completions: at most {MAX_COMPLETIONS} "
+                          "per call")
+    return out
+
+
+def _checked_options(options: Any, max_model_len: int) -> dict[str, Any]:
     if not isinstance(options, dict):
-        raise AccessError(400, "sampling must be a mapping of options")
+        raise AccessError(400, "sampling must be a mapping of options (or a list of one per prompt)")
     rules = {
         "n": lambda v: _int("n", v, 1, 1024),
         "temperature": lambda v: _float("temperature", v, 0.0, 100.0),
@@ -136,6 +199,7 @@ def checked_sampling(options: Any, *, max_model_len: int, requests: int) -> dict
         "max_tokens": lambda v: _int("max_tokens", v, 1, max_model_len),
         "min_tokens": lambda v: _int("min_tokens", v, 0, max_model_len),
         "logprobs": lambda v: None if v is None else _int("logprobs", v, 0, 20),
+        "prompt_logprobs": lambda v: None if v is None else _int("prompt_logprobs", v, 0, 20),
         "seed": lambda v: None if v is None else _int("seed", v, -(2**63), 2**63 - 1),
         "detokenize": lambda v: _bool("detokenize", v),
         "stop_token_ids": _stop_ids,
@@ -148,9 +212,6 @@ def checked_sampling(options: Any, *, max_model_len: int, requests: int) -> dict
     out = {name: rules[name](value) for name, value in options.items()}
     if out.get("min_tokens", 0) > out.get("max_tokens", max_model_len):
         raise AccessError(400, f"sampling option min_tokens={out['min_tokens']} is above max_tokens={out['max_tokens']}")
-    if requests * out.get("n", 1) > MAX_COMPLETIONS:
-        raise AccessError(400, f"{requests} prompts x n={out.get('n', 1)} completions: at most {MAX_COMPLETIONS} "
-                          "per call")
     return out
 
 
@@ -173,15 +234,3 @@ def _bias(value: Any) -> dict[int, float]:
             raise AccessError(400, f"sampling option logit_bias: {str(k)[:40]!r} is not a token id") from None
         out[_int("logit_bias", token, 0, 2**31 - 1)] = _float("logit_bias", v, -100.0, 100.0)
     return out
-
-
-def checked_requests(body: Any) -> list[dict]:
-    """A /generate/ body's prompts: a list of at most MAX_REQUESTS {prompt: str, images: [str]}."""
-    reqs = body.get("requests") if isinstance(body, dict) else None
-    if not isinstance(reqs, list) or not 0 < len(reqs) <= MAX_REQUESTS:
-        raise AccessError(400, f"requests must be a list of 1 to {MAX_REQUESTS} prompts")
-    for i, r in enumerate(reqs):
-        if not isinstance(r, dict) or not isinstance(r.get("prompt"), str) or not isinstance(r.get("images", []), list) \
-                or not all(isinstance(x, str) for x in r.get("images", [])):
-            raise AccessError(400, f"request {i}: {{prompt: text, images: [PNG base64]}} expected")
-    return reqs

@@ -1,4 +1,10 @@
-"""Colocate mode: vLLM in the trainer's process, built from the policy as exported at start."""
+"""Colocate mode: vLLM in the trainer's process. Under DDP or FSDP every process drives an engine of its own (vLLM
+joins the launched group as TRL's colocate does) and samples its own prompts.
+
+The engine is built from the policy's config and processor alone, on placeholder weights, and the policy's weights
+are pushed into it at once (weights.py streams them one shard unit at a time under FSDP): nothing is written to
+disk, and no process holds the unsharded policy beside vLLM's copy.
+"""
 
 from __future__ import annotations
 
@@ -8,34 +14,51 @@ from pathlib import Path
 import torch
 
 from vlm_grpo.grpo.rollout.vllm.engine import VLLMEngine
-from vlm_grpo.grpo.rollout.vllm.runtime import build_llm, check_runnable, import_vllm, llm_generate, llm_load_weights, max_model_len
-from vlm_grpo.grpo.rollout.vllm.weights import export_model
+from vlm_grpo.grpo.rollout.vllm.lora_sync import AdapterVersions
+from vlm_grpo.grpo.rollout.vllm.runtime import (
+    architecture_of, build_llm, check_runnable, import_vllm, llm_generate, llm_load_weights, max_model_len,
+    supports_lora,
+)
+from vlm_grpo.grpo.rollout.vllm.weights import export_config
+
+
+def launched_processes() -> int:
+    """How many processes the run was launched with (1 without torch.distributed)."""
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 class ColocateEngine(VLLMEngine):
-    """vLLM in the trainer's process, built from the policy as exported at start."""
-
-    def __init__(self, adapter, cfg, device: torch.device, work_dir: str | Path | None = None):
-        super().__init__(adapter, cfg)
+    def __init__(self, adapter, cfg, device: torch.device, work_dir: str | Path | None = None,
+                 root: torch.nn.Module | None = None, announce: bool = True):
         vllm = import_vllm()
         from vllm import ModelRegistry
 
         check_runnable(adapter, device, ModelRegistry.get_supported_archs())
+        super().__init__(adapter, cfg, root, lora_supported=supports_lora(architecture_of(adapter.model)))
+        if announce:
+            print(self.lora.describe(), flush=True)
         self._tmp = tempfile.TemporaryDirectory(prefix="vllm-model-", dir=work_dir)
-        export_model(adapter, self._tmp.name)
+        export_config(adapter, self._tmp.name)
         r = cfg.rollout
         self.llm = build_llm(self._tmp.name, max_model_len=max_model_len(adapter, cfg), seed=cfg.seed,
                              gpu_memory_utilization=r.vllm_gpu_memory_utilization, kvcache_gb=r.vllm_cpu_kvcache_gb,
-                             on_cpu=device.type == "cpu")
-        self.version = vllm.__version__
+                             on_cpu=device.type == "cpu", weights_later=True,
+                             max_lora_rank=self.lora.max_lora_rank if self.lora.adapter_only else 0,
+                             distributed=launched_processes() > 1)
+        self.adapters = AdapterVersions(Path(self._tmp.name) / "adapters", remove_lora=self.llm.llm_engine.remove_lora)
+        self.vllm_version = vllm.__version__
+        self.push()  # the engine started on placeholders: the policy's weights from the first rollout on
 
     def generate(self, reqs, options):
-        return llm_generate(self.llm, reqs, options)
+        return llm_generate(self.llm, reqs, options, lora_request=self.adapters.current)
 
-    def load_weights(self, items):
+    def load_weights(self, items, specs):
         llm_load_weights(self.llm, items)
+
+    def load_adapter(self, version, items, specs):
+        self.adapters.add(self.lora.config, items, version)
 
     def close(self) -> None:
         self.llm = None
         self._tmp.cleanup()
-

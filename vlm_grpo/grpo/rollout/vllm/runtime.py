@@ -78,20 +78,73 @@ def check_runnable(adapter, device: torch.device, supported: Iterable[str]) -> N
 
 
 
+WORKER_EXTENSION = "vlm_grpo.grpo.rollout.vllm.worker.WeightLoader"  # weight loads inside vLLM's workers
+PUSHED = "vlm-grpo-pushed"  # the load format of an engine whose weights the trainer pushes after it starts
+
+
+def register_pushed_format() -> None:
+    """A load format that reads no file: parameters start at zero and the trainer's first push fills them. vLLM's
+    own `dummy` format would not do: it also randomizes the buffers a model computes when it is built (rotary
+    tables, image normalization constants), which no checkpoint holds and so no push restores."""
+    from vllm.model_executor.model_loader import register_model_loader
+    from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+
+    @register_model_loader(PUSHED)
+    class PushedLater(DummyModelLoader):
+        def load_weights(self, model, model_config) -> None:
+            for layer in model.modules():
+                info = get_layerwise_info(layer)
+                if info.can_load():  # an online-quantized layer: built and processed as vLLM's dummy loader does
+                    self._process_online_quant_layer(layer, info)
+                    continue
+                for param in layer.parameters(recurse=False):
+                    param.data.zero_()  # buffers keep the values the model computed when it was built
+
+
 def build_llm(model_dir: str | Path, *, max_model_len: int, seed: int, gpu_memory_utilization: float,
-              kvcache_gb: float, on_cpu: bool):
-    """An in-process vLLM engine over a checkpoint directory (DESIGN.md's CPU recipe where there is no GPU)."""
+              kvcache_gb: float, on_cpu: bool, weights_later: bool = False, max_lora_rank: int = 0,
+              distributed: bool = False):
+    """A vLLM engine in this process over a model directory (DESIGN.md's CPU recipe where there is no GPU).
+
+    `weights_later`: the directory holds no weights (weights.export_config); vLLM starts on placeholder values and
+    the first push loads the policy's. `max_lora_rank` > 0: LoRA requests up to that rank. `distributed`: this is
+    one process of a launched group (torchrun, accelerate): vLLM joins the group as TRL's colocate mode does
+    (`external_launcher`), each process driving its own engine."""
     if on_cpu:
         cpu_environment(kvcache_gb)
+    # the engine in this process, its workers too: pushes hand them live iterators (worker.py)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     vllm = import_vllm()
     options = dict(model=str(model_dir), max_model_len=max_model_len, seed=seed,
                    logprobs_mode="processed_logprobs",  # at the sampling temperature, as the trainer's (TRL's choice)
-                   enable_prefix_caching=True)
+                   enable_prefix_caching=True, worker_extension_cls=WORKER_EXTENSION)
+    if weights_later:
+        register_pushed_format()
+        options.update(load_format=PUSHED)
+    if max_lora_rank:
+        options.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
+    if distributed:
+        options.update(distributed_executor_backend="external_launcher")
     if on_cpu:
         options.update(dtype="float32", enforce_eager=True)
     else:
         options.update(gpu_memory_utilization=gpu_memory_utilization)
     return vllm.LLM(**options)
+
+
+def supports_lora(architecture: str) -> bool:
+    """Whether vLLM's model class for `architecture` takes LoRA requests."""
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.interfaces import supports_lora as takes_lora
+
+    registered = ModelRegistry.models.get(architecture)
+    if registered is None:
+        return False
+    try:
+        return bool(takes_lora(registered.load_model_cls()))
+    except Exception:  # a model class that does not import here cannot run LoRA here either
+        return False
 
 
 def max_model_len(adapter, cfg) -> int:
@@ -101,18 +154,24 @@ def max_model_len(adapter, cfg) -> int:
     return int(min(getattr(text, "max_position_embeddings", 4096) or 4096, 4096))
 
 
-def llm_generate(llm, reqs: list[dict], options: dict) -> list[dict]:
+def llm_generate(llm, reqs: list[dict], options: dict | list[dict], lora_request=None) -> list[dict]:
+    """vLLM's answers to `reqs`, sampled with one set of `options` for all, or a list of one per request."""
     from vllm import SamplingParams
 
     from vlm_grpo.grpo.rollout.vllm.requests import output_results
 
-    return output_results(llm.generate(reqs, SamplingParams(**options), use_tqdm=False))
+    params = [SamplingParams(**o) for o in options] if isinstance(options, list) else SamplingParams(**options)
+    return output_results(llm.generate(reqs, params, use_tqdm=False, lora_request=lora_request))
 
 
-def llm_load_weights(llm, items: list[tuple[str, torch.Tensor]]) -> None:
-    """Weights into the running engine, in place; then no cached prefix or image encoding of the old weights."""
-    llm.collective_rpc(lambda worker: worker.reload_weights(weights_iterator=iter(items)))
+def llm_load_weights(llm, items: Iterable[tuple[str, torch.Tensor]]) -> int:
+    """Weights into the running engine, in place, as they come (worker.py); then no cached prefix or image encoding
+    of the old weights. Returns how many tensors were loaded."""
+    counts = llm.collective_rpc("vlm_grpo_load", args=(items,))
+    reset_caches(llm)
+    return int(counts[0])
+
+
+def reset_caches(llm) -> None:
     llm.reset_prefix_cache()
     llm.llm_engine.reset_encoder_cache()
-
-
