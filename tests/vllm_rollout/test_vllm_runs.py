@@ -1,17 +1,13 @@
 """GRPO runs with vLLM rollouts, each in its own process (one vLLM engine per process): a TRL user's settings in
-colocate mode, a resume, server mode against `vlm-grpo vllm-serve`, and a server that refuses a mismatched trainer."""
+colocate mode, a resume, server mode against `vlm-grpo vllm-serve` (the session's server, conftest.py), and a server
+that refuses a mismatched trainer."""
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
-
-import pytest
 
 MODEL = ["--model", "preset:qwen2_5_vl_vllm_tiny", "--model.dtype", "float32"]
 QUIET = ["--logging.progress", "false", "--guard.audit_at_start", "false", "--guard.reliance_every", "0"]
@@ -66,36 +62,6 @@ def test_trl_settings_run_colocate_and_resume(tmp_path):
     _train("--config", str(config), "--output-dir", str(run), "--max-steps", "4", "--resume", "true")
     rows = _metrics(run)
     _check_vllm_steps(rows, [1, 2, 3, 4])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    port = _free_port()
-    log = tmp_path_factory.mktemp("server") / "log.txt"  # a file, not a pipe: vLLM's log would fill a pipe
-    proc = subprocess.Popen([sys.executable, "-m", "vlm_grpo.cli", "vllm-serve", "--model", "preset:qwen2_5_vl_vllm_tiny",
-                             "--dtype", "float32", "--port", str(port)], stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env=os.environ.copy())
-    deadline = time.time() + 300
-    while True:
-        try:
-            health = urllib.request.Request(f"http://127.0.0.1:{port}/health/",
-                                            headers={"Authorization": f"Bearer {os.environ['VLM_GRPO_VLLM_KEY']}"})
-            urllib.request.urlopen(health, timeout=2).read()
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                pytest.fail(f"vllm-serve did not come up: {log.read_text()[-3000:]}")
-            time.sleep(1)
-    yield port
-    proc.terminate()
-    proc.wait(timeout=30)
 
 
 def test_server_mode_runs_three_steps(server, tmp_path):
