@@ -88,6 +88,18 @@ def test_merged_stream_of_a_model_without_lora_is_its_state_dict(family):
     assert not PolicyWeights(model).has_lora
 
 
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "hybrid_llava"])
+def test_a_tied_tensor_is_streamed_under_each_of_its_names(family):
+    """Tied input and output embeddings (Qwen2.5-VL-3B's, SmolLM2's) are one tensor, streamed under both names: vLLM
+    reloads its head only when lm_head.weight arrives (without it the head stays as it was, test_vllm_engine.py)."""
+    model = tiny(family).model
+    model.lm_head.weight = model.get_input_embeddings().weight
+    want = model.state_dict()
+    assert "lm_head.weight" in want
+    assert_same(streamed(model), dict(want), family)
+    assert [s.name for s in PolicyWeights(model).specs()] == list(want)
+
+
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "idefics3", "internvl"])
 def test_lora_parts_equal_peft_merge_base_and_saved_adapter(family):
     from peft import get_peft_model_state_dict

@@ -190,3 +190,31 @@ def test_what_vllm_cannot_run_is_refused():
     twin.model.config.architectures = ["NotAVisionModel"]
     with pytest.raises(ValueError, match="is not a model vLLM runs; families it runs: .*qwen2_5_vl"):
         check_runnable(twin, torch.device("cpu"), supported)
+
+
+def test_tied_embeddings_reach_vllm_s_head(tmp_path):
+    """A model whose head is its input embedding (Qwen2.5-VL-3B's): vLLM ties its head to the embedding, but on this
+    CPU reloads the head only when lm_head.weight itself arrives; the push sends the shared tensor under both names,
+    so after an update the engine answers as the trainer (with the embedding alone its head stayed as built: greedy
+    tokens of the old weights, or id 0 from an engine started on zeros)."""
+    adapter = _adapter(seed=2)
+    model = adapter.model
+    model.lm_head.weight = model.get_input_embeddings().weight
+    for config in (model.config, model.config.get_text_config()):
+        config.tie_word_embeddings = True
+    llm = build_llm(export_model(adapter, tmp_path), max_model_len=512, seed=0, gpu_memory_utilization=0.3,
+                    kvcache_gb=1, on_cpu=True)
+    try:
+        before = [r["completions"][0]["token_ids"] for r in _greedy(llm, adapter, _samples())]
+        torch.manual_seed(5)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        items = pushed_weights(model)
+        assert "lm_head.weight" in {n for n, _ in items}
+        llm_load_weights(llm, items)
+        results = _greedy(llm, adapter, _samples())
+        assert [r["completions"][0]["token_ids"] for r in results] != before  # the update changed the answers
+        _assert_greedy_agrees(adapter, _samples(), results)
+    finally:
+        del llm

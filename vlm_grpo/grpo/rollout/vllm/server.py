@@ -687,8 +687,10 @@ def serve(adapter, *, host: str, port: int, max_model_len: int, seed: int, gpu_m
           kvcache_gb: float, device: torch.device, key: str, read_timeout: float = READ_TIMEOUT,
           keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
           max_lora_rank: int = 0, work_dir: str | None = None) -> None:
-    """Export `adapter`'s model, build the engine and serve until interrupted, answering only requests that carry
-    `key`. `max_lora_rank` > 0: trainers may push LoRA adapters up to that rank instead of merged weights."""
+    """Export `adapter`'s model (then released: the engine holds the weights), build the engine and serve until
+    interrupted, answering only requests that carry `key`. `max_lora_rank` > 0: trainers may push LoRA adapters up to
+    that rank instead of merged weights."""
+    import gc
     import tempfile
     from pathlib import Path
 
@@ -702,13 +704,16 @@ def serve(adapter, *, host: str, port: int, max_model_len: int, seed: int, gpu_m
     engine_thread = ThreadPoolExecutor(1, thread_name_prefix="vllm-engine")
     with tempfile.TemporaryDirectory(prefix="vllm-serve-", dir=work_dir) as tmp:
         export_model(adapter, Path(tmp) / "model")
+        shapes = {spec.name: spec.shape for spec in PolicyWeights(adapter.model).specs()}
+        architecture = architecture_of(adapter.model)
+        adapter.model = None  # vLLM holds the weights from here on: not a second copy for as long as it serves
+        gc.collect()
         llm = engine_thread.submit(build_llm, Path(tmp) / "model", max_model_len=max_model_len, seed=seed,
                                    gpu_memory_utilization=gpu_memory_utilization, kvcache_gb=kvcache_gb,
                                    on_cpu=device.type == "cpu", max_lora_rank=max_lora_rank).result()
-        shapes = {spec.name: spec.shape for spec in PolicyWeights(adapter.model).specs()}
         adapters = AdapterVersions(Path(tmp) / "adapters", remove_lora=llm.llm_engine.remove_lora) \
             if max_lora_rank else None
-        state = VLLMServer(adapter.source or tmp, architecture_of(adapter.model), shapes, llm, key=key,
+        state = VLLMServer(adapter.source or tmp, architecture, shapes, llm, key=key,
                            max_model_len=max_model_len, vllm_version=vllm.__version__, engine_thread=engine_thread,
                            adapters=adapters, max_lora_rank=max_lora_rank, group_host=host,
                            device="cuda" if device.type == "cuda" else "cpu")
