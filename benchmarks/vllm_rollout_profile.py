@@ -24,9 +24,9 @@ import torch
 from vlm_grpo.bench.runners import _samples
 from vlm_grpo.bench.settings import BenchSettings
 from vlm_grpo.grpo.rollout.generation import rollout
-from vlm_grpo.grpo.rollout.vllm_engine import (
-    build_llm, export_model, llm_generate, max_model_len, requests, sampling_options,
-)
+from vlm_grpo.grpo.rollout.vllm.requests import requests, sampling_options
+from vlm_grpo.grpo.rollout.vllm.runtime import build_llm, llm_generate, max_model_len, reset_caches
+from vlm_grpo.grpo.rollout.vllm.weights import export_model
 from vlm_grpo.loader import load_model
 
 # vLLM 0.32's stages of LLM.generate, by function name (file, function): cumulative seconds under cProfile
@@ -98,9 +98,8 @@ def main() -> None:
         print(f"vLLM engine build: {time.perf_counter() - started:.1f} s; torch threads after it: {torch.get_num_threads()}")
         options = sampling_options(adapter, gen, g, seed=0)
 
-        def after_push():  # the caches as a weight push leaves them (rollout/vllm_engine.py, llm_load_weights)
-            llm.reset_prefix_cache()
-            llm.llm_engine.reset_encoder_cache()
+        def after_push():  # the caches as a weight push leaves them (rollout/vllm/runtime.py, llm_load_weights)
+            reset_caches(llm)
 
         variants = {"log-probs on, detokenized": {"detokenize": True},
                     "log-probs off, detokenized": {"detokenize": True, "logprobs": None},
