@@ -246,3 +246,27 @@ def test_the_transformers_engine_keeps_no_engine_logps_and_vllm_settings_take_to
     assert ro.sampling_logps is None and ro.tool_mask is not None
     cfg = TrainConfig(rollout={"engine": "vllm"}, tools={"environment": "tests.grpo.tool_scripts:CropEnvironment"})
     assert cfg.rollout.uses_vllm and cfg.tools.environment  # settled, not refused
+
+
+@pytest.mark.parametrize("rollout, tools, named", [
+    ({"vllm_mode": "server"}, {}, "is colocate's: vlm-grpo vllm-serve runs its engine in one process"),
+    ({}, {"environment": "tests.grpo.tool_scripts:CropEnvironment"}, "an engine's tensor-parallel ranks must sample "
+                                                                     "together: use 1 with tools"),
+])
+def test_tensor_parallel_vllm_is_refused_where_its_ranks_cannot_sample_together(rollout, tools, named):
+    from vlm_grpo.grpo.setting_fields import SettingError
+
+    with pytest.raises(SettingError, match="rollout.vllm_tensor_parallel_size") as refused:
+        TrainConfig(rollout={"engine": "vllm", "vllm_tensor_parallel_size": 2, **rollout}, tools=tools)
+    assert named in str(refused.value)
+    assert TrainConfig(rollout={"engine": "vllm", "vllm_tensor_parallel_size": 2}).rollout.vllm_tensor_parallel_size == 2
+
+
+def test_a_recipe_with_tools_is_refused_tensor_parallel_vllm_before_any_step(tmp_path, capsys):
+    from vlm_grpo.cli import main
+
+    code = main(["train", "--model", "tiny:qwen2_5_vl", "--recipe", "zoom", "--use_vllm", "true",
+                 "--vllm_tensor_parallel_size", "2", "--max-steps", "1", "--output-dir", str(tmp_path / "run")])
+    assert code != 0
+    assert "rollout.vllm_tensor_parallel_size" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -41,7 +41,9 @@ class RolloutConfig:
                                          above=0.0, at_most=1e5)
     vllm_max_model_length: int | None = setting(None, help="vLLM's context length (None: the model's, at most "
                                                 "4096)", at_least=16, at_most=10_000_000)
-    vllm_tensor_parallel_size: int = setting(1, help="vLLM processes per engine (one here)", at_least=1, at_most=1)
+    vllm_tensor_parallel_size: int = setting(1, help="colocate: processes per vLLM engine, its tensor-parallel "
+                                             "ranks (k consecutive launched processes drive one engine together)",
+                                             at_least=1, at_most=1024)
     vllm_server_base_url: str | None = setting(None, resume="honoured", help="server mode: the server's URL (None: from host and port)")
     vllm_server_host: str = setting("127.0.0.1", resume="honoured", help="server mode: the server's host")
     vllm_server_port: int = setting(8000, resume="honoured", help="server mode: the server's port", at_least=1, at_most=65535)

@@ -310,6 +310,10 @@ class EvalConfig:
         check_fields(self)
 
 
+TP_WITH_TOOLS = ("tool rollouts take as many turns as each process's rows need, while an engine's tensor-parallel "
+                 "ranks must sample together: use 1 with tools (or tools.recipe_tools false)")
+
+
 @dataclass
 class TrainConfig:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -398,6 +402,12 @@ class TrainConfig:
         if self.rollout.vllm_lora_sync == "adapter" and self.lora.r == 0:
             raise SettingError("rollout.vllm_lora_sync", "adapter sends a LoRA adapter alone, and this run has none "
                                "(lora.r 0): use auto")
+        if self.rollout.vllm_tensor_parallel_size > 1:
+            if self.rollout.vllm_mode == "server":
+                raise SettingError("rollout.vllm_tensor_parallel_size", "is colocate's: vlm-grpo vllm-serve runs its "
+                                   "engine in one process (one GPU); use vllm_mode colocate, or 1")
+            if self.tools.tools or self.tools.environment:  # a recipe's own tools: refused where the recipe is known
+                raise SettingError("rollout.vllm_tensor_parallel_size", TP_WITH_TOOLS)
         if self.loss.loss_type == "vespo" and self.rollout.vllm_importance_sampling_correction:
             raise SettingError("rollout.vllm_importance_sampling_correction", "vespo folds the vLLM ratio into its "
                                "own weight, which is not done here: set it false, or use another loss_type")

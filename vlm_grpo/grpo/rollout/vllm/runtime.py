@@ -104,13 +104,14 @@ def register_pushed_format() -> None:
 
 def build_llm(model_dir: str | Path, *, max_model_len: int, seed: int, gpu_memory_utilization: float,
               kvcache_gb: float, on_cpu: bool, weights_later: bool = False, max_lora_rank: int = 0,
-              distributed: bool = False):
+              distributed: bool = False, tensor_parallel_size: int = 1):
     """A vLLM engine in this process over a model directory (DESIGN.md's CPU recipe where there is no GPU).
 
     `weights_later`: the directory holds no weights (weights.export_config); vLLM starts on placeholder values and
     the first push loads the policy's. `max_lora_rank` > 0: LoRA requests up to that rank. `distributed`: this is
     one process of a launched group (torchrun, accelerate): vLLM joins the group as TRL's colocate mode does
-    (`external_launcher`), each process driving its own engine."""
+    (`external_launcher`), each process driving its own engine, or with `tensor_parallel_size` k, each k consecutive
+    processes one engine together."""
     if on_cpu:
         cpu_environment(kvcache_gb)
     # the engine in this process, its workers too: pushes hand them live iterators (worker.py)
@@ -125,7 +126,7 @@ def build_llm(model_dir: str | Path, *, max_model_len: int, seed: int, gpu_memor
     if max_lora_rank:
         options.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
     if distributed:
-        options.update(distributed_executor_backend="external_launcher")
+        options.update(distributed_executor_backend="external_launcher", tensor_parallel_size=tensor_parallel_size)
     if on_cpu:
         options.update(dtype="float32", enforce_eager=True)
     else:
