@@ -93,23 +93,26 @@ def main() -> None:
         params = sum(p.numel() for p in adapter.model.parameters())
         server = None
         with tempfile.TemporaryDirectory() as tmp:
-            for transport in args.transports:
-                if transport != "colocate" and server is None:
-                    server = start_server(model, args.dtype, Path(args.server_log or Path(tmp) / "server.log"))
-                engine = open_engine(adapter, transport, server[1] if server else None, device)
-                try:
-                    nbytes = sum(torch.Size(s.shape).numel() * s.dtype.itemsize for s in engine.weights.specs())
-                    times = timed_pushes(engine, args.pushes)
-                finally:
-                    engine.close()
-                median = statistics.median(times)
-                row = (f"| {model} | {params / 1e6:.1f}M | {nbytes / 2**20:.1f} MiB | {transport} | {median:.3f} s | "
-                       f"{nbytes / 2**30 / median:.2f} GiB/s | {', '.join(f'{t:.3f}' for t in times)} |")
-                print(row, flush=True)
-                rows.append(row)
-            if server is not None:
-                server[0].terminate()
-                server[0].wait(timeout=60)
+            try:
+                for transport in args.transports:
+                    if transport != "colocate" and server is None:
+                        server = start_server(model, args.dtype, Path(args.server_log or Path(tmp) / "server.log"))
+                    engine = open_engine(adapter, transport, server[1] if server else None, device)
+                    try:
+                        nbytes = sum(torch.Size(s.shape).numel() * s.dtype.itemsize for s in engine.weights.specs())
+                        times = timed_pushes(engine, args.pushes)
+                    finally:
+                        engine.close()
+                    median = statistics.median(times)
+                    row = (f"| {model} | {params / 1e6:.1f}M | {nbytes / 2**20:.1f} MiB | {transport} | "
+                           f"{median:.3f} s | {nbytes / 2**30 / median:.2f} GiB/s | "
+                           f"{', '.join(f'{t:.3f}' for t in times)} |")
+                    print(row, flush=True)
+                    rows.append(row)
+            finally:  # a failed row must not leave the server holding the machine's memory
+                if server is not None:
+                    server[0].terminate()
+                    server[0].wait(timeout=60)
         del adapter
     print("\n| model | parameters | pushed | transport | median push | rate | pushes (s) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")

@@ -402,3 +402,21 @@ def test_a_whole_push_clears_the_servers_adapter(tmp_path):
     state.load_adapter(*state.check_adapter(1, {"r": 2}), matrix)
     assert state.adapter_request(1).lora_int_id == 1
     state.close()
+
+
+def test_a_tensor_parallel_server_takes_no_http_push_and_the_trainer_is_told_first(monkeypatch):
+    """An engine in several worker processes cannot take a streamed push (vLLM pickles a call's arguments to them):
+    the route refuses it before the engine is touched, and a trainer on HTTP is refused at the handshake."""
+    patch_generate(monkeypatch)
+    state = stand_in_state()
+    state.info["workers"] = 2
+    running = Running(state)
+    try:
+        status, answer = call(running.url, "/update_weights/", b"".join(weight_frames(pushed_weights(TinyPolicy()))),
+                              content_type="application/octet-stream")
+        assert status == 409 and "runs in 2 worker processes" in answer["error"], answer
+        assert state.llm.reloads == 0
+        with pytest.raises(ValueError, match="rollout.vllm_weight_transport distributed"):
+            trainer(monkeypatch, running.url)
+    finally:
+        running.stop()

@@ -249,7 +249,7 @@ def test_the_transformers_engine_keeps_no_engine_logps_and_vllm_settings_take_to
 
 
 @pytest.mark.parametrize("rollout, tools, named", [
-    ({"vllm_mode": "server"}, {}, "is colocate's: vlm-grpo vllm-serve runs its engine in one process"),
+    ({"vllm_mode": "server"}, {}, "is colocate's: a server's engine is as wide as"),
     ({}, {"environment": "tests.grpo.tool_scripts:CropEnvironment"}, "an engine's tensor-parallel ranks must sample "
                                                                      "together: use 1 with tools"),
 ])

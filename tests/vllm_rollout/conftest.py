@@ -27,15 +27,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory):
-    """One `vlm-grpo vllm-serve` for the session's server-mode runs (LoRA adapters up to rank 8 too); its port. Each
-    run pushes its whole model (or its base) first, so runs do not see each other's weights."""
+def serving(tmp_path_factory, *flags: str, env: dict[str, str] | None = None):
+    """`vlm-grpo vllm-serve` on the vLLM preset with `flags` (and `env` added to the environment), until the generator
+    is closed; yields its port."""
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "log.txt"  # a file, not a pipe: vLLM's log would fill a pipe
     proc = subprocess.Popen([sys.executable, "-m", "vlm_grpo.cli", "vllm-serve", "--model", "preset:qwen2_5_vl_vllm_tiny",
-                             "--dtype", "float32", "--port", str(port), "--enable-lora", "--max-lora-rank", "8"],
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=os.environ.copy())
+                             "--dtype", "float32", "--port", str(port), *flags],
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     deadline = time.time() + 300
     while True:
         try:
@@ -51,3 +50,19 @@ def server(tmp_path_factory):
     yield port
     proc.terminate()
     proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """One `vlm-grpo vllm-serve` for the session's server-mode runs (LoRA adapters up to rank 8 too); its port. Each
+    run pushes its whole model (or its base) first, so runs do not see each other's weights."""
+    yield from serving(tmp_path_factory, "--enable-lora", "--max-lora-rank", "8")
+
+
+@pytest.fixture(scope="module")
+def tensor_parallel_server(tmp_path_factory):
+    """A server whose engine runs in 2 tensor-parallel worker processes. vLLM's CPU workers bind their threads to a
+    NUMA node each unless told which cores to take: this machine has one node, so each worker is given a core."""
+    cores = sorted(os.sched_getaffinity(0))
+    bind = "|".join(str(cores[i % len(cores)]) for i in range(2))
+    yield from serving(tmp_path_factory, "--tensor-parallel-size", "2", env={"VLLM_CPU_OMP_THREADS_BIND": bind})

@@ -124,3 +124,19 @@ def test_fsdp2_colocate_tensor_parallel_two_processes_drive_one_engine(tmp_path)
                str(run), processes=2)
     assert "vllm: one engine over 2 processes (tensor parallel)" in out.stdout  # vLLM's own group says 2
     _assert_synced(_metrics(run), [1, 2])
+
+
+def test_a_tensor_parallel_server_takes_weights_over_the_group_and_refuses_http(tensor_parallel_server, tmp_path):
+    """Two vLLM worker processes receive each broadcast as ranks 0 and 1 of the weight group (the trainer is rank 2)
+    and each loads its slice. HTTP cannot reach workers in other processes (vLLM pickles a call's arguments): the
+    trainer is refused at the handshake, before it sends a tensor, naming the transport to use."""
+    run = tmp_path / "run"
+    _run(*_server(tensor_parallel_server, "distributed"), "--max-steps", "2", "--output-dir", str(run))
+    _assert_synced(_metrics(run), [1, 2])
+    refused = subprocess.run([sys.executable, "-m", "vlm_grpo.cli", "train", *MODEL, *QUIET, *FAST,
+                              *_server(tensor_parallel_server, "http"), "--max-steps", "1",
+                              "--output-dir", str(tmp_path / "http")], capture_output=True, text=True, timeout=300,
+                             env=os.environ.copy())
+    assert refused.returncode != 0
+    assert "runs in 2 worker processes" in refused.stderr and "vllm_weight_transport distributed" in refused.stderr, \
+        refused.stderr[-2000:]

@@ -25,6 +25,8 @@ def add_parser(sub) -> None:
     p.add_argument("--max-connections", type=_count, default=64, help="open connections at most; past it, the one "
                    "that has waited longest for its request head is closed (default 64; the process's open-file "
                    "limit is raised to fit, or the start refused)")
+    p.add_argument("--tensor-parallel-size", type=_count, default=1, help="the engine over this many GPUs (vLLM's "
+                   "worker processes); trainers then push weights over rollout.vllm_weight_transport distributed")
     p.add_argument("--enable-lora", action="store_true", help="take LoRA adapters from trainers (sent alone, applied "
                    "per request) instead of merged weights; their rank up to --max-lora-rank")
     p.add_argument("--max-lora-rank", type=int, default=64, choices=MAX_RANKS, metavar="R",
@@ -78,5 +80,6 @@ def run(args) -> int:
     serve(adapter, host=args.host, port=args.port, max_model_len=max_model_len(adapter, cfg), seed=args.seed,
           gpu_memory_utilization=args.gpu_memory_utilization, kvcache_gb=args.kvcache_gb, device=device, key=key,
           read_timeout=args.read_timeout, keep_alive_timeout=args.keep_alive_timeout,
-          max_connections=args.max_connections, max_lora_rank=args.max_lora_rank if args.enable_lora else 0)
+          max_connections=args.max_connections, max_lora_rank=args.max_lora_rank if args.enable_lora else 0,
+          tensor_parallel_size=args.tensor_parallel_size)
     return 0

@@ -404,8 +404,8 @@ class TrainConfig:
                                "(lora.r 0): use auto")
         if self.rollout.vllm_tensor_parallel_size > 1:
             if self.rollout.vllm_mode == "server":
-                raise SettingError("rollout.vllm_tensor_parallel_size", "is colocate's: vlm-grpo vllm-serve runs its "
-                                   "engine in one process (one GPU); use vllm_mode colocate, or 1")
+                raise SettingError("rollout.vllm_tensor_parallel_size", "is colocate's: a server's engine is as "
+                                   "wide as `vlm-grpo vllm-serve --tensor-parallel-size` made it; leave it 1 here")
             if self.tools.tools or self.tools.environment:  # a recipe's own tools: refused where the recipe is known
                 raise SettingError("rollout.vllm_tensor_parallel_size", TP_WITH_TOOLS)
         if self.loss.loss_type == "vespo" and self.rollout.vllm_importance_sampling_correction:

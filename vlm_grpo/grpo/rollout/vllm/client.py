@@ -30,7 +30,7 @@ from vlm_grpo.grpo.rollout.vllm.engine import PROTOCOL, VLLMEngine
 from vlm_grpo.grpo.rollout.vllm.runtime import architecture_of
 from vlm_grpo.grpo.rollout.vllm.transport import WeightGroup, join_group
 from vlm_grpo.grpo.rollout.vllm.weights import TensorSpec, model_signature
-from vlm_grpo.grpo.rollout.vllm.wire import ServerMismatch, request_json, weight_frames
+from vlm_grpo.grpo.rollout.vllm.wire import STREAM_NEEDS_ONE_WORKER, ServerMismatch, request_json, weight_frames
 
 
 class ServerUnproven(RuntimeError):
@@ -66,6 +66,9 @@ class ServerEngine(VLLMEngine):
                          max_lora_rank=int(lora["max_rank"]) if lora else 0)
         if announce:
             print(self.lora.describe(), flush=True)
+        if int(self.info.get("workers", 1)) > 1 and r.vllm_weight_transport == "http":
+            raise ValueError(f"the vLLM server at {self.url}: "
+                             + STREAM_NEEDS_ONE_WORKER.format(workers=self.info["workers"]))
         self.sends = _process_index() == 0  # the main process pushes; every process samples
         self.group: WeightGroup | None = None
         if self.sends and r.vllm_weight_transport == "distributed":

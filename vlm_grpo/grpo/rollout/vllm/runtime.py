@@ -111,7 +111,7 @@ def build_llm(model_dir: str | Path, *, max_model_len: int, seed: int, gpu_memor
     the first push loads the policy's. `max_lora_rank` > 0: LoRA requests up to that rank. `distributed`: this is
     one process of a launched group (torchrun, accelerate): vLLM joins the group as TRL's colocate mode does
     (`external_launcher`), each process driving its own engine, or with `tensor_parallel_size` k, each k consecutive
-    processes one engine together."""
+    processes one engine together; not distributed, k > 1 starts k worker processes of vLLM's own (a server)."""
     if on_cpu:
         cpu_environment(kvcache_gb)
     # the engine in this process, its workers too: pushes hand them live iterators (worker.py)
@@ -125,8 +125,10 @@ def build_llm(model_dir: str | Path, *, max_model_len: int, seed: int, gpu_memor
         options.update(load_format=PUSHED)
     if max_lora_rank:
         options.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
+    if tensor_parallel_size > 1:
+        options.update(tensor_parallel_size=tensor_parallel_size)
     if distributed:
-        options.update(distributed_executor_backend="external_launcher", tensor_parallel_size=tensor_parallel_size)
+        options.update(distributed_executor_backend="external_launcher")
     if on_cpu:
         options.update(dtype="float32", enforce_eager=True)
     else:

@@ -58,7 +58,8 @@ from vlm_grpo.grpo.rollout.vllm.lora_sync import AdapterVersions
 from vlm_grpo.grpo.rollout.vllm.runtime import architecture_of, build_llm, llm_generate, llm_load_weights, reset_caches
 from vlm_grpo.grpo.rollout.vllm.transport import BACKENDS
 from vlm_grpo.grpo.rollout.vllm.weights import PolicyWeights, TensorSpec, signature
-from vlm_grpo.grpo.rollout.vllm.wire import ByteStream, ServerMismatch, native_requests, read_weights
+from vlm_grpo.grpo.rollout.vllm.wire import STREAM_NEEDS_ONE_WORKER, ByteStream, ServerMismatch, native_requests, \
+    read_weights
 
 log = logging.getLogger(__name__)
 
@@ -360,6 +361,8 @@ async def generate(state: VLLMServer, request: Request) -> dict:
 async def update_weights(state: VLLMServer, request: Request) -> dict:
     stream = ByteStream(request.stream())
     try:
+        if state.info["workers"] > 1:
+            raise AccessError(409, STREAM_NEEDS_ONE_WORKER.format(workers=state.info["workers"]))
         return {"updated": await state.push_weights(read_weights(stream, state.check_tensor))}
     except Exception as err:
         if not (isinstance(err, AccessError) and err.status == 408):
@@ -686,10 +689,11 @@ def fit_file_limit(max_connections: int) -> None:
 def serve(adapter, *, host: str, port: int, max_model_len: int, seed: int, gpu_memory_utilization: float,
           kvcache_gb: float, device: torch.device, key: str, read_timeout: float = READ_TIMEOUT,
           keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
-          max_lora_rank: int = 0, work_dir: str | None = None) -> None:
+          max_lora_rank: int = 0, work_dir: str | None = None, tensor_parallel_size: int = 1) -> None:
     """Export `adapter`'s model (then released: the engine holds the weights), build the engine and serve until
     interrupted, answering only requests that carry `key`. `max_lora_rank` > 0: trainers may push LoRA adapters up to
-    that rank instead of merged weights."""
+    that rank instead of merged weights. `tensor_parallel_size` k: the engine runs in k worker processes (vLLM's own
+    executor), which then take weights over the torch.distributed transport only."""
     import gc
     import tempfile
     from pathlib import Path
@@ -710,18 +714,20 @@ def serve(adapter, *, host: str, port: int, max_model_len: int, seed: int, gpu_m
         gc.collect()
         llm = engine_thread.submit(build_llm, Path(tmp) / "model", max_model_len=max_model_len, seed=seed,
                                    gpu_memory_utilization=gpu_memory_utilization, kvcache_gb=kvcache_gb,
-                                   on_cpu=device.type == "cpu", max_lora_rank=max_lora_rank).result()
+                                   on_cpu=device.type == "cpu", max_lora_rank=max_lora_rank,
+                                   tensor_parallel_size=tensor_parallel_size).result()
         adapters = AdapterVersions(Path(tmp) / "adapters", remove_lora=llm.llm_engine.remove_lora) \
             if max_lora_rank else None
         state = VLLMServer(adapter.source or tmp, architecture, shapes, llm, key=key,
                            max_model_len=max_model_len, vllm_version=vllm.__version__, engine_thread=engine_thread,
                            adapters=adapters, max_lora_rank=max_lora_rank, group_host=host,
-                           device="cuda" if device.type == "cuda" else "cpu")
+                           device="cuda" if device.type == "cuda" else "cpu", workers=tensor_parallel_size)
         fit_file_limit(max_connections)
         server = http_server(state, host, port, read_timeout=read_timeout, keep_alive_timeout=keep_alive_timeout,
                              max_connections=max_connections)
         print(f"vllm-serve: {state.info['architecture']} ({state.info['model']}) on http://{host}:{port}"
-              + (f", LoRA adapters up to rank {max_lora_rank}" if max_lora_rank else ""), flush=True)
+              + (f", LoRA adapters up to rank {max_lora_rank}" if max_lora_rank else "")
+              + (f", {tensor_parallel_size} tensor-parallel workers" if tensor_parallel_size > 1 else ""), flush=True)
         try:
             server.run()
         finally:

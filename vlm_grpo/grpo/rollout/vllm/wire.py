@@ -32,6 +32,11 @@ MAX_PIXELS = 2**26  # one image or frame (PIL's own bomb guard starts at 89 M)
 MAX_DECODED_BYTES = 2**31  # decoded pixels in one /generate/ call: PNG compresses, the engine gets the pixels
 MAX_HEADER_BYTES = 2**16  # one weight frame's JSON header
 MAX_TENSOR_BYTES = 2**36  # one pushed tensor when no model shape bounds it
+# vLLM pickles a call's arguments to workers in other processes (tensor parallel): a stream cannot reach them
+STREAM_NEEDS_ONE_WORKER = ("this server's engine runs in {workers} worker processes (vllm-serve "
+                           "--tensor-parallel-size), and vLLM hands its workers a call's arguments pickled, so weights "
+                           "cannot stream to them over HTTP without the whole model in memory at once: train with "
+                           "rollout.vllm_weight_transport distributed")
 SEND_CHUNK = 4 * 2**20  # the client hands the socket at most this many bytes of a tensor at once
 FRAME_LENGTH = struct.Struct("<Q")
 DTYPES = {str(d).removeprefix("torch."): d for d in (
