@@ -248,25 +248,58 @@ def test_the_transformers_engine_keeps_no_engine_logps_and_vllm_settings_take_to
     assert cfg.rollout.uses_vllm and cfg.tools.environment  # settled, not refused
 
 
-@pytest.mark.parametrize("rollout, tools, named", [
-    ({"vllm_mode": "server"}, {}, "is colocate's: a server's engine is as wide as"),
-    ({}, {"environment": "tests.grpo.tool_scripts:CropEnvironment"}, "an engine's tensor-parallel ranks must sample "
-                                                                     "together: use 1 with tools"),
-])
-def test_tensor_parallel_vllm_is_refused_where_its_ranks_cannot_sample_together(rollout, tools, named):
+def test_tensor_parallel_vllm_is_colocate_s_and_takes_tools():
     from vlm_grpo.grpo.setting_fields import SettingError
 
     with pytest.raises(SettingError, match="rollout.vllm_tensor_parallel_size") as refused:
-        TrainConfig(rollout={"engine": "vllm", "vllm_tensor_parallel_size": 2, **rollout}, tools=tools)
-    assert named in str(refused.value)
-    assert TrainConfig(rollout={"engine": "vllm", "vllm_tensor_parallel_size": 2}).rollout.vllm_tensor_parallel_size == 2
+        TrainConfig(rollout={"engine": "vllm", "vllm_tensor_parallel_size": 2, "vllm_mode": "server"})
+    assert "is colocate's: a server's engine is as wide as" in str(refused.value)
+    cfg = TrainConfig(rollout={"engine": "vllm", "vllm_tensor_parallel_size": 2},
+                      tools={"environment": "tests.grpo.tool_scripts:CropEnvironment"})
+    assert cfg.rollout.vllm_tensor_parallel_size == 2 and cfg.tools.environment
 
 
-def test_a_recipe_with_tools_is_refused_tensor_parallel_vllm_before_any_step(tmp_path, capsys):
-    from vlm_grpo.cli import main
+def test_processes_sampling_together_take_every_tool_round_together(adapter):
+    """Two ranks of one tensor-parallel engine (a real 2-member gloo group, a thread each): rank 0's rows call the
+    crop tool, rank 1's answer at once. Rank 1 still takes rank 0's second round, with no rows (an engine's ranks
+    must all be asked), and both rollouts equal what each rank samples alone."""
+    import threading
 
-    code = main(["train", "--model", "tiny:qwen2_5_vl", "--recipe", "zoom", "--use_vllm", "true",
-                 "--vllm_tensor_parallel_size", "2", "--max-steps", "1", "--output-dir", str(tmp_path / "run")])
-    assert code != 0
-    assert "rollout.vllm_tensor_parallel_size" in capsys.readouterr().err
-    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    import torch.distributed as dist
+
+    scripts = [crop_first, lambda r: "No tool needed: 5"]
+
+    def rollout_on(rank: int, group) -> tuple[list, object]:
+        stand_in = StandIn(adapter, scripts[rank])
+        samples = [Sample(user_turn("What is in the box?"), [picture(i)], {}) for i in range(2)]
+        fmt = ChatFormat(adapter)
+        session = Toolset((), CropEnvironment).start(samples, G).format(fmt)
+        prompts = encode(adapter, samples, "cpu", session)
+        torch.manual_seed(0)
+        engine = SimpleNamespace(adapter=adapter, generate=stand_in.generate, tp_group=group)
+        ro = VLLMEngine.rollout(engine, samples, prompts, _gen(), G, "cpu", session, fmt)
+        return stand_in.calls, ro
+
+    alone = [rollout_on(rank, None) for rank in range(2)]
+    store, together, failures = dist.HashStore(), [None, None], []
+
+    def member(rank: int) -> None:
+        try:
+            options = dist.ProcessGroupGloo._Options()
+            options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+            together[rank] = rollout_on(rank, dist.ProcessGroupGloo(store, rank, 2, options))
+        except Exception as err:  # noqa: BLE001 - re-raised below
+            failures.append(err)
+
+    threads = [threading.Thread(target=member, args=(rank,)) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not failures and all(not t.is_alive() for t in threads), failures
+    assert [len(calls) for calls, _ in alone] == [2, 1]  # alone, rank 1 never samples a second turn
+    assert [len(calls) for calls, _ in together] == [2, 2]  # together, it takes the round, asking nothing
+    assert together[1][0][1] == ([], [])
+    for (_, mine), (_, ours) in zip(alone, together):
+        assert torch.equal(mine.completion_ids, ours.completion_ids)
+        assert torch.equal(mine.completion_mask, ours.completion_mask)

@@ -118,10 +118,11 @@ def test_lora_adapter_over_a_torch_distributed_group_and_resume(server, tmp_path
 
 def test_fsdp2_colocate_tensor_parallel_two_processes_drive_one_engine(tmp_path):
     """vllm_tensor_parallel_size 2 over 2 processes: one engine, its two tensor-parallel ranks; each process's prompts
-    are gathered, sampled together and handed back, so every process's rollout still matches its own policy."""
+    are gathered, sampled together and handed back, tool turns too (the zoom recipe's crop tool), so every process's
+    rollout still matches its own policy."""
     run = tmp_path / "run"
-    out = _run("--fsdp", "full_shard", "--vllm_tensor_parallel_size", "2", "--max-steps", "2", "--output-dir",
-               str(run), processes=2)
+    out = _run("--fsdp", "full_shard", "--vllm_tensor_parallel_size", "2", "--recipe", "zoom",
+               "--max_completion_length", "16", "--max-steps", "2", "--output-dir", str(run), processes=2)
     assert "vllm: one engine over 2 processes (tensor parallel)" in out.stdout  # vLLM's own group says 2
     _assert_synced(_metrics(run), [1, 2])
 

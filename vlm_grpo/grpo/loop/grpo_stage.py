@@ -25,8 +25,6 @@ from vlm_grpo.grpo.parts.scoring import Scoring
 from vlm_grpo.grpo.parts.step_log import StepLog
 from vlm_grpo.grpo.parts.token_scorer import TokenScorer
 from vlm_grpo.grpo.parts.update import PolicyUpdate
-from vlm_grpo.grpo.setting_fields import SettingError
-from vlm_grpo.grpo.settings.sections import TP_WITH_TOOLS
 from vlm_grpo.grpo.tools.chat_format import ChatFormat
 from vlm_grpo.grpo.tools.toolset import final_message_rewards, run_toolset
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
@@ -103,8 +101,6 @@ class GRPOStage(Stage):
         self.step_log = StepLog(ctx, data.rewards, policy, self.vision_counter, self.watch.flags)
         self.sampled_evaluation = SampledEvaluation(ctx, self.sampler, self.scoring, self.scorer,
                                                     PolicyObjective(loss_cfg))
-        if cfg.rollout.uses_vllm and cfg.rollout.vllm_tensor_parallel_size > 1 and self.toolset.enabled:
-            raise SettingError("rollout.vllm_tensor_parallel_size", TP_WITH_TOOLS)
         return [self.policy_update, KeptUnder("guards", self.watch), KeptUnder("step_log", self.step_log)]
 
     def scheduler_steps(self) -> int:

@@ -125,6 +125,12 @@ class TurnEngine(Protocol):
 
     def next(self, loop: "ToolRollout", rows: list[_Row], max_new_tokens: int, turn: int) -> SampledTurns: ...
 
+    # an engine whose processes sample together (vLLM tensor parallel) takes every round's `next` on each of them,
+    # with no rows where a process has none; `any_continues(here)`: whether any of them has rows that call tools
+    samples_together: bool
+
+    def any_continues(self, here: bool) -> bool: ...
+
 
 class GenerateTurns:
     """The transformers engine: the first turn from each prompt prefilled once (`shared_prefix`), a later one from
@@ -132,6 +138,11 @@ class GenerateTurns:
 
     def __init__(self, shared_prefix: bool = True, use_cache: bool | None = None):
         self.shared_prefix, self.use_cache = shared_prefix, use_cache
+
+    samples_together = False
+
+    def any_continues(self, here: bool) -> bool:
+        return here
 
     def first(self, loop, samples, num_generations, prompts, features):
         return rollout(loop.adapter, samples, loop.gen, num_generations, loop.device, use_cache=self.use_cache,
@@ -198,10 +209,12 @@ class ToolRollout:
         rounds = 0
         while True:
             calling = self._read_turns(rows)
-            if not calling or (self.max_iterations is not None and rounds >= self.max_iterations):
+            if self.max_iterations is not None and rounds >= self.max_iterations:
                 break
-            continuing = self._tool_turns(calling)
-            if continuing:
+            if not self.engine.any_continues(bool(calling)):  # no row calls a tool (on any process sampling together)
+                break
+            continuing = self._tool_turns(calling) if calling else []
+            if continuing or self.engine.samples_together:
                 self._continue(continuing, turn=rounds + 2)
             rounds += 1
         return self._finish(first, rows)
@@ -301,7 +314,7 @@ class ToolRollout:
     def _continue(self, rows: list[_Row], turn: int) -> None:
         """The next model turn of each row, sampled within what is left of its budget."""
         room = [self.gen.max_new_tokens - len(row.ids) for row in rows]
-        sampled = self.engine.next(self, rows, max(room), turn)
+        sampled = self.engine.next(self, rows, max(room, default=0), turn)
         cut = [_model_turn(ids, self.eos, budget) for ids, budget in zip(sampled.ids, room)]
         for row, (ids, _) in zip(rows, cut):
             if self.adapter.image_token_id in ids:  # a generated placeholder would shift image features onto text

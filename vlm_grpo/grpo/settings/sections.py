@@ -310,10 +310,6 @@ class EvalConfig:
         check_fields(self)
 
 
-TP_WITH_TOOLS = ("tool rollouts take as many turns as each process's rows need, while an engine's tensor-parallel "
-                 "ranks must sample together: use 1 with tools (or tools.recipe_tools false)")
-
-
 @dataclass
 class TrainConfig:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -406,8 +402,6 @@ class TrainConfig:
             if self.rollout.vllm_mode == "server":
                 raise SettingError("rollout.vllm_tensor_parallel_size", "is colocate's: a server's engine is as "
                                    "wide as `vlm-grpo vllm-serve --tensor-parallel-size` made it; leave it 1 here")
-            if self.tools.tools or self.tools.environment:  # a recipe's own tools: refused where the recipe is known
-                raise SettingError("rollout.vllm_tensor_parallel_size", TP_WITH_TOOLS)
         if self.loss.loss_type == "vespo" and self.rollout.vllm_importance_sampling_correction:
             raise SettingError("rollout.vllm_importance_sampling_correction", "vespo folds the vLLM ratio into its "
                                "own weight, which is not done here: set it false, or use another loss_type")

@@ -1,7 +1,8 @@
 """Colocate mode: vLLM in the trainer's process. Under DDP or FSDP every process drives an engine of its own (vLLM
 joins the launched group as TRL's colocate does) and samples its own prompts; with `vllm_tensor_parallel_size` k,
 each k consecutive processes drive one engine together, its tensor-parallel ranks, and sample their prompts in one
-call (gathered, generated alike on every rank, each rank taking back its own).
+call (gathered, generated alike on every rank, each rank taking back its own), every tool turn too (a rank
+with no row left takes part with none).
 
 The engine is built from the policy's config and processor alone, on placeholder weights, and the policy's weights
 are pushed into it at once (weights.py streams them one shard unit at a time under FSDP): nothing is written to
@@ -39,7 +40,9 @@ def tensor_parallel_group(size: int):
     if world % size:
         raise ValueError(f"rollout.vllm_tensor_parallel_size {size}: the run's {world} processes do not split into "
                          f"engines of {size}: launch a multiple of {size}")
-    group, _ = torch.distributed.new_subgroups_by_enumeration([list(range(i, i + size)) for i in range(0, world, size)])
+    # gloo whatever the run's backend: it carries Python objects (requests) and flags, on the CPU
+    group, _ = torch.distributed.new_subgroups_by_enumeration([list(range(i, i + size)) for i in range(0, world, size)],
+                                                              backend="gloo")
     return group
 
 
@@ -78,7 +81,10 @@ class ColocateEngine(VLLMEngine):
         own = options if isinstance(options, list) else [options] * len(reqs)
         asked: list = [None] * torch.distributed.get_world_size(self.tp_group)
         torch.distributed.all_gather_object(asked, (reqs, own), group=self.tp_group)
-        results = llm_generate(self.llm, [r for rs, _ in asked for r in rs], [o for _, os in asked for o in os],
+        everyone = [r for rs, _ in asked for r in rs]
+        if not everyone:  # a tool round in which no process has a row left: nothing to sample
+            return []
+        results = llm_generate(self.llm, everyone, [o for _, os in asked for o in os],
                                lora_request=self.adapters.current)
         start = sum(len(rs) for rs, _ in asked[:torch.distributed.get_rank(self.tp_group)])
         return results[start:start + len(reqs)]

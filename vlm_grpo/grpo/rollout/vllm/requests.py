@@ -144,6 +144,19 @@ class VLLMTurns:
 
     def __init__(self, engine, session, seed: int):
         self.engine, self.session, self.seed = engine, session, seed
+        # the processes of a tensor-parallel engine sample every turn together (colocate.py's gloo group)
+        self.group = getattr(engine, "tp_group", None)
+        self.samples_together = self.group is not None
+
+    def any_continues(self, here: bool) -> bool:
+        """Whether this process, or any process sampling with it, has rows that call tools."""
+        if self.group is None:
+            return here
+        flag = torch.tensor([int(here)])
+        options = torch.distributed.AllreduceOptions()
+        options.reduceOp = torch.distributed.ReduceOp.MAX
+        self.group.allreduce([flag], options).wait()
+        return bool(flag.item())
 
     def first(self, loop, samples, num_generations, prompts, features) -> Rollout:
         adapter = loop.adapter
