@@ -263,9 +263,7 @@ def test_processes_sampling_together_take_every_tool_round_together(adapter):
     """Two ranks of one tensor-parallel engine (a real 2-member gloo group, a thread each): rank 0's rows call the
     crop tool, rank 1's answer at once. Rank 1 still takes rank 0's second round, with no rows (an engine's ranks
     must all be asked), and both rollouts equal what each rank samples alone."""
-    import threading
-
-    import torch.distributed as dist
+    from tests.grpo.test_vllm_lora_sync import on_two_processes
 
     scripts = [crop_first, lambda r: "No tool needed: 5"]
 
@@ -281,22 +279,7 @@ def test_processes_sampling_together_take_every_tool_round_together(adapter):
         return stand_in.calls, ro
 
     alone = [rollout_on(rank, None) for rank in range(2)]
-    store, together, failures = dist.HashStore(), [None, None], []
-
-    def member(rank: int) -> None:
-        try:
-            options = dist.ProcessGroupGloo._Options()
-            options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-            together[rank] = rollout_on(rank, dist.ProcessGroupGloo(store, rank, 2, options))
-        except Exception as err:  # noqa: BLE001 - re-raised below
-            failures.append(err)
-
-    threads = [threading.Thread(target=member, args=(rank,)) for rank in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not failures and all(not t.is_alive() for t in threads), failures
+    together = on_two_processes(lambda accelerator, rank: rollout_on(rank, accelerator.group), [0, 1])
     assert [len(calls) for calls, _ in alone] == [2, 1]  # alone, rank 1 never samples a second turn
     assert [len(calls) for calls, _ in together] == [2, 2]  # together, it takes the round, asking nothing
     assert together[1][0][1] == ([], [])
