@@ -23,3 +23,15 @@ def record_steps(completions, trainer_state, **_):
     """Scores 0; records the step the trainer says it is at (TRL's trainer_state argument)."""
     STEPS.append(trainer_state.global_step)
     return [0.0] * len(completions)
+
+
+
+def lowercase_share_on_even_counts(completions, answer, **_):
+    """lowercase_share for prompts whose answer (a count) is even; a constant for the others (their groups have no
+    spread: what dynamic sampling drops)."""
+    return [share if int(a) % 2 == 0 else 0.5 for share, a in zip(lowercase_share(completions), answer)]
+
+
+def constant(completions, **_):
+    """The same score for every completion: no group has spread."""
+    return [0.5] * len(completions)

@@ -9,7 +9,9 @@ ratio p_trainer / p_engine, bounded as TRL 1.16 bounds it (`vllm_importance_samp
 - sequence_truncate / sequence_mask: one ratio per completion, exp of the summed log-ratio over its training
   tokens, clipped or zeroed likewise.
 
-Tokens the engine gave no log-prob for (NaN) get ratio 1. The statistics TRL logs (`sampling/...`) come with it.
+Tokens the engine gave no log-prob for (NaN) get ratio 1. The statistics TRL logs (`sampling/...`) come with it,
+and the share of ratios the bounds clipped or masked. An asynchronous worker's log-probs (rollout.max_staleness)
+are weighed the same way: its weights are up to K steps behind the trainer's.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import torch
 @dataclass
 class SamplingCorrection:
     ratio: torch.Tensor  # [N, T] (token modes) or [N, 1] (sequence modes): multiplies the per-token loss
-    metrics: dict[str, float]
+    metrics: dict[str, float]  # TRL's
+    clipped_share: float = 0.0  # the share of the ratios (tokens, or sequences) its bounds clipped or masked
 
 
 def correction_ratio(trainer_logps: torch.Tensor, engine_logps: torch.Tensor, mask: torch.Tensor, mode: str,
@@ -44,11 +47,17 @@ def correction_ratio(trainer_logps: torch.Tensor, engine_logps: torch.Tensor, ma
 
 def sampling_correction(trainer_logps: torch.Tensor, engine_logps: torch.Tensor, mask: torch.Tensor, mode: str,
                         clip_min: float | None, clip_max: float | None) -> SamplingCorrection:
-    """The ratio, and the statistics TRL logs: the ratio's min / mean / max (over training tokens, or sequences)
-    and the engine-vs-trainer log-prob gap (mean and max over the training tokens the engine scored)."""
+    """The ratio, the statistics TRL logs (the ratio's min / mean / max over training tokens, or sequences, and the
+    engine-vs-trainer log-prob gap, mean and max over the training tokens the engine scored), and the share of
+    ratios outside the bounds."""
     mask = mask.to(trainer_logps.dtype)
     ratio = correction_ratio(trainer_logps, engine_logps, mask, mode, clip_min, clip_max)
     flat = ratio.flatten() if mode.startswith("sequence_") else ratio[mask.bool()]
+    raw = correction_ratio(trainer_logps, engine_logps, mask, mode, None, None)  # before its bounds
+    raw = raw.flatten() if mode.startswith("sequence_") else raw[mask.bool()]
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    outside = ((raw < low) | (raw > high)).to(trainer_logps.dtype)
     gap = (trainer_logps - engine_logps).abs()
     gap = gap[mask.bool() & ~torch.isnan(gap)]
 
@@ -62,7 +71,7 @@ def sampling_correction(trainer_logps: torch.Tensor, engine_logps: torch.Tensor,
         "sampling/sampling_logp_difference/mean": stat(gap, torch.mean),
         "sampling/sampling_logp_difference/max": stat(gap, torch.max),
     }
-    return SamplingCorrection(ratio=ratio, metrics=metrics)
+    return SamplingCorrection(ratio=ratio, metrics=metrics, clipped_share=stat(outside, torch.mean))
 
 
 def weigh_by_engine(traj, engine_logps: torch.Tensor, rollout) -> dict[str, float]:
@@ -72,4 +81,4 @@ def weigh_by_engine(traj, engine_logps: torch.Tensor, rollout) -> dict[str, floa
     correction = sampling_correction(traj.old_logps, engine_logps, traj.loss_mask, rollout.vllm_importance_sampling_mode,
                                      rollout.vllm_importance_sampling_clip_min, rollout.vllm_importance_sampling_clip_max)
     traj.sampling_ratio = correction.ratio
-    return correction.metrics
+    return {**correction.metrics, "sampling/importance_sampling_ratio/clipped_share": correction.clipped_share}

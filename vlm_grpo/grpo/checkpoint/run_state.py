@@ -113,6 +113,25 @@ def _history(value: Any) -> str | None:
     return None
 
 
+def _rollout_source(value: Any) -> str | None:
+    """The rollout batches' cursor (parts/rollout_source.py): whole numbers, none before another."""
+    if not isinstance(value, dict):
+        return f"must be a mapping, got {type(value).__name__}"
+    for key in value:
+        if key not in ("cursor", "generation_start", "issued"):
+            return f"holds `{str(key)[:60]}`, not one of cursor, generation_start, issued"
+    for key in ("cursor", "generation_start"):
+        if key not in value:
+            return f"lacks `{key}`"
+    for key, number in value.items():
+        problem = _int(0, 10**12)(number)
+        if problem:
+            return f"`{key}` {problem}"
+    if value["generation_start"] > value["cursor"] or value.get("issued", value["cursor"]) < value["cursor"]:
+        return "must have generation_start <= cursor <= issued"
+    return None
+
+
 RUN_STATE: dict[str, Callable[[Any], str | None]] = {  # key -> check; `step` is the only required one
     "step": _int(0, 10**9),
     "config": _mapping,
@@ -124,6 +143,7 @@ RUN_STATE: dict[str, Callable[[Any], str | None]] = {  # key -> check; `step` is
     "entropy_control": _mapping,
     "guards": _mapping,
     "step_log": _mapping,  # what the step log counts across steps (TRL's num_tokens)
+    "rollout_source": _rollout_source,
 }
 
 

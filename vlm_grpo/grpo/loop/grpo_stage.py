@@ -14,10 +14,11 @@ import torch
 
 from vlm_grpo.grpo.algorithm.losses import Collective, EntropyControl, PolicyObjective
 from vlm_grpo.grpo.algorithm.sampling_correction import weigh_by_engine
-from vlm_grpo.grpo.data.order import step_seed
 from vlm_grpo.grpo.guards.hacking_watch import HackingWatch
 from vlm_grpo.grpo.loop.stage import RunInputs, Stage
 from vlm_grpo.grpo.parts.checkpointing import KeptUnder
+from vlm_grpo.grpo.parts.dynamic_sampling import DynamicSampling
+from vlm_grpo.grpo.parts.rollout_source import AsyncDraws, SyncDraws
 from vlm_grpo.grpo.parts.reference import Reference
 from vlm_grpo.grpo.parts.sampled_evaluation import SampledEvaluation
 from vlm_grpo.grpo.parts.sampler import Sampler
@@ -25,6 +26,7 @@ from vlm_grpo.grpo.parts.scoring import Scoring
 from vlm_grpo.grpo.parts.step_log import StepLog
 from vlm_grpo.grpo.parts.token_scorer import TokenScorer
 from vlm_grpo.grpo.parts.update import PolicyUpdate
+from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.tools.chat_format import ChatFormat
 from vlm_grpo.grpo.tools.toolset import final_message_rewards, run_toolset
 from vlm_grpo.grpo.training.vision_counter import VisionCounter
@@ -33,12 +35,14 @@ from vlm_grpo.grpo.training.vision_counter import VisionCounter
 @dataclass
 class Generation:
     """One rollout batch and what its steps share: the prompts, the scored trajectory, the engine's correction
-    metrics, and the shuffled row order its steps split (steps_per_generation parts)."""
+    metrics, how it was drawn (asynchronous staleness, dynamic sampling), and the shuffled row order its steps split
+    (steps_per_generation parts)."""
 
     index: int
     batch: Any
     scored: Any
     engine_metrics: dict[str, float]
+    draw_metrics: dict[str, float]
     order: list[int]
     parts: int
     report: dict[str, float] = field(default_factory=dict)  # its reward and completion metrics, taken once
@@ -91,6 +95,13 @@ class GRPOStage(Stage):
         self.watch = HackingWatch(ctx, data, policy, score=self.scorer.policy_logps)  # the reward audit, now
         self.sampler = Sampler(ctx, policy, self.scorer, self.toolset, chat_format, inputs.rollout_func, owner=self.owner)
         self.scoring = Scoring(ctx, data.rewards, self.scorer)
+        self._check_rollout_plan(inputs)
+        # where rollout batches come from: sampled now, or by a worker process K steps ahead (rollout_source.py)
+        self.draws = AsyncDraws(ctx, data, self.sampler, policy, self.scorer.options()) if cfg.rollout.asynchronous \
+            else SyncDraws(ctx, data, self.sampler)
+        self.dynamic_sampling = None if not cfg.data.dynamic_sampling else DynamicSampling(
+            ctx, self.scoring, self.adapter, self.sampler.prompt_cache,
+            agree_across_processes=not cfg.rollout.asynchronous)
         # the loss, built once: the update's statistics cross processes and step the entropy control; the sampled
         # evaluation's are its own process's, and it leaves the entropy control alone (no update follows)
         collective = Collective(reduce_sum=lambda x: ctx.accelerator.reduce(x, reduction="sum"), gather=ctx.gather_tensor)
@@ -101,7 +112,21 @@ class GRPOStage(Stage):
         self.step_log = StepLog(ctx, data.rewards, policy, self.vision_counter, self.watch.flags)
         self.sampled_evaluation = SampledEvaluation(ctx, self.sampler, self.scoring, self.scorer,
                                                     PolicyObjective(loss_cfg))
-        return [self.policy_update, KeptUnder("guards", self.watch), KeptUnder("step_log", self.step_log)]
+        return [self.policy_update, KeptUnder("guards", self.watch), KeptUnder("step_log", self.step_log), self.draws]
+
+    def _check_rollout_plan(self, inputs: RunInputs) -> None:
+        """What asynchronous rollouts and dynamic sampling cannot take, known once the run's tools are: refused."""
+        cfg = self.cfg
+        for name, on in (("rollout.max_staleness", cfg.rollout.asynchronous),
+                         ("data.dynamic_sampling", cfg.data.dynamic_sampling)):
+            if on and self.toolset.enabled:
+                raise SettingError(name, "does not take tool rollouts (this run's recipe or settings give it tools; "
+                                   "tools.recipe_tools false drops the recipe's)")
+            if on and inputs.rollout_func is not None:
+                raise SettingError(name, "does not take a rollout_func (its rollouts are the function's own)")
+        if cfg.rollout.asynchronous and self.ctx.accelerator.num_processes > 1:
+            raise SettingError("rollout.max_staleness", f"asynchronous rollouts run with one process here, and this "
+                               f"run has {self.ctx.accelerator.num_processes}: launch one, or set it 0")
 
     def scheduler_steps(self) -> int:
         return self.cfg.max_steps * self.cfg.num_iterations
@@ -118,6 +143,12 @@ class GRPOStage(Stage):
     def halted(self) -> str | None:
         return self.watch.halt
 
+    def train(self, resume_from_checkpoint: bool | str | None = None):
+        try:
+            return super().train(resume_from_checkpoint)
+        finally:
+            self.draws.close()  # an asynchronous run's worker process
+
     # ---------------------------------------------------------------- the GRPO step, top-down
     def train_step(self, step: int) -> dict[str, Any]:
         """rollout -> rewards -> advantages -> old / reference log-probs -> `num_iterations` updates. With
@@ -128,17 +159,18 @@ class GRPOStage(Stage):
         fresh = step % k == 0 or self._generation is None or self._generation.index != step // k
         self.vision_counter.reset()  # this step's encoder calls only (a later step of a generation: its update's)
         if fresh:  # a resumed run in mid-generation samples that generation again, from its own seed
-            self._generation = self._rollout_batch(step // k)
+            self._generation = self._rollout_batch(step // k, resumed_inside=step % k != 0)
         gen = self._generation
         traj, scored, batch = gen.scored.trajectory, gen.scored, gen.batch
         rows = None if k == 1 else gen.part(step % k)
         rates = self.policy.learning_rates()  # the rates this update uses (the schedule moves on after it)
         losses = self.policy_update.run(traj, step, rows)
+        self.draws.commit()  # trained on: a checkpoint from here on starts after these draws
         sync = self.sampler.after_update()  # the new weights to vLLM every vllm_sync_steps steps
         if fresh:  # a generation's reward and length numbers: each of its steps reports them
             gen.report = {**self.step_log.reward_metrics(scored), **self.step_log.trl_metrics(traj, rates, scored.logged)}
         metrics = self.ctx.mean_over_processes({
-            **losses, **gen.report, **self.step_log.cost_metrics(traj, rates), **gen.engine_metrics,
+            **losses, **gen.report, **self.step_log.cost_metrics(traj, rates), **gen.engine_metrics, **gen.draw_metrics,
             "learning_rate": self.step_log.learning_rate(rates), **sync,
         })
         if fresh:
@@ -149,17 +181,26 @@ class GRPOStage(Stage):
             self.step_log.completions(step + 1, traj, batch.samples)
         return metrics
 
-    def _rollout_batch(self, index: int) -> "Generation":
-        """Rollout batch `index`: sampled, scored, with the reference's and (when a later update or step is
-        off-policy, or the engine's ratio needs them) the sampling policy's log-probs."""
+    def _rollout_batch(self, index: int, resumed_inside: bool = False) -> "Generation":
+        """Rollout batch `index`: drawn (with dynamic sampling: refilled from further draws), scored, with the
+        reference's and (when a later update or step is off-policy, or the engine's ratio needs them) the
+        sampling policy's log-probs."""
         cfg = self.cfg
         started = time.perf_counter()
         first_step = index * cfg.steps_per_generation
-        torch.manual_seed(step_seed(cfg.seed, first_step, self.ctx.accelerator.process_index))
-        batch = self.data.batch(index)
-        sampled = self.sampler.sample(batch.samples, batch.rows, first_step)
-        self.timings = {"rollout": time.perf_counter() - started}
-        scored = self.scoring.score(batch.samples, batch.rows, sampled, first_step)
+        self.draws.start_generation(index, resumed_inside)
+        self.draws.begin_step(first_step)
+        if self.dynamic_sampling is None:
+            draw = self.draws.next(first_step)
+            batch, sampled, draw_metrics = draw.batch, draw.sampled, {}
+            self.timings = {"rollout": time.perf_counter() - started}
+            rewarded = self.scoring.rewards_of(batch.samples, batch.rows, sampled, first_step)
+        else:  # the draws' rewards decide which groups stay
+            filled = self.dynamic_sampling.fill(first_step, self.draws)
+            batch, sampled, rewarded, draw_metrics = filled.batch, filled.sampled, filled.rewarded, filled.metrics
+            self.timings = {"rollout": time.perf_counter() - started}
+        draw_metrics.update(self.draws.metrics())
+        scored = self.scoring.trajectory(batch.rows, sampled, rewarded)
         traj = scored.trajectory
         traj.ref_logps = self.scorer.reference_logps(traj)
         correct = sampled.rollout.sampling_logps is not None and cfg.rollout.vllm_importance_sampling_correction
@@ -170,4 +211,4 @@ class GRPOStage(Stage):
         # TRL shuffles a generation before splitting it into steps (drawn only then: one step per generation takes
         # no random numbers here, so its runs stay as they were)
         order = torch.randperm(len(traj)).tolist() if cfg.steps_per_generation > 1 else list(range(len(traj)))
-        return Generation(index, batch, scored, engine_metrics, order, cfg.steps_per_generation)
+        return Generation(index, batch, scored, engine_metrics, draw_metrics, order, cfg.steps_per_generation)

@@ -42,12 +42,14 @@ class TokenScorer:
         """Whether the policy's features, with gradient, can be computed before the rollout and serve both it and
         the update: the encoder trains (else the rollout's no-grad features serve), the policy runs one forward
         at the rollout's weights (one update of one micro-batch per rollout: not several iterations, nor several
-        steps per generation) and nothing drops the graph in between (gradient checkpointing, resharding)."""
+        steps per generation), nothing drops the graph in between (gradient checkpointing, resharding) and the
+        rollout is this process's own, of one batch (not an asynchronous worker's, nor joined by dynamic sampling)."""
         cfg, perf = self.cfg, self.cfg.perf
         return (perf.encode_once and perf.shared_prefix and perf.share_image_features and self.adapter.shares_features
                 and not self.encoder_frozen
                 and cfg.num_iterations == 1 and cfg.gradient_accumulation_steps == 1 and cfg.steps_per_generation == 1
-                and not perf.gradient_checkpointing and not self.policy.sharded)
+                and not perf.gradient_checkpointing and not self.policy.sharded
+                and not cfg.rollout.asynchronous and not cfg.data.dynamic_sampling)  # sampled elsewhere, or joined
 
     def _step_features(self, traj: Trajectory):
         """The step's image features when they may be reused (frozen encoder): the rollout's, or encoded once."""
@@ -71,16 +73,12 @@ class TokenScorer:
             turn_features = turns.policy_features
         elif turns is not None and self.reuses_features():  # the rollout's (a frozen encoder)
             turn_features = turns.features
-        options = ScoreOptions(
-            share_features=perf.share_image_features,
+        options = self.options(
             features=self._step_features(traj) if features is None else features,
             turns=turns, turn_features=turn_features,
             context=self.ctx.accelerator.autocast if model is self.policy.model else None,
-            share_prompt=perf.share_prompt and not perf.gradient_checkpointing,
-            padding_free=perf.padding_free,
-            temperature=self.cfg.generation.temperature, with_entropy=with_entropy,
+            with_entropy=with_entropy,
             entropy_grad=with_entropy and self.entropy_trains,  # the bonus trains on the entropy
-            chunk_bytes=perf.logprob_chunk_mb * 2**20,
             router_aux=router_aux and self.router_aux_coef > 0,
         )
 
@@ -91,6 +89,14 @@ class TokenScorer:
             return out.logps, out.entropy, out.aux_loss
 
         return TokenScores(*self.policy.forward(run, model))
+
+    def options(self, **per_call) -> ScoreOptions:
+        """How the run's log-prob forwards compute (the rollout worker's included), with `per_call`'s fields."""
+        perf = self.cfg.perf
+        return ScoreOptions(share_features=perf.share_image_features,
+                            share_prompt=perf.share_prompt and not perf.gradient_checkpointing,
+                            padding_free=perf.padding_free, temperature=self.cfg.generation.temperature,
+                            chunk_bytes=perf.logprob_chunk_mb * 2**20, **per_call)
 
     def policy_logps(self, traj: Trajectory, rows: list[int] | None = None, features=None) -> torch.Tensor:
         """The policy's log-probs of `rows` (default: all), without gradient; `features` as in `scores`."""

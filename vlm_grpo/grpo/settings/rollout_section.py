@@ -51,8 +51,17 @@ class RolloutConfig:
                                                "VLM_GRPO_VLLM_KEY environment variable)")
     vllm_server_timeout: float = setting(240.0, resume="honoured", help="server mode: seconds to wait for the server to answer",
                                          above=0.0, at_most=86400.0)
+    max_staleness: int = setting(0, resume="refused", help="asynchronous rollouts: a worker samples the batches of "
+                                 "the next K steps while the trainer trains the current one, from weights at most K "
+                                 "steps old, each token's loss weighed by the bounded ratio of the trainer's to the "
+                                 "sampler's probabilities (the vllm_importance_sampling_* settings); 0: the "
+                                 "synchronous loop (docs/performance.md)", at_least=0, at_most=64)
+    worker_threads: int = setting(0, resume="honoured", help="asynchronous rollouts on the transformers engine: torch "
+                                  "threads of the worker process, which holds its own copy of the policy (0: as many "
+                                  "as the trainer's)", at_least=0, at_most=4096)
     vllm_importance_sampling_correction: bool = setting(True, help="weigh each token's loss by the truncated "
-                                                        "ratio of trainer to vLLM probabilities (TRL's default)")
+                                                        "ratio of trainer to vLLM probabilities (TRL's default; "
+                                                        "asynchronous rollouts: to the worker's)")
     vllm_importance_sampling_mode: str = setting("sequence_mask", help="per token or per sequence; truncate "
                                                  "(clip the ratio) or mask (zero it outside the bounds)",
                                                  choices=IS_MODES)
@@ -67,6 +76,10 @@ class RolloutConfig:
         if low is not None and high is not None and low > high:
             raise SettingError("vllm_importance_sampling_clip_min", f"{low} is above vllm_importance_sampling_clip_max "
                                f"({high})")
+
+    @property
+    def asynchronous(self) -> bool:
+        return self.max_staleness > 0
 
     @property
     def uses_vllm(self) -> bool:

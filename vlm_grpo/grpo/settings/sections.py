@@ -75,6 +75,12 @@ class DataConfig:
                          help="how passes are shuffled: reseeded (each pass its own seed; a last partial batch runs "
                          "on into the next pass) or trl (TRL's RepeatSampler: one generator seeded once draws each "
                          "pass, a partial batch is dropped; a GRPOConfig built in Python uses it)")
+    dynamic_sampling: bool = setting(False, resume="refused", help="DAPO's dynamic sampling: a prompt whose "
+                                     "completions all get the same reward (no advantage) is dropped and the batch "
+                                     "refilled from the next prompts in the run's order")
+    dynamic_sampling_max_draws: int = setting(4, resume="honoured", help="dynamic sampling: further rollout batches "
+                                              "a step may draw to refill; once spent, the batch is filled with "
+                                              "prompts without spread (counted)", at_least=0, at_most=1000)
     chat_template_kwargs: dict[str, Any] = setting(factory=dict, help="extra arguments of the processor's "
                                                    "apply_chat_template when prompts are rendered (e.g. "
                                                    "{enable_thinking: false})")
@@ -390,6 +396,8 @@ class TrainConfig:
             raise SettingError("fsdp", "4-bit weights cannot be sharded here: use LoRA on a bf16 base, or fsdp no")
         if self.rollout.uses_vllm:
             self._check_vllm()
+        if self.rollout.asynchronous:
+            self._check_asynchronous()
         # dr_grpo's normaliser is the completion length limit: derived, never set on its own
         self.loss.max_completion_length = self.generation.max_new_tokens
 
@@ -405,6 +413,21 @@ class TrainConfig:
         if self.loss.loss_type == "vespo" and self.rollout.vllm_importance_sampling_correction:
             raise SettingError("rollout.vllm_importance_sampling_correction", "vespo folds the vLLM ratio into its "
                                "own weight, which is not done here: set it false, or use another loss_type")
+
+    def _check_asynchronous(self) -> None:
+        """What asynchronous rollouts cannot do here, refused before anything loads."""
+        k = f"{self.rollout.max_staleness}"
+        if self.rollout.uses_vllm:
+            raise SettingError("rollout.max_staleness", f"{k} with rollout.engine vllm: asynchronous rollouts run on "
+                               "the transformers engine's worker process here; use engine transformers, or 0")
+        clashes = (("steps_per_generation", self.steps_per_generation > 1, "a rollout batch feeding several steps"),
+                   ("fsdp", self.fsdp != "no", "a sharded policy (the worker holds a whole copy)"),
+                   ("lora.load_in_4bit", self.lora.load_in_4bit, "4-bit weights (the worker's copy cannot be "
+                    "made from them)"))
+        for name, clash, what in clashes:
+            if clash:
+                raise SettingError("rollout.max_staleness", f"{k} with {name}: asynchronous rollouts do not take "
+                                   f"{what}; set rollout.max_staleness 0, or change {name}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

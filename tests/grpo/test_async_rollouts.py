@@ -1,0 +1,174 @@
+"""Asynchronous rollouts (rollout.max_staleness K): a worker process samples K steps ahead of the trainer. Checked
+against the synchronous loop (a policy that does not move samples the same completions either way), for the bound
+on staleness, for resume (the queue travels in the checkpoint), for a worker that dies, and the loss's correction
+against a hand computation."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+import torch
+
+from vlm_grpo.api.trainers import GRPOTrainer
+from vlm_grpo.grpo.algorithm.losses import LossConfig, LossInputs, PolicyObjective
+from vlm_grpo.grpo.algorithm.sampling_correction import sampling_correction
+from vlm_grpo.grpo.parts.rollout_source import AsyncDraws
+from vlm_grpo.grpo.rollout.asynchronous.worker_handle import WorkerFailed
+from vlm_grpo.grpo.run.logs import read_jsonl
+from vlm_grpo.grpo.setting_fields import SettingError
+from tests.grpo.test_trainer import run_config, weights
+from tests.trained import trained
+
+MODEL = ["--model", "tiny:qwen2_5_vl"]
+NEW_KEYS = ("async/", "sampling/")  # what only an asynchronous run logs
+COST_KEYS = ("step_time", "perf/vision_calls", "perf/vision_images")  # its trainer encodes the images itself
+
+
+def _same_keys(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith(NEW_KEYS) and k not in COST_KEYS}
+
+
+def test_a_policy_that_does_not_move_samples_the_same_completions_two_steps_ahead(tmp_path):
+    common = [*MODEL, "--max-steps", "3", "--learning-rate", "0"]
+    sync = trained(GRPOTrainer.from_settings(run_config(tmp_path / "sync", *common)))
+    ahead = trained(GRPOTrainer.from_settings(run_config(tmp_path / "ahead", *common, "--rollout.max_staleness", "2")))
+    assert [_same_keys(r) for r in ahead] == [_same_keys(r) for r in sync]
+    assert (tmp_path / "ahead" / "completions.jsonl").read_text() == (tmp_path / "sync" / "completions.jsonl").read_text()
+    assert [r["async/staleness"] for r in ahead] == [0.0, 1.0, 2.0]
+    assert all(r["sampling/importance_sampling_ratio/mean"] == 1.0 for r in ahead)  # the same weights sampled
+
+
+@pytest.mark.parametrize("extra", [[], ["--reward", "tests/grpo/toy_rewards.py:lowercase_share_on_even_counts",
+                                        "--data.dynamic_sampling", "true"]], ids=["plain", "dynamic_sampling"])
+def test_no_batch_is_trained_on_more_than_k_steps_after_its_weights(tmp_path, monkeypatch, extra):
+    seen, original = [], AsyncDraws.next
+
+    def watched(self, step):
+        draw = original(self, step)
+        seen.append((step, draw.version, draw.index))
+        return draw
+
+    monkeypatch.setattr(AsyncDraws, "next", watched)
+    rows = trained(GRPOTrainer.from_settings(run_config(
+        tmp_path, *MODEL, "--max-steps", "5", "--learning-rate", "3e-3", "--rollout.max_staleness", "2", *extra)))
+    assert [index for _, _, index in seen] == list(range(len(seen)))  # the run's order, each batch once
+    assert all(0 <= step - version <= 2 for step, version, _ in seen)
+    if not extra:
+        assert [step - version for step, version, _ in seen] == [0, 1, 2, 2, 2]
+    ages = {}
+    for step, version, _ in seen:
+        ages[step] = max(ages.get(step, 0), step - version)
+    assert [r["async/staleness"] for r in rows] == [float(ages[s]) for s in range(5)]
+    moved = [r["sampling/sampling_logp_difference/max"] for r in rows if r["async/staleness"] > 0]
+    assert max(moved) > 0  # stale weights sampled: the correction has something to correct
+
+
+def _comparable(rows):
+    return [{k: v for k, v in r.items() if k not in ("step_time", "async/wait_s")} for r in rows]
+
+
+def test_resume_restores_the_queue_and_gives_the_same_weights(tmp_path):
+    common = [*MODEL, "--max-steps", "4", "--learning-rate", "3e-3", "--rollout.max_staleness", "1"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    trained(GRPOTrainer.from_settings(run_config(straight, *common)))
+    trained(GRPOTrainer.from_settings(run_config(split, *common, "--save-every", "2")))
+    queued = (split / "checkpoint-2" / "rollout_queue.json")
+    assert queued.is_file() and '"index": 2' in queued.read_text()  # batch 2, sampled before step 2 was trained
+    for extra in ("checkpoint-4", "final"):  # the run died after checkpoint-2
+        shutil.rmtree(split / extra)
+    lines = (split / "metrics.jsonl").read_text().splitlines()
+    (split / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    trained(GRPOTrainer.from_settings(run_config(split, *common, "--save-every", "2", "--resume")))
+    a, b = weights(straight / "final"), weights(split / "final")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert _comparable(read_jsonl(straight / "metrics.jsonl")) == _comparable(read_jsonl(split / "metrics.jsonl"))
+
+
+def test_a_worker_that_dies_is_named_and_the_completed_step_kept(tmp_path, monkeypatch):
+    from vlm_grpo.grpo.loop.grpo_stage import GRPOStage
+
+    original = GRPOStage.train_step
+
+    def killing(self, step):
+        metrics = original(self, step)
+        if step == 0:
+            self.draws.worker.process.kill()
+            self.draws.worker.process.join()
+        return metrics
+
+    monkeypatch.setattr(GRPOStage, "train_step", killing)
+    common = [*MODEL, "--max-steps", "3", "--rollout.max_staleness", "1"]
+    # batch 1 may have been answered before the kill: the run stops at the first batch that was not
+    with pytest.raises(WorkerFailed, match=r"rollout worker exited \(code -9\) before answering rollout batch [12]$"):
+        trained(GRPOTrainer.from_settings(run_config(tmp_path, *common)))
+    done = len(read_jsonl(tmp_path / "metrics.jsonl"))
+    assert done in (1, 2) and (tmp_path / f"checkpoint-{done}").is_dir()  # the completed steps, saved
+    monkeypatch.setattr(GRPOStage, "train_step", original)
+    rows = trained(GRPOTrainer.from_settings(run_config(tmp_path, *common, "--resume")))
+    assert [r["step"] for r in rows] == list(range(done + 1, 4))  # what the dead worker had not answered: sampled again
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["--rollout.engine", "vllm"], "rollout.engine vllm"),
+    (["--steps-per-generation", "2"], "steps_per_generation"),
+    (["--fsdp", "full_shard"], "fsdp"),
+])
+def test_what_asynchronous_rollouts_cannot_take_is_refused_before_a_model_loads(tmp_path, extra, named):
+    with pytest.raises(SettingError, match=rf"rollout.max_staleness.*{named}"):
+        run_config(tmp_path, *MODEL, "--rollout.max_staleness", "1", *extra)
+
+
+@pytest.mark.parametrize("setting", [["--rollout.max_staleness", "1"], ["--data.dynamic_sampling", "true"]])
+def test_tool_rollouts_are_refused_naming_the_setting(tmp_path, setting):
+    cfg = run_config(tmp_path, *MODEL, "--recipe", "zoom", "--data.recipe_options", "{}", *setting)
+    with pytest.raises(SettingError, match=rf"{setting[0][2:]}.*tool rollouts"):
+        GRPOTrainer.from_settings(cfg)
+    assert not (tmp_path / "metrics.jsonl").exists() or not (tmp_path / "metrics.jsonl").read_text()
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+def test_the_loss_on_stale_samples_is_the_hand_computed_one(mode):
+    """dapo's clipped surrogate over step tokens, each token's term times the bounded ratio of the trainer's (old)
+    to the worker's (behaviour) probabilities, written out element by element."""
+    g = torch.Generator().manual_seed(3)
+    rows, width = 4, 5
+    logps = (-torch.rand(rows, width, generator=g) * 2).requires_grad_(True)
+    old = logps.detach() + torch.randn(rows, width, generator=g) * 0.1
+    behaviour = old + torch.randn(rows, width, generator=g) * 0.6  # some ratios beyond the bounds
+    mask = torch.ones(rows, width)
+    mask[1, 3:] = 0
+    mask[3, 1:] = 0
+    adv = torch.tensor([1.0, -0.5, 0.25, -2.0])
+    low, high = 0.5, 1.5
+    correction = sampling_correction(old, behaviour, mask, mode, low, high)
+    cfg = LossConfig(loss_type="dapo")
+    loss, _ = PolicyObjective(cfg)(LossInputs(logps, adv, mask, old_logps=old, sampling_logps=behaviour,
+                                              sampling_ratio=correction.ratio))
+
+    def weight(i, t):
+        if mode.startswith("token"):
+            w = math.exp(old[i, t] - behaviour[i, t])
+        else:
+            w = math.exp(sum(float(old[i, u] - behaviour[i, u]) for u in range(width) if mask[i, u]))
+        if low <= w <= high:
+            return w
+        return min(max(w, low), high) if mode.endswith("truncate") else 0.0
+
+    total, tokens, outside = 0.0, 0, 0
+    for i in range(rows):
+        for t in range(width):
+            if not mask[i, t]:
+                continue
+            r = math.exp(float(logps[i, t] - old[i, t]))
+            a = float(adv[i])
+            term = -min(r * a, min(max(r, 1 - cfg.epsilon), 1 + cfg.epsilon) * a)
+            total += term * weight(i, t)
+            tokens += 1
+    assert loss.item() == pytest.approx(total / tokens, rel=1e-5)
+    for i in range(rows):
+        raw = math.exp(sum(float(old[i, u] - behaviour[i, u]) for u in range(width) if mask[i, u]))
+        outside += not low <= raw <= high
+    if mode.startswith("sequence"):
+        assert correction.clipped_share == pytest.approx(outside / rows)
