@@ -111,7 +111,7 @@ def test_a_worker_that_dies_is_named_and_the_completed_step_kept(tmp_path, monke
 
 
 @pytest.mark.parametrize("extra, named", [
-    (["--rollout.engine", "vllm"], "rollout.engine vllm"),
+    (["--rollout.engine", "vllm"], "vllm_mode colocate"),
     (["--steps-per-generation", "2"], "steps_per_generation"),
     (["--fsdp", "full_shard"], "fsdp"),
 ])

@@ -81,3 +81,18 @@ def test_a_mismatched_trainer_is_refused(server, tmp_path):
     assert "the vLLM server at http://127.0.0.1:" in out.stderr and "start the server with the trainer's --model" \
         in out.stderr, out.stderr[-2000:]
     assert not (tmp_path / "r" / "metrics.jsonl").exists() or not (tmp_path / "r" / "metrics.jsonl").read_text()
+
+
+def test_server_mode_samples_one_step_ahead(server, tmp_path):
+    """rollout.max_staleness 1: a thread asks the server for the next step's batch while this one trains; each new
+    version is pushed once the older batch is answered."""
+    run = tmp_path / "run"
+    _train("--use_vllm", "true", "--vllm_mode", "server", "--vllm_server_port", str(server), "--max-steps", "4",
+           "--max_completion_length", "12", "--rollout.max_staleness", "1", "--learning-rate", "1e-3",
+           "--output-dir", str(run))
+    rows = _metrics(run)
+    assert [r["async/staleness"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
+    assert all(r["perf/decode_tokens"] > 0 and 0.0 < r["sampling/importance_sampling_ratio/mean"] for r in rows)
+    assert all(r["perf/weight_sync_s"] > 0 for r in rows[1:])  # versions 1..3 pushed before their batches
+    # a step's batch was sampled one version behind what it trains: the gap is larger than the engine's own
+    assert max(r["sampling/sampling_logp_difference/max"] for r in rows[1:]) > rows[0]["sampling/sampling_logp_difference/max"]

@@ -3,7 +3,7 @@ rollout batches: with dynamic sampling a step may take several):
 
 - `SyncDraws` (rollout.max_staleness 0): sampled now, by the run's sampler, with the weights being trained;
 - `AsyncDraws` (max_staleness K > 0): by a worker process with its own copy of the policy
-  (rollout/asynchronous/), which samples the batches of the next K steps while the trainer trains. A batch
+  (rollout/asynchronous/; with rollout.engine vllm in server mode, a thread asking the server), which samples the batches of the next K steps while the trainer trains. A batch
   requested during step t is sampled with the weights of step t (version t: t steps trained). Before each batch
   is taken, K + 1 are kept requested, so what is requested at step t is at most K + 1 places from the front, and
   every step takes at least one: a batch trained on at step t was sampled at version t - K or later (with dynamic
@@ -117,8 +117,19 @@ class AsyncDraws(SyncDraws):
 
     def begin_step(self, step: int) -> None:
         if self.worker is None:
-            self.worker = RolloutWorker(self.policy.adapter, self._settings(step))
+            self.worker = self._start_worker(step)
         self.taken = []
+
+    def _start_worker(self, version: int):
+        """A process with a copy of the policy, or (engine vllm, server mode) a thread asking the server."""
+        if not self.cfg.rollout.uses_vllm:
+            return RolloutWorker(self.policy.adapter, self._settings(version))
+        from vlm_grpo.grpo.rollout.asynchronous.vllm_server import ServerWorker
+        from vlm_grpo.grpo.rollout.vllm.modes import open_engine
+
+        engine = open_engine(self.policy.adapter, self.cfg, self.ctx.device, root=self.policy.model,
+                             announce=self.ctx.is_main)
+        return ServerWorker(engine, self.policy.adapter, self.cfg, self.ctx.device, version)
 
     def next(self, step: int) -> Draw:
         """The next batch; before it is taken, K + 1 are kept requested (it and K more, at this step's version)."""
@@ -142,7 +153,10 @@ class AsyncDraws(SyncDraws):
         """The step's staleness (steps between the weights that sampled its batches and the trained ones; the
         oldest batch's) and the seconds it waited for the worker."""
         waited, self.worker.wait_seconds = self.worker.wait_seconds, 0.0
-        return {"async/staleness": float(max(self.taken)), "async/wait_s": waited}
+        metrics = {"async/staleness": float(max(self.taken)), "async/wait_s": waited}
+        if getattr(self.worker, "push_seconds", 0.0):  # a vLLM server's pushes
+            metrics["perf/weight_sync_s"], self.worker.push_seconds = self.worker.push_seconds, 0.0
+        return metrics
 
     def commit(self) -> None:
         super().commit()

@@ -417,9 +417,10 @@ class TrainConfig:
     def _check_asynchronous(self) -> None:
         """What asynchronous rollouts cannot do here, refused before anything loads."""
         k = f"{self.rollout.max_staleness}"
-        if self.rollout.uses_vllm:
-            raise SettingError("rollout.max_staleness", f"{k} with rollout.engine vllm: asynchronous rollouts run on "
-                               "the transformers engine's worker process here; use engine transformers, or 0")
+        if self.rollout.uses_vllm and self.rollout.vllm_mode != "server":
+            raise SettingError("rollout.max_staleness", f"{k} with rollout.engine vllm in vllm_mode colocate: "
+                               "asynchronous rollouts go to a `vlm-grpo vllm-serve` server (vllm_mode server) or "
+                               "to the transformers engine's worker process")
         clashes = (("steps_per_generation", self.steps_per_generation > 1, "a rollout batch feeding several steps"),
                    ("fsdp", self.fsdp != "no", "a sharded policy (the worker holds a whole copy)"),
                    ("lora.load_in_4bit", self.lora.load_in_4bit, "4-bit weights (the worker's copy cannot be "
