@@ -26,18 +26,55 @@ NEW_KEYS = ("async/", "sampling/")  # what only an asynchronous run logs
 COST_KEYS = ("step_time", "perf/vision_calls", "perf/vision_images")  # its trainer encodes the images itself
 
 
-def _same_keys(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith(NEW_KEYS) and k not in COST_KEYS}
+# the loss and what it reads: weighed by a ratio of decode-time to teacher-forced probabilities, 1 to float precision
+WEIGHED = ("loss", "grad_norm", "clip_ratio/", "entropy", "kl")
+
+
+def _same_keys(row: dict, weighed: bool) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith(NEW_KEYS) and k not in COST_KEYS
+            and k.startswith(WEIGHED) == weighed}
 
 
 def test_a_policy_that_does_not_move_samples_the_same_completions_two_steps_ahead(tmp_path):
     common = [*MODEL, "--max-steps", "3", "--learning-rate", "0"]
     sync = trained(GRPOTrainer.from_settings(run_config(tmp_path / "sync", *common)))
     ahead = trained(GRPOTrainer.from_settings(run_config(tmp_path / "ahead", *common, "--rollout.max_staleness", "2")))
-    assert [_same_keys(r) for r in ahead] == [_same_keys(r) for r in sync]
+    assert [_same_keys(r, False) for r in ahead] == [_same_keys(r, False) for r in sync]  # rewards, lengths, ...
+    for a, s in zip(ahead, sync):
+        weighed = _same_keys(s, True)
+        assert weighed and _same_keys(a, True) == pytest.approx(weighed, rel=1e-4, abs=1e-6)
     assert (tmp_path / "ahead" / "completions.jsonl").read_text() == (tmp_path / "sync" / "completions.jsonl").read_text()
     assert [r["async/staleness"] for r in ahead] == [0.0, 1.0, 2.0]
-    assert all(r["sampling/importance_sampling_ratio/mean"] == 1.0 for r in ahead)  # the same weights sampled
+    for r in ahead:  # the same weights sampled: the worker's log-probs are the trainer's
+        assert r["sampling/importance_sampling_ratio/mean"] == pytest.approx(1.0, abs=1e-4)
+        assert r["sampling/sampling_logp_difference/max"] < 1e-4
+
+
+@pytest.mark.parametrize("model, temperature", [("tiny:qwen2_5_vl", 0.7), ("tiny:idefics3", 1.3)])
+def test_log_probs_taken_as_tokens_are_drawn_are_the_teacher_forced_ones(tmp_path, model, temperature):
+    """What the worker sends as its sampling log-probs (adapters.sampler.TokenLogps, during generate()) against a
+    full forward over the sampled completions, on two families and vocabularies, top-k on (it must not change them)."""
+    from vlm_grpo.adapters.sampler import TokenLogps
+    from vlm_grpo.grpo.logprobs.completions import group_scores
+    from vlm_grpo.grpo.rollout.generation import encode, rollout
+    from vlm_grpo.grpo.training.policy import sampling_with
+
+    cfg = run_config(tmp_path, "--model", model, "--max-steps", "1", "--temperature", str(temperature),
+                     "--generation.top_k", "20", "--max-new-tokens", "12", "--guard.audit_at_start", "false")
+    trainer = GRPOTrainer.from_settings(cfg)
+    adapter, batch = trainer.adapter, trainer.data.batch(0)
+    torch.manual_seed(0)
+    prompts, drawn = encode(adapter, batch.samples, "cpu"), TokenLogps(temperature)
+    with sampling_with(adapter.model, cfg.generation):
+        ro = rollout(adapter, batch.samples, cfg.generation, 4, "cpu", prompts=prompts, token_logps=drawn)
+    rows = list(range(len(ro.completions)))
+    with torch.no_grad():
+        forward = group_scores(adapter, prompts, ro.prompt_index(rows), ro.completion_ids, ro.completion_mask,
+                               adapter.model, trainer.scorer.options()).logps
+    during = drawn.tensor()
+    mask = ro.completion_mask.bool()
+    assert during.shape == forward.shape and mask.sum() > 8
+    assert (during - forward)[mask].abs().max() < 1e-4
 
 
 @pytest.mark.parametrize("extra", [[], ["--reward", "tests/grpo/toy_rewards.py:lowercase_share_on_even_counts",

@@ -54,16 +54,18 @@ class ModelCalls:
     def generation_kwargs(self, *, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
                           top_p: float = 1.0, top_k: int = 0, use_cache: bool | None = None, output_logits: bool = False,
                           min_new_tokens: int = 0, eos_token_id: list[int] | None = None,
-                          sampler: str = "inverse_cdf") -> dict[str, Any]:
+                          sampler: str = "inverse_cdf", token_logps: Any = None) -> dict[str, Any]:
         """`generate()` settings of every generation path: suppression, EOS, sampling, and the cache decision
         unless `use_cache` forces one. `sampler` (with do_sample): "inverse_cdf" draws from generate()'s distribution
-        with one uniform per row (adapters/sampler.py); "multinomial" is generate()'s own draw."""
+        with one uniform per row (adapters/sampler.py); "multinomial" is generate()'s own draw. `token_logps` (a
+        sampler.TokenLogps, inverse_cdf only): gets each drawn token's log-prob at the sampling temperature."""
         from vlm_grpo.adapters.sampler import inverse_cdf_generation, sampler_draws  # transformers: only to generate
         eos = self.eos_token_ids if eos_token_id is None else eos_token_id
         if do_sample and sampler_draws(sampler, output_logits):
             greedy = self.generation_kwargs(max_new_tokens=max_new_tokens, use_cache=use_cache, eos_token_id=eos)
             return inverse_cdf_generation(greedy, self.model.generation_config, self.suppressed_token_ids(), eos,
-                                          min_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+                                          min_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                          token_logps=token_logps)
         kwargs = dict(
             max_new_tokens=max_new_tokens,
             # 0 as None: with any min_new_tokens, generate() masks EOS below a min_length (the prompt's, for 0), a

@@ -96,6 +96,27 @@ def hf_warpers(generation_config, temperature: float | None, top_k: int | None, 
     return warpers
 
 
+class TokenLogps:
+    """Each drawn token's log-prob under the model's raw scores at `temperature` (before suppression and the
+    warpers: log_softmax(logits / T) over the whole vocabulary, as the trainer's log-prob forwards take it), one
+    column per decode step: [N, steps] once the generate() call is over."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.columns: list[torch.Tensor] = []
+        self._pending: torch.Tensor | None = None
+
+    def before_draw(self, scores: torch.Tensor) -> None:
+        self._pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+
+    def drawn(self, tokens: torch.Tensor) -> None:
+        self.columns.append(self._pending.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
+        self._pending = None
+
+    def tensor(self) -> torch.Tensor | None:
+        return torch.stack(self.columns, dim=1) if self.columns else None
+
+
 class InverseCdfSampler(LogitsProcessor):
     """Samples the next token inside a greedy generate() (see the module doc). One instance serves one generate()
     call: the first call it sees carries the prompt, whose length min_new_tokens counts from. `in_place`: the scores
@@ -103,7 +124,8 @@ class InverseCdfSampler(LogitsProcessor):
     allocated at all; otherwise it works on a copy."""
 
     def __init__(self, suppressed_ids: Sequence[int], eos_token_ids: Sequence[int], min_new_tokens: int = 0,
-                 warpers: Sequence[LogitsProcessor] = (), in_place: bool = False):
+                 warpers: Sequence[LogitsProcessor] = (), in_place: bool = False, token_logps: TokenLogps | None = None):
+        self.token_logps = token_logps
         self.suppressed_ids = list(suppressed_ids)
         self.eos_token_ids = list(eos_token_ids)
         self.min_new_tokens = min_new_tokens
@@ -124,12 +146,16 @@ class InverseCdfSampler(LogitsProcessor):
             self.prompt_length = input_ids.shape[-1]
         early = input_ids.shape[-1] - self.prompt_length < self.min_new_tokens  # EOS not allowed yet
         banned = self._banned(scores.device, early and bool(self.eos_token_ids))
+        if self.token_logps is not None:
+            self.token_logps.before_draw(scores)
         if self.in_place:
             scores = scores.index_fill_(-1, banned, float("-inf")) if banned.numel() else scores
         else:
             scores = scores.index_fill(-1, banned, float("-inf")) if banned.numel() else scores.clone()
         scores = self.warpers(input_ids, scores)  # HF's warpers return new tensors: what follows owns `scores`
         tokens = inverse_cdf_draw(scores, in_place=True)
+        if self.token_logps is not None:
+            self.token_logps.drawn(tokens)
         return scores.fill_(float("-inf")).scatter_(-1, tokens.unsqueeze(-1), 0.0)  # generate()'s argmax takes it
 
 
@@ -142,9 +168,10 @@ def sampler_draws(sampler: str, output_logits: bool) -> bool:
 
 
 def inverse_cdf_generation(greedy: dict[str, Any], generation_config, suppressed: list[int], eos: list[int],
-                           min_new_tokens: int, **sampling: Any) -> dict[str, Any]:
+                           min_new_tokens: int, token_logps: TokenLogps | None = None, **sampling: Any
+                           ) -> dict[str, Any]:
     """generate() settings that sample by inverse CDF: the greedy settings `greedy` with the draw as their one logits
     processor, which applies the suppression, the EOS mask and HF's warpers (`sampling`: temperature, top_k, top_p)."""
     warpers = hf_warpers(generation_config, sampling["temperature"], sampling["top_k"], sampling["top_p"])
-    draw = InverseCdfSampler(suppressed, eos, min_new_tokens, warpers, in_place=True)
+    draw = InverseCdfSampler(suppressed, eos, min_new_tokens, warpers, in_place=True, token_logps=token_logps)
     return {**greedy, "suppress_tokens": None, "logits_processor": LogitsProcessorList([draw])}

@@ -48,6 +48,9 @@ def check_frameworks(settings: BenchSettings) -> None:
         lengths = _lengths(settings)
     except ValueError as err:
         raise SettingError("lengths", str(err)) from None
+    if lengths.varies and settings.max_staleness > 0:
+        raise SettingError("lengths", f"bench --lengths {settings.lengths} ends completions inside this process's "
+                           "generate(), and --max-staleness samples in a worker process: use --lengths fixed")
     if lengths.varies and settings.engine != "transformers":
         raise SettingError("lengths", f"bench --lengths {settings.lengths} ends completions inside generate(): "
                            "use it with --engine transformers")
@@ -152,6 +155,7 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
         "--mixed-precision", "bf16" if precision_on(settings, device) == "bf16" else "no", "--generation.sampler", settings.sampler,
         "--lora.r", str(settings.lora_r), "--load-in-4bit", str(settings.load_in_4bit).lower(),
         "--rollout.engine", settings.engine, "--perf.pixel_cache_mb", str(settings.pixel_cache_mb),
+        "--rollout.max_staleness", str(settings.max_staleness), "--rollout.worker_threads", str(settings.worker_threads),
     ]
     if settings.freeze:
         overrides += ["--optim.freeze", ",".join(settings.freeze)]
@@ -161,6 +165,8 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
     result = FrameworkResult("vlm-grpo")
     plan = _end_at_drawn_lengths(settings, trainer.adapter.model, trainer.adapter.eos_token_ids[0])
     parts = EngineParts(trainer) if settings.engine == "vllm" else None  # opens the engine, timed
+    if settings.max_staleness:  # the worker gets its copy of the policy before the phase clock wraps the model
+        trainer.draws.begin_step(0)
     clock = PhaseClock(trainer.adapter, [trainer.adapter.model] + ([trainer.reference] if trainer.reference is not None
                                                                   else []), trainer.adapter.model)
     for step in range(settings.warmup):
@@ -194,6 +200,7 @@ def run_vlm_grpo(settings: BenchSettings, source: str, device: torch.device, wor
     if parts:
         result.parts = parts.summary()
     trainer.vision_counter.close()
+    trainer.draws.close()  # an asynchronous run's worker
     if trainer.sampler.engine is not None:
         trainer.sampler.engine.close()
     del trainer, adapter

@@ -54,3 +54,5 @@ class BenchSettings:
     device: str | None = None  # default: cuda if available, else cpu
     precision: str | None = None  # fp32 | bf16 in both frameworks (None: bf16 on a GPU, fp32 on a CPU)
     engine: str = "transformers"  # vllm: vlm-grpo's rollout.engine vllm, TRL's use_vllm (vllm_mode colocate)
+    max_staleness: int = 0  # vlm-grpo's rollout.max_staleness (asynchronous rollouts; TRL has none)
+    worker_threads: int = 0  # vlm-grpo's rollout.worker_threads (0: as many as the trainer's)

@@ -63,6 +63,11 @@ def add_parser(sub) -> None:
                    help="what samples the rollouts: generate() (transformers), or vLLM in this process (vlm-grpo's "
                    "rollout.engine vllm; TRL's use_vllm with vllm_mode colocate). vllm needs the vllm package "
                    "(README, 'Rollouts with vLLM')")
+    p.add_argument("--max-staleness", type=int, default=0,
+                   help="vlm-grpo only: rollout.max_staleness (asynchronous rollouts K steps ahead, a worker process "
+                   "with --worker-threads threads; 0: the synchronous loop)")
+    p.add_argument("--worker-threads", type=int, default=0,
+                   help="vlm-grpo, --max-staleness > 0: the worker's torch threads (0: as many as --threads)")
     p.add_argument("--precision", default=None, choices=["fp32", "bf16"],
                    help="both frameworks in this precision: fp32, or bf16 (vlm-grpo's mixed_precision bf16, TRL's own "
                    "bf16=True). Default: bf16 on a GPU, fp32 on a CPU")
@@ -117,7 +122,7 @@ def run(args) -> int:
         shared_prefix=args.shared_prefix, share_image_features=args.share_image_features, sampler=args.sampler,
         padding_free=args.padding_free,
         lora_r=args.lora_r, load_in_4bit=args.load_in_4bit, device=args.device, engine=args.engine,
-        precision=args.precision,
+        precision=args.precision, max_staleness=args.max_staleness, worker_threads=args.worker_threads,
     )
     report = run_benchmark(settings)
     print(format_report(report))

@@ -82,3 +82,47 @@ def weigh_by_engine(traj, engine_logps: torch.Tensor, rollout) -> dict[str, floa
                                      rollout.vllm_importance_sampling_clip_min, rollout.vllm_importance_sampling_clip_max)
     traj.sampling_ratio = correction.ratio
     return {**correction.metrics, "sampling/importance_sampling_ratio/clipped_share": correction.clipped_share}
+
+
+class CorrectionTally:
+    """The ratio computed per micro-batch from the update's own log-probs (detached), where they are the old ones
+    (one update of a batch sampled elsewhere: an asynchronous worker's), instead of a forward of its own; the
+    statistics over all micro-batches as `weigh_by_engine` gives them over the whole batch."""
+
+    def __init__(self, rollout):
+        self.rollout = rollout
+        self.ratios: list[torch.Tensor] = []
+        self.gaps: list[torch.Tensor] = []
+        self.outside: list[torch.Tensor] = []
+
+    def ratio(self, trainer_logps: torch.Tensor, engine_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        r = self.rollout
+        mode, low, high = r.vllm_importance_sampling_mode, r.vllm_importance_sampling_clip_min, \
+            r.vllm_importance_sampling_clip_max
+        trainer_logps = trainer_logps.detach()
+        mask = mask.to(trainer_logps.dtype)
+        ratio = correction_ratio(trainer_logps, engine_logps, mask, mode, low, high)
+        raw = correction_ratio(trainer_logps, engine_logps, mask, mode, None, None)
+        sequence = mode.startswith("sequence_")
+        keep = slice(None) if sequence else mask.bool()
+        self.ratios.append((ratio.flatten() if sequence else ratio[keep]).float())
+        raw = raw.flatten() if sequence else raw[keep]
+        self.outside.append(((raw < (-math.inf if low is None else low)) | (raw > (math.inf if high is None else high))
+                             ).float())
+        gap = (trainer_logps - engine_logps).abs()
+        self.gaps.append(gap[mask.bool() & ~torch.isnan(gap)].float())
+        return ratio
+
+    def metrics(self) -> dict[str, float]:
+        def stat(parts: list[torch.Tensor], fn) -> float:
+            x = torch.cat(parts) if parts else torch.zeros(0)
+            return float(fn(x)) if x.numel() else 0.0
+
+        return {
+            "sampling/importance_sampling_ratio/min": stat(self.ratios, torch.min),
+            "sampling/importance_sampling_ratio/mean": stat(self.ratios, torch.mean),
+            "sampling/importance_sampling_ratio/max": stat(self.ratios, torch.max),
+            "sampling/sampling_logp_difference/mean": stat(self.gaps, torch.mean),
+            "sampling/sampling_logp_difference/max": stat(self.gaps, torch.max),
+            "sampling/importance_sampling_ratio/clipped_share": stat(self.outside, torch.mean),
+        }

@@ -204,9 +204,14 @@ class GRPOStage(Stage):
         traj = scored.trajectory
         traj.ref_logps = self.scorer.reference_logps(traj)
         correct = sampled.rollout.sampling_logps is not None and cfg.rollout.vllm_importance_sampling_correction
-        if cfg.num_iterations > 1 or cfg.steps_per_generation > 1 or correct:
+        # an asynchronous batch's one update: its own log-probs are the old ones, and the ratio is taken from them
+        in_update = correct and cfg.rollout.asynchronous and cfg.num_iterations == 1
+        if cfg.num_iterations > 1 or cfg.steps_per_generation > 1 or (correct and not in_update):
             traj.old_logps = self.scorer.sampling_policy_logps(traj)  # later updates are off-policy
-        engine_metrics = weigh_by_engine(traj, sampled.rollout.sampling_logps, cfg.rollout) if correct else {}
+        if in_update:
+            traj.sampling_logps = sampled.rollout.sampling_logps
+        engine_metrics = weigh_by_engine(traj, sampled.rollout.sampling_logps, cfg.rollout) \
+            if correct and not in_update else {}
         engine_metrics = self.ctx.extremes_over_processes(engine_metrics)  # TRL's min of mins, max of maxes
         # TRL shuffles a generation before splitting it into steps (drawn only then: one step per generation takes
         # no random numbers here, so its runs stay as they were)

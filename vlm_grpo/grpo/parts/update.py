@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from vlm_grpo.grpo.algorithm.losses import LossInputs, PolicyObjective
+from vlm_grpo.grpo.algorithm.sampling_correction import CorrectionTally
 from vlm_grpo.grpo.algorithm.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,9 @@ class PolicyUpdate:
         # the step's training tokens per process (step_tokens losses; DDP averages gradients over processes)
         tokens = acc.reduce(mask.sum().float(), reduction="sum") / acc.num_processes
         coef = self.scorer.router_aux_coef
+        # a batch sampled elsewhere, trained by one update: the engine correction from this update's own log-probs
+        tally = CorrectionTally(cfg.rollout) if traj.sampling_logps is not None and traj.old_logps is None \
+            and traj.sampling_ratio is None and cfg.num_iterations == 1 else None
         sums: dict[str, float] = {}
         skipped = undone = 0
         for _ in range(cfg.num_iterations):
@@ -51,10 +55,12 @@ class PolicyUpdate:
                 with policy.accumulating(last=k == len(chunks) - 1):
                     scores = self.scorer.scores(traj, part, policy.model, with_entropy=True,
                                                 features=traj.policy_features, router_aux=True)
+                    ratio = _rows(traj.sampling_ratio, part) if tally is None else \
+                        tally.ratio(scores.logps, traj.sampling_logps[part], traj.loss_mask[part])
                     loss, metrics = self.objective(LossInputs(
                         scores.logps, traj.advantages[part], traj.loss_mask[part], old_logps=_rows(traj.old_logps, part),
                         ref_logps=_rows(traj.ref_logps, part), entropy=scores.entropy,
-                        sampling_logps=_rows(traj.sampling_logps, part), sampling_ratio=_rows(traj.sampling_ratio, part),
+                        sampling_logps=_rows(traj.sampling_logps, part), sampling_ratio=ratio,
                         normalizer=tokens, share=len(part) / trained))
                     if scores.aux_loss is not None:  # MoE (TRL's rule): + coef x routers' balancing loss, per micro-batch
                         loss = loss + coef * scores.aux_loss / len(chunks)
@@ -74,7 +80,8 @@ class PolicyUpdate:
                 sums["entropy_coef"] = sums.get("entropy_coef", 0.0) + self.entropy_control.coef / cfg.num_iterations
             self.updates += 1
             self.reference.after_update(self.updates, policy.adapter.model)
-        return {**sums, "grad_norm": float(grad_norm), "skipped_updates": skipped, "undone_updates": undone}
+        engine = {} if tally is None else self.ctx.extremes_over_processes(tally.metrics())
+        return {**sums, **engine, "grad_norm": float(grad_norm), "skipped_updates": skipped, "undone_updates": undone}
 
     # ---------------------------------------------------------------- in the run's checkpoints
     def state_dict(self) -> dict[str, Any]:

@@ -85,12 +85,15 @@ def sampling_settings(gen, use_cache: bool | None, max_new_tokens: int, min_new_
 
 def rollout(
     adapter, samples: list[Sample], gen, num_generations: int, device, use_cache: bool | None = None, shared_prefix: bool = True,
-    prompts: PromptBatch | None = None, features: ImageFeatures | None = None,
+    prompts: PromptBatch | None = None, features: ImageFeatures | None = None, token_logps=None,
 ) -> Rollout:
     """`prompts`: the samples already encoded (`encode`); `features`: their image features, already computed
-    (the shared-prefix path then runs no encoder)."""
+    (the shared-prefix path then runs no encoder); `token_logps` (adapters.sampler.TokenLogps): gets the sampled
+    tokens' log-probs where the inverse-CDF sampler draws them."""
     prompts = encode(adapter, samples, device) if prompts is None else prompts
     sampling = sampling_settings(gen, use_cache, gen.max_new_tokens, gen.min_new_tokens)
+    if token_logps is not None:
+        sampling["token_logps"] = token_logps
     if (getattr(adapter.model.generation_config, "num_beams", 1) or 1) > 1:
         # beam-search sampling (generation_kwargs num_beams) keeps num_beams rows per completion: each completion
         # runs its own generate(), with generate()'s own draw, as TRL's does

@@ -30,10 +30,16 @@ class RolloutWorker:
         self.requests, self.results = context.Queue(), context.Queue()
         sent = copy.deepcopy(adapter)
         sent.model.to("cpu")
+        _without_hooks(sent.model)
         self.process = context.Process(target=serve, args=(sent, settings, self.requests, self.results),
                                        name="vlm-grpo-rollout-worker", daemon=True)
-        with _main_not_imported():
-            self.process.start()
+        try:
+            with _main_not_imported():
+                self.process.start()
+        except (pickle.PicklingError, AttributeError, TypeError) as err:
+            raise WorkerFailed(f"the policy cannot be sent to the rollout worker process (rollout.max_staleness): "
+                               f"{type(err).__name__}: {err}. Its model and processor must pickle (no functions "
+                               "made inside other functions set on them)") from None
         del sent
         self.version = settings.version  # the newest version sent
         self.in_flight: deque[Request] = deque()
@@ -86,6 +92,20 @@ class RolloutWorker:
             self.process.join(JOIN_TIMEOUT_S)
         self.requests.close()
         self.results.close()
+
+
+HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",
+         "_forward_hooks_always_called", "_backward_hooks", "_backward_pre_hooks")
+
+
+def _without_hooks(model: torch.nn.Module) -> None:
+    """The copy samples only: hooks on the trainer's modules (counters, profilers) stay the trainer's (and a hook
+    made inside a function would not pickle)."""
+    for module in model.modules():
+        for name in HOOKS:
+            hooks = getattr(module, name, None)
+            if hooks is not None:
+                hooks.clear()
 
 
 @contextlib.contextmanager

@@ -1,6 +1,8 @@
 """The rollout worker process: its own copy of the policy (sent once, at start), which samples each request with
 the weights version the request names (sent before it, on the same queue) and answers with the completions and
-their log-probs under those weights (the behaviour policy's, for the trainer's importance-sampling correction).
+their log-probs under those weights (the behaviour policy's, for the trainer's importance-sampling correction):
+taken as each token is drawn (from the decode step's logits, as vLLM returns its own), or, where generate()'s own
+sampler draws, by a forward as the trainer's.
 
 Requests are answered in the order they come, one at a time, each from the seed it carries: the same request
 gives the same completions however far ahead of the trainer it ran. The worker ignores SIGINT and SIGTERM (the
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 
 from vlm_grpo.adapters.prompt_cache import PromptCache
+from vlm_grpo.adapters.sampler import TokenLogps
 from vlm_grpo.grpo.logprobs.completions import ScoreOptions, group_scores
 from vlm_grpo.grpo.rollout.generation import encode, rollout
 
@@ -131,12 +134,15 @@ def _sample(adapter, request: Request, settings: WorkerSettings, cache: PromptCa
     device, g = torch.device(settings.device), settings.num_generations
     torch.manual_seed(request.seed)
     prompts = encode(adapter, request.samples, device, cache=cache)
+    drawn = TokenLogps(settings.generation.temperature)
     ro = rollout(adapter, request.samples, settings.generation, g, device, shared_prefix=settings.shared_prefix,
-                 prompts=prompts)
-    rows = list(range(ro.completion_ids.shape[0]))
-    with torch.no_grad():
-        logps = group_scores(adapter, prompts, ro.prompt_index(rows), ro.completion_ids, ro.completion_mask,
-                             adapter.model, settings.score_options).logps
+                 prompts=prompts, token_logps=drawn)
+    logps = drawn.tensor()
+    if logps is None or logps.shape != ro.completion_ids.shape:  # not drawn by the inverse-CDF sampler: a forward
+        rows = list(range(ro.completion_ids.shape[0]))
+        with torch.no_grad():
+            logps = group_scores(adapter, prompts, ro.prompt_index(rows), ro.completion_ids, ro.completion_mask,
+                                 adapter.model, settings.score_options).logps
     cpu = torch.device("cpu")
     return Result(index=request.index, version=request.version, rows=request.rows,
                   prompt_ids=prompts.input_ids.to(cpu), completion_ids=ro.completion_ids.to(cpu),
