@@ -2,7 +2,8 @@
 
     python -m pytest -n 2 --dist loadfile --junitxml=/tmp/junit.xml && python scripts/test_durations.py /tmp/junit.xml
 
-`make durations` does both. A test missing from the file (a new one) runs in the fast tier until the file is
+`make durations` does both. `--merge` keeps the file's other entries and replaces those the report has (a report of
+some test files only: their times are then measured without the rest of the suite beside them). A test missing from the file (a new one) runs in the fast tier until the file is
 refreshed; a test recorded slower than tests/conftest.py's FAST_SECONDS does not. A class- or module-scoped
 fixture is set up by whichever of its tests runs first, so the slowest setup among its tests (tests/conftest.py
 records each test's setup and shared fixtures) is charged to every test that uses it.
@@ -30,6 +31,8 @@ def node_id(classname: str, name: str) -> str:
 
 
 def main(argv: list[str]) -> int:
+    merge = "--merge" in argv
+    argv = [a for a in argv if a != "--merge"]
     if len(argv) != 1:
         print(__doc__.strip(), file=sys.stderr)
         return 2
@@ -45,6 +48,8 @@ def main(argv: list[str]) -> int:
     for test, fixtures in uses.items():
         charged = [setup_cost[(test.split("::")[0], f)] for f in fixtures]
         times[test] = round(max([times[test], *charged]), 3)
+    if merge:
+        times = {**json.loads(OUT.read_text()), **times}
     OUT.write_text(json.dumps(dict(sorted(times.items())), indent=0) + "\n")
     print(f"{OUT.relative_to(ROOT)}: {len(times)} tests, {sum(times.values()):.0f} s in all")
     return 0

@@ -13,6 +13,7 @@ from collections import deque
 
 import torch
 
+from vlm_grpo.compat.picklable_model import without_hooks
 from vlm_grpo.grpo.rollout.asynchronous.worker_process import Failure, Request, Result, Weights, WorkerSettings, serve
 
 JOIN_TIMEOUT_S = 30.0
@@ -29,8 +30,7 @@ class RolloutWorker:
         context = torch.multiprocessing.get_context("spawn")
         self.requests, self.results = context.Queue(), context.Queue()
         sent = copy.deepcopy(adapter)
-        sent.model.to("cpu")
-        _without_hooks(sent.model)
+        without_hooks(sent.model.to("cpu"))  # the trainer's hooks stay its own (compat/picklable_model.py)
         self.process = context.Process(target=serve, args=(sent, settings, self.requests, self.results),
                                        name="vlm-grpo-rollout-worker", daemon=True)
         try:
@@ -90,22 +90,11 @@ class RolloutWorker:
         if self.process.is_alive():
             self.process.kill()
             self.process.join(JOIN_TIMEOUT_S)
+        # what is still queued for a worker that has gone will never be read: the queue's feeder thread must not
+        # hold this process open writing it
+        self.requests.cancel_join_thread()
         self.requests.close()
         self.results.close()
-
-
-HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",
-         "_forward_hooks_always_called", "_backward_hooks", "_backward_pre_hooks")
-
-
-def _without_hooks(model: torch.nn.Module) -> None:
-    """The copy samples only: hooks on the trainer's modules (counters, profilers) stay the trainer's (and a hook
-    made inside a function would not pickle)."""
-    for module in model.modules():
-        for name in HOOKS:
-            hooks = getattr(module, name, None)
-            if hooks is not None:
-                hooks.clear()
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ import torch
 
 from vlm_grpo.adapters.prompt_cache import PromptCache
 from vlm_grpo.adapters.sampler import TokenLogps
+from vlm_grpo.compat.picklable_model import registered_again
 from vlm_grpo.grpo.logprobs.completions import ScoreOptions, group_scores
 from vlm_grpo.grpo.rollout.generation import encode, rollout
 
@@ -89,7 +90,7 @@ def serve(adapter, settings: WorkerSettings, requests, results) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     parent = os.getppid()
     torch.set_num_threads(settings.threads)
-    model = adapter.model.to(settings.device)
+    model = registered_again(adapter.model).to(settings.device)
     for key, value in settings.generation_fields.items():
         setattr(model.generation_config, key, value)
     params = dict(model.named_parameters())
