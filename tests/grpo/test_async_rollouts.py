@@ -40,9 +40,9 @@ DEFAULT = ["--model", "pretrained:shapes-tiny", "--batch-size", "2", "--num-gene
            "false", "--data.recipe_options", "{image_size: 64}"]
 
 
-@pytest.mark.parametrize("model, k", [(MODEL, 2), (DEFAULT, 1)], ids=["tiny_qwen2_5_vl", "shapes_tiny"])
-def test_a_policy_that_does_not_move_samples_the_same_completions_ahead(tmp_path, model, k):
-    common = [*model, "--max-steps", str(k + 1), "--learning-rate", "0"]
+def test_a_policy_that_does_not_move_samples_the_same_completions_two_steps_ahead(tmp_path):
+    k = 2
+    common = [*DEFAULT, "--max-steps", str(k + 1), "--learning-rate", "0"]
     sync = trained(GRPOTrainer.from_settings(run_config(tmp_path / "sync", *common)))
     ahead = trained(GRPOTrainer.from_settings(run_config(tmp_path / "ahead", *common, "--rollout.max_staleness", str(k))))
     assert [_same_keys(r, False) for r in ahead] == [_same_keys(r, False) for r in sync]  # rewards, lengths, ...
@@ -83,9 +83,9 @@ def test_log_probs_taken_as_tokens_are_drawn_are_the_teacher_forced_ones(tmp_pat
     assert (during - forward)[mask].abs().max() < 1e-4
 
 
-@pytest.mark.parametrize("extra", [[], ["--reward", "tests/grpo/toy_rewards.py:lowercase_share_on_even_counts",
-                                        "--data.dynamic_sampling", "true"]], ids=["plain", "dynamic_sampling"])
-def test_no_batch_is_trained_on_more_than_k_steps_after_its_weights(tmp_path, monkeypatch, extra):
+def test_no_batch_is_trained_on_more_than_k_steps_after_its_weights(tmp_path, monkeypatch):
+    """With dynamic sampling a step may take several batches: requested ahead, or (the queue used up) now."""
+    extra = ["--reward", "tests/grpo/toy_rewards.py:lowercase_share_on_even_counts", "--data.dynamic_sampling", "true"]
     seen, original = [], AsyncDraws.next
 
     def watched(self, step):
@@ -97,9 +97,7 @@ def test_no_batch_is_trained_on_more_than_k_steps_after_its_weights(tmp_path, mo
     rows = trained(GRPOTrainer.from_settings(run_config(
         tmp_path, *MODEL, "--max-steps", "5", "--learning-rate", "3e-3", "--rollout.max_staleness", "2", *extra)))
     assert [index for _, _, index in seen] == list(range(len(seen)))  # the run's order, each batch once
-    assert all(0 <= step - version <= 2 for step, version, _ in seen)
-    if not extra:
-        assert [step - version for step, version, _ in seen] == [0, 1, 2, 2, 2]
+    assert all(0 <= step - version <= 2 for step, version, _ in seen) and len(seen) > 5  # some steps took more
     ages = {}
     for step, version, _ in seen:
         ages[step] = max(ages.get(step, 0), step - version)
@@ -115,7 +113,8 @@ def _comparable(rows):
 def test_resume_restores_the_queue_and_gives_the_same_weights(tmp_path):
     common = [*MODEL, "--max-steps", "4", "--learning-rate", "3e-3", "--rollout.max_staleness", "1"]
     straight, split = tmp_path / "straight", tmp_path / "split"
-    trained(GRPOTrainer.from_settings(run_config(straight, *common)))
+    rows = trained(GRPOTrainer.from_settings(run_config(straight, *common)))
+    assert [r["async/staleness"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
     trained(GRPOTrainer.from_settings(run_config(split, *common, "--save-every", "2")))
     queued = (split / "checkpoint-2" / "rollout_queue.json")
     assert queued.is_file() and '"index": 2' in queued.read_text()  # batch 2, sampled before step 2 was trained
