@@ -121,14 +121,14 @@ def test_trl_tools_and_environment_run_unchanged(tmp_path):
              call_text("add", amount=5), "no tools"]
     script_first_turns(trainer.adapter, lambda r: calls[r], lambda r: "The total is 7.")
     seen = {}
-    original = trainer.scoring.score
+    original = trainer.scoring.rewards_of  # where a rollout's rewards are taken
 
-    def score(samples, rows, sampled, step):
+    def rewards_of(samples, rows, sampled, step):
         seen["conversations"], seen["session"] = sampled.rollout.conversations, sampled.session
         seen["prompts"] = sampled.session.prompts
         return original(samples, rows, sampled, step)
 
-    trainer.scoring.score = score
+    trainer.scoring.rewards_of = rewards_of
     (metrics,) = trained(trainer)
     assert [e.total for e in seen["session"].environments] == [7, 0, 5, 0]  # one instance per rollout
     assert metrics["rewards/TallyEnv"] == pytest.approx(3.0)  # get_reward, named after the class (TRL)
