@@ -51,7 +51,8 @@ class DynamicSampling:
             rewarded = self.scoring.rewards_of(draw.batch.samples, draw.batch.rows, draw.sampled, step)
             taken.append((draw, rewarded))
             spread_of.append(group_spread(rewarded.total, g).tolist())
-            short = sum(map(sum, spread_of)) < size
+            with_spread = sum(map(sum, spread_of))
+            short = with_spread < size
             if self.agree:
                 short = bool(self.ctx.accelerator.reduce(torch.tensor(float(short), device=self.ctx.device),
                                                          reduction="sum") > 0)
@@ -62,7 +63,7 @@ class DynamicSampling:
         picks = sorted(spread + flat[:size - len(spread)])
         groups = sum(map(len, spread_of))
         metrics = {"dynamic_sampling/draws": float(len(taken)),
-                   "dynamic_sampling/spread_share": sum(map(sum, spread_of)) / max(groups, 1),
+                   "dynamic_sampling/spread_share": with_spread / max(groups, 1),
                    "dynamic_sampling/filled_without_spread": float(size - len(spread))}
         if picks == [(0, k) for k in range(size)]:  # the first batch as drawn
             draw, rewarded = taken[0]

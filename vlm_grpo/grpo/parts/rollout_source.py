@@ -154,7 +154,7 @@ class AsyncDraws(SyncDraws):
         oldest batch's) and the seconds it waited for the worker."""
         waited, self.worker.wait_seconds = self.worker.wait_seconds, 0.0
         metrics = {"async/staleness": float(max(self.taken)), "async/wait_s": waited}
-        if getattr(self.worker, "push_seconds", 0.0):  # a vLLM server's pushes
+        if self.worker.push_seconds:  # a vLLM server's pushes
             metrics["perf/weight_sync_s"], self.worker.push_seconds = self.worker.push_seconds, 0.0
         return metrics
 

@@ -49,6 +49,7 @@ class RolloutWorker:
         self.version = settings.version  # the newest version sent
         self.in_flight: deque[Request] = deque()
         self.wait_seconds = 0.0  # time the trainer spent waiting for answers (since the last read)
+        self.push_seconds = 0.0  # sending weights costs a queue put here (the server's worker pushes: vllm_server.py)
 
     def publish(self, version: int, model: torch.nn.Module) -> None:
         """The trainable weights of `model` as version `version` (what is frozen never changes, so never goes)."""
