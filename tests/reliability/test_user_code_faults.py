@@ -169,11 +169,16 @@ def test_the_shared_event_loop_still_serves_after_a_blocking_coroutine():
 def test_process_isolation_kills_what_swallows_every_stop():
     from vlm_grpo.grpo.tools.calls import run_calls as calls
 
+    def alive() -> set[int]:
+        return {c.pid for c in psutil.Process().children() if c.is_running() and c.status() != psutil.STATUS_ZOMBIE}
+
+    # Children that were here before (a forkserver another test in this process started) are not the call's.
+    before = alive()
     fn = corpus.tool_spin_swallowing
     started = time.monotonic()
     result = calls([{"name": fn.__name__, "arguments": {"x": 1}}], {fn.__name__: fn}, LIMIT, isolation="process")
     assert result[0].timed_out and time.monotonic() - started < LIMIT + GRACE
-    assert not [c for c in psutil.Process().children() if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert not alive() - before
 
 
 def test_process_isolation_returns_results_and_names_failures():
