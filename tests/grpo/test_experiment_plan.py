@@ -22,6 +22,19 @@ eval: {{splits: [test, ood], size: 4}}
 """
 
 
+def changed(text: str, change: str) -> str:
+    """`text` with each top-level key that `change` gives replaced by `change`'s (an experiment file refuses a key
+    written twice)."""
+    keys = {line.split(":", 1)[0] for line in change.splitlines() if line and not line[0].isspace()}
+    kept, skipping = [], False
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            skipping = line.split(":", 1)[0] in keys
+        if not skipping:
+            kept.append(line)
+    return "\n".join(kept) + "\n" + change.replace("{", "{{").replace("}", "}}") + "\n"
+
+
 def write(tmp_path, text: str):
     path = tmp_path / "exp.yaml"
     path.write_text(textwrap.dedent(text).format(out=tmp_path / "runs"))
@@ -87,7 +100,7 @@ def test_a_good_config_and_overrides(tmp_path):
     ("base_seed: '3'", "base_seed must be a whole number >= 0, got '3'"),
 ])
 def test_bad_configs_name_the_file_and_the_key(tmp_path, change, message):
-    path = write(tmp_path, GOOD + "\n" + change.replace("{", "{{").replace("}", "}}") + "\n")
+    path = write(tmp_path, changed(GOOD, change))
     with pytest.raises(ExperimentError) as err:
         read_experiment(path)
     assert message in str(err.value) and str(path) in str(err.value)
@@ -118,7 +131,7 @@ def test_bad_overrides_and_stages_are_refused_on_the_command_line(tmp_path, caps
 def test_a_late_stage_setting_is_refused_before_the_first_stage_runs(tmp_path, capsys, change, message):
     """Each stage's settings (the arms' and every eval split's too) load before compose starts: a wrong one is named
     in seconds, not after the hours of the stages before it, and nothing is written."""
-    path = write(tmp_path, GOOD + "\n" + change.replace("{", "{{").replace("}", "}}") + "\n")
+    path = write(tmp_path, changed(GOOD, change))
     assert main(["experiment", str(path), "--seed", "0"]) != 0
     err = capsys.readouterr().err
     assert message in err and str(path) in err
@@ -137,7 +150,7 @@ def test_eval_settings_keep_the_values_as_written(tmp_path):
     from vlm_grpo.experiment.stages import eval_settings
     from vlm_grpo.grpo.settings.sources import load_recipe_config
 
-    exp = read_experiment(write(tmp_path, GOOD + '\neval: {{splits: [test], size: 4, image_reliance: "false"}}\n'))
+    exp = read_experiment(write(tmp_path, changed(GOOD, 'eval: {splits: [test], size: 4, image_reliance: "false"}')))
     cfg, _ = load_recipe_config(settings=eval_settings(exp, "grpo", "test", 0))
     assert cfg.eval.image_reliance is False and cfg.eval.size == 4
 

@@ -1,6 +1,6 @@
 """Command-line flags generated from settings dataclasses, never written twice.
 
-- Commands configured by run settings (train, sft, eval): `--config FILE` plus free `--key value` overrides; their
+- Commands configured by run settings (train, sft, eval): `--config FILE` (repeatable) plus free `--key value` overrides; their
   `--help` lists every setting, generated from the settings dataclasses.
 - Commands with a fixed set of flags (the model flags, bench): one flag per dataclass field, with the field's type,
   default, choices and help (`add_dataclass_args`), values checked as the settings parser checks them.
@@ -24,7 +24,9 @@ def add_settings_command(sub, name: str, func, help: str, description: str):
     """A sub-command whose `func(args, extra)` receives the unparsed `--key value` overrides."""
     p = sub.add_parser(name, help=help, description=description, epilog=settings_epilog,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=None, help="YAML file of settings (command-line values win)")
+    p.add_argument("--config", action="append", default=None, metavar="FILE",
+                   help="YAML file of settings; repeatable: the files are merged, and a setting in two of them is "
+                   "refused (command-line values win over every file)")
     p.set_defaults(func=func, takes_extra=True)
     return p
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from vlm_grpo.grpo.settings.sources import refuse_trust_keys
+from vlm_grpo.grpo.settings.sources import mapping_pairs, refuse_repeated, refuse_trust_keys
+from vlm_grpo.grpo.setting_fields import SettingError
+from vlm_grpo.grpo.yaml_text import YAMLProblem, load_yaml
 
 STAGES = ("compose", "align", "sft", "grpo", "eval")  # the arms run between grpo and eval (Experiment.stage_names)
 TRAINING_STAGES = ("align", "sft", "grpo")
@@ -89,21 +89,30 @@ def set_value(data: dict[str, Any], assignment: str, source: str) -> None:
         if not isinstance(child, dict):
             raise ExperimentError(f"{source}: --set {key}: {part} is a value, not a section")
         node = child
-    node[parts[-1]] = yaml.safe_load(raw)
+    try:
+        node[parts[-1]] = load_yaml(raw, key, inline=True)
+    except YAMLProblem as err:
+        raise ExperimentError(f"{source}: --set {key}: {err}") from None
 
 
 def read_experiment(path: str | Path, overrides: list[str] = ()) -> Experiment:
     source = str(path)
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = load_yaml(Path(path).read_text(encoding="utf-8"), source)  # a key written twice is refused
     except FileNotFoundError:
         raise ExperimentError(f"experiment config {source} does not exist") from None
-    except yaml.YAMLError as err:
-        raise ExperimentError(f"{source} is not valid YAML: {err}") from None
+    except YAMLProblem as err:
+        raise ExperimentError(str(err)) from None
     if not isinstance(data, dict):
         raise ExperimentError(f"{source}: the file must hold a mapping of sections ({', '.join(sorted(TOP_KEYS))})")
     data = copy.deepcopy(data)
+    given: dict[str, str] = {}
     for assignment in overrides:
+        key = assignment.partition("=")[0].strip()
+        if key in given:
+            raise ExperimentError(f"{source}: --set {key} is given twice ({given[key]!r} and {assignment!r}); "
+                                  "keep one")
+        given[key] = assignment
         set_value(data, assignment, source)
     unknown = sorted(set(data) - TOP_KEYS)
     if unknown:
@@ -137,6 +146,7 @@ def read_experiment(path: str | Path, overrides: list[str] = ()) -> Experiment:
         if "output_dir" in settings.get("logging", {}):
             raise ExperimentError(f"{source}: {stage}: logging.output_dir is set by the experiment (OUTPUT_DIR/...)")
         refuse_trust_keys(settings, f"{source}: {stage}")
+        refuse_spellings(settings, f"{source}: {stage}")
         if stage == "align" and "words" in settings:
             check_words_align(settings, source)
         stages[stage] = settings
@@ -177,12 +187,21 @@ def check_arm(name: Any, arm: Any, source: str) -> dict[str, Any]:
         raise ExperimentError(f"{where}.set: the seed, resuming, the model and logging.output_dir are set by the "
                               "experiment; remove them")
     refuse_trust_keys(overrides, where)
+    refuse_spellings(overrides, f"{where}.set")
     types = arm.get("question_types")
     if types is not None and (arm["method"] not in ("answer_sft", "rft") or not isinstance(types, list) or not types
                               or not all(isinstance(t, str) and t for t in types)):
         raise ExperimentError(f"{where}.question_types: a non-empty list of question types (the recipe's "
                               f"question_type field), for answer_sft and rft only; got {types!r}")
     return {"method": arm["method"], "set": copy.deepcopy(overrides), "question_types": types}
+
+
+def refuse_spellings(settings: dict[str, Any], where: str) -> None:
+    """One setting written twice in a stage (a TRL name beside this project's): an ExperimentError naming both."""
+    try:
+        refuse_repeated(mapping_pairs(settings), where)
+    except SettingError as err:
+        raise ExperimentError(str(err)) from None
 
 
 def whole_number(value: Any, key: str, source: str) -> int:

@@ -1,9 +1,11 @@
 """Settings YAML, read strictly: plain YAML only, duplicate keys refused, every problem one line saying where.
 
-PyYAML's safe loader never builds Python objects, but its errors are multi-line tracebacks and it lets the last of
-two equal keys win silently (a `max_steps` set twice in one file). Here a duplicate key is an error naming both
-lines, a tag that would build an object (`!!python/object/...`) is refused by name, and malformed input reads
-`run.yaml:3:5: mapping values are not allowed here`.
+PyYAML's safe loader never builds Python objects, but its errors are multi-line tracebacks, it lets the last of two
+equal keys win silently (a `max_steps` set twice in one file), and nested aliases of a few hundred bytes expand to
+gigabytes once the settings are written back. Here a duplicate key is an error naming both lines, aliases that expand
+past MAX_EXPANDED_NODES values are refused before anything is built, a tag that would build an object
+(`!!python/object/...`) is refused by name, and malformed input reads `run.yaml:3:5: mapping values are not allowed
+here`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import re
 from typing import Any
 
 import yaml
+
+
+MAX_EXPANDED_NODES = 100_000  # a settings file has hundreds; nested aliases of 0.5 KB can expand to billions
 
 
 class YAMLProblem(ValueError):
@@ -35,6 +40,31 @@ class _StrictLoader(yaml.SafeLoader):
                         None, None, f"duplicate key {key!r} (first set on line {first_line[key] + 1})", key_node.start_mark)
                 first_line[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep)
+
+
+    def get_single_data(self):
+        node = self.get_single_node()
+        if node is None:
+            return None
+        size = _expanded_size(node, {})
+        if size > MAX_EXPANDED_NODES:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"the aliases expand to more than {MAX_EXPANDED_NODES:,} values (about {size:,}); "
+                "settings need far fewer: write the values out", node.start_mark)
+        return self.construct_document(node)
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """Values in `node` once every alias is written out (what dumping or copying it makes), counted in time
+    proportional to the file: an alias is the same node object, its size is computed once."""
+    key = id(node)
+    if key not in sizes:
+        sizes[key] = 1  # a node that holds itself counts once (the safe loader refuses to build it anyway)
+        if isinstance(node, yaml.SequenceNode):
+            sizes[key] = 1 + sum(_expanded_size(child, sizes) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            sizes[key] = 1 + sum(_expanded_size(k, sizes) + _expanded_size(v, sizes) for k, v in node.value)
+    return sizes[key]
 
 
 _TAG = re.compile(r"could not determine a constructor for the tag '(?:tag:yaml\.org,2002:)?(.*)'")

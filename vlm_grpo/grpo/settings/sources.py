@@ -143,9 +143,84 @@ def _put(values: dict[str, Any], key: str, value: Any, refused: list[RefusedName
         key, value = ("resume", value) if isinstance(value, bool) else ("resume_from", value)
     name, translation = canonical_key(key)
     if translation is not None:
-        value = coerce(value, bool, key)
-        value = translation[value]
+        flag = coerce(value, bool, key)
+        if not flag and values.get(name, _default(name)) != translation[True]:
+            return None  # `fp16: false` rules fp16 out; it does not undo a `bf16: true` given before it
+        value = translation[flag]
     values[name] = coerce(value, _hint(name), name)
+
+
+def _default(key: str) -> Any:
+    section, _, name = key.rpartition(".")
+    field = _fields(section or None)[name]
+    return field.default if field.default is not dataclasses.MISSING else field.default_factory()
+
+
+def _meaning(key: str, value: Any) -> tuple[str, Any, Any] | None:
+    """(canonical key, value as stored, the value it only rules out: TRL's `fp16: false` rules out "fp16", else None)
+    of one `key: value` as a user writes it; None for a list entry (`--reward` adds, never replaces) or a key that is
+    refused anyway (its own error names it)."""
+    short = str(key).lstrip("-").replace("-", "_")
+    if short in APPENDS:
+        return None
+    if short == "resume_from_checkpoint":
+        short = "resume" if isinstance(value, bool) or str(value).lower() in ("true", "false") else "resume_from"
+    try:
+        name, translation = canonical_key(short)
+        if translation is None:
+            return name, coerce(value, _hint(name), name), None
+        flag = coerce(value, bool, short)
+        return name, translation[flag], None if flag else translation[True]
+    except SettingError:
+        return None
+
+
+def _agree(a: tuple[str, Any, Any], b: tuple[str, Any, Any]) -> bool:
+    """Two spellings of one setting that cannot disagree: the same value, or a TRL flag that only rules a value out
+    beside one that sets another (`bf16: true` with `fp16: false`)."""
+    if a[2] is not None or b[2] is not None:
+        return (a[2] is None or b[1] != a[2]) and (b[2] is None or a[1] != b[2])
+    return a[1] == b[1]
+
+
+def refuse_repeated(pairs: list[tuple[str, Any]], source: str) -> None:
+    """A setting written twice within one source (a TRL name and this project's, a dash and an underscore spelling,
+    a flag given twice) is refused naming both spellings: no source keeps one of two values in silence."""
+    seen: dict[str, tuple[str, tuple[str, Any, Any]]] = {}
+    for key, value in pairs:
+        meaning = _meaning(key, value)
+        if meaning is None:
+            continue
+        first = seen.get(meaning[0])
+        if first is not None and not _agree(first[1], meaning):
+            raise SettingError(meaning[0], f"{source} sets it twice, as {first[0]}: {first[1][1]!r} and as {key}: "
+                               f"{meaning[1]!r}; keep one")
+        seen.setdefault(meaning[0], (str(key), meaning))
+
+
+def mapping_pairs(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """A settings mapping's `key: value` pairs, sections flattened (`optim: {lr: ..}` -> `optim.lr`)."""
+    pairs: list[tuple[str, Any]] = []
+    for key, value in data.items():
+        if not prefix and key == HISTORY:
+            continue
+        if not prefix and key in SECTIONS and isinstance(value, dict):
+            pairs += mapping_pairs(value, prefix=f"{key}.")
+        else:
+            pairs.append((f"{prefix}{key}", value))
+    return pairs
+
+
+def _word_pairs(words: list[str]) -> list[tuple[str, Any]]:
+    pairs, i = [], 0
+    while i < len(words):
+        if i + 1 < len(words) and not words[i + 1].startswith("--"):
+            pairs.append((words[i], words[i + 1]))
+            i += 2
+        else:
+            pairs.append((words[i], True))
+            i += 1
+    return pairs
 
 
 def _collect_mapping(values: dict[str, Any], data: dict[str, Any], prefix: str = "", refused=None) -> None:
@@ -159,7 +234,8 @@ def _collect_mapping(values: dict[str, Any], data: dict[str, Any], prefix: str =
 
 
 def _collect_words(values: dict[str, Any], words: list[str], refused=None) -> None:
-    """`--key value` pairs (a bare `--flag` means true)."""
+    """`--key value` pairs (a bare `--flag` means true); a setting given twice is refused."""
+    refuse_repeated(_word_pairs(words), "the command line")
     i = 0
     while i < len(words):
         key = words[i]
@@ -202,7 +278,30 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise SettingError("config", f"{path} must hold a mapping of settings")
     refuse_trust_keys(data, path)
+    refuse_repeated(mapping_pairs(data), str(path))
     return data
+
+
+def read_configs(paths: str | Path | list | tuple | None) -> tuple[dict[str, Any], str | None]:
+    """(settings, where they came from) of one or more `--config` files. Several files are merged only when no
+    setting is in two of them: which of two values a run takes is never decided by the order of the flags."""
+    if not paths:
+        return {}, None
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    merged: dict[str, Any] = {}
+    owner: dict[str, str] = {}
+    for path in paths:
+        data = read_yaml(path)
+        for key, value in mapping_pairs(data):
+            meaning = _meaning(key, value)
+            if meaning is None:
+                continue
+            if meaning[0] in owner and owner[meaning[0]] != str(path):
+                raise SettingError(meaning[0], f"set in two --config files, {owner[meaning[0]]} and {path}; set it "
+                                   "in one of them (or on the command line, which wins over every file)")
+            owner[meaning[0]] = str(path)
+        merged = merge_settings(merged, data)
+    return merged, ", ".join(map(str, paths))
 
 
 def refuse_trust_keys(data: dict[str, Any], source: str | Path) -> None:
@@ -252,9 +351,9 @@ def _collect(file_data: dict[str, Any] | None, overrides: list[str] | None, base
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> TrainConfig:
     """Defaults <- `base` mapping <- YAML file <- command-line words, checked once merged."""
-    from_file = read_yaml(path) if path else None
-    cfg = build_config(_collect(from_file, overrides, base))
-    warn_remote_vllm_server(cfg, path, from_file, overrides)
+    from_file, where = read_configs(path)
+    cfg = build_config(_collect(from_file or None, overrides, base))
+    warn_remote_vllm_server(cfg, where, from_file, overrides)
     return cfg
 
 
@@ -303,7 +402,7 @@ def load_recipe_config(path: str | Path | None = None, overrides: list[str] | No
     before any model loads. `settings`: a mapping as the YAML file holds (the Python API's), above the file."""
     from vlm_grpo import pretrained
 
-    from_file = read_yaml(path) if path else {}
+    from_file, where = read_configs(path)
     file_data = merge_settings(from_file, settings or {}) or None
     # Which recipe and model: from the user's values alone; the whole settings are checked only once the
     # defaults are underneath (a cross-setting check must see the batch size the defaults give).
@@ -318,7 +417,7 @@ def load_recipe_config(path: str | Path | None = None, overrides: list[str] | No
     base = merge_settings(*layers)
     cfg = build_config(_collect(file_data, overrides, base) if base else user)
     build_options(recipe, cfg.data)
-    warn_remote_vllm_server(cfg, path, from_file, overrides)
+    warn_remote_vllm_server(cfg, where, from_file, overrides)
     return cfg, recipe
 
 
