@@ -27,6 +27,7 @@ from typing import Any, Callable
 import torch
 
 from vlm_grpo.experiment.plan import Experiment
+from vlm_grpo.grpo import safe_files
 from vlm_grpo.experiment.stages import stage_settings, train_stage
 
 
@@ -80,10 +81,7 @@ def sampled_rows(exp: Experiment, stage: str, seed: int, say: Callable[[str], No
         say(f"{stage}: {kept['accepted']} of {kept['sampled']} completions accepted earlier ({kept_file})")
     else:
         kept = sample_and_keep(cfg, recipe, dataset, steps, exp.arms[stage]["question_types"], stage, say)
-        kept_file.parent.mkdir(parents=True, exist_ok=True)
-        partial = kept_file.with_suffix(".partial")
-        partial.write_text(json.dumps(kept))
-        partial.rename(kept_file)  # whole or absent: a stage stopped while writing samples again
+        safe_files.write_below(exp.output_dir, kept_file, json.dumps(kept))  # whole or absent: a stopped stage samples again
     rows = [replace(dataset[r["row"]], reference=r["completion"]) for r in kept["rows"]]
     if not rows:
         raise RuntimeError(f"{stage}: the reward accepted none of the {kept['sampled']} sampled completions; there is "

@@ -2,7 +2,11 @@
 (`independent_seeds: false`), would otherwise write one folder at once: compose and align clear the partial work the
 other is writing, two evals answer and write the same reports. Each stage runs holding an OS lock on
 `<output_dir>/.locks/<stage folder>.lock` (the run lock's, with its record of the holder); a second command reaching
-that stage is refused naming the first. Different stages of one seed still run side by side."""
+that stage is refused naming the first. Different stages of one seed still run side by side.
+
+The lock is also where a stage's folders are checked: a symlink at any level below the experiment's output_dir (the
+.locks folder, a seed folder, the stage folder) or inside the stage folder is refused before the stage writes, so
+nothing an experiment writes goes through a planted link. output_dir itself is the user's to place."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from vlm_grpo.experiment.plan import Experiment, ExperimentError
+from vlm_grpo.grpo import safe_files
 from vlm_grpo.grpo.run.lock import RunLock
 
 
@@ -23,7 +28,10 @@ def stage_lock(exp: Experiment, stage: str, seed: int) -> RunLock:
                                "wait for it to end, or stop it (a stopped stage resumes), then run this again")
 
     path = exp.output_dir / ".locks" / f"{name}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    safe_files.make_dirs_below(exp.output_dir, path.parent)
+    safe_files.make_dirs_below(exp.output_dir, folder.parent)
+    safe_files.check_below(exp.output_dir, folder)
+    safe_files.check_tree(folder)
     return RunLock(folder, path=path, refuse=refuse)
 
 

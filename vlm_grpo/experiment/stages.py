@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vlm_grpo.experiment.plan import Experiment
+from vlm_grpo.grpo import safe_files
 
 DONE = "stage.json"
 PREVIOUS = {"align": "compose", "sft": "align", "grpo": "sft"}  # the stage whose output each training stage starts from
@@ -60,14 +61,14 @@ def record_spent(path: Path, started: float) -> None:
     """Add this run's wall time to the stage's tally (called however the run ends)."""
     path.mkdir(parents=True, exist_ok=True)
     total = spent_before(path) + time.time() - started
-    (path / SPENT).write_text(json.dumps({"seconds": round(total, 1)}))
+    safe_files.write_file(path / SPENT, json.dumps({"seconds": round(total, 1)}))
 
 
 def mark_done(path: Path, started: float, earlier: float = 0.0, **facts: Any) -> None:
     """Write the stage's stage.json: `earlier` seconds (a finished stage run again: eval) + stopped runs + this run."""
     path.mkdir(parents=True, exist_ok=True)
     seconds = earlier + spent_before(path) + time.time() - started
-    (path / DONE).write_text(json.dumps({"seconds": round(seconds, 1), **facts}, indent=2))
+    safe_files.write_file(path / DONE, json.dumps({"seconds": round(seconds, 1), **facts}, indent=2))
 
 
 def composed_model(exp: Experiment, seed: int) -> str:
@@ -212,7 +213,7 @@ def train_stage(exp: Experiment, stage: str, seed: int, say: Callable[[str], Non
     complete = bool(history) and history[-1]["step"] == cfg.max_steps and final_of(exp, stage, seed).is_dir()
     if not complete:
         raise RuntimeError(f"{stage} stopped before its last step ({out}); run the command again to resume it")
-    (out / RAN_WITH).write_text(json.dumps(ran_with(exp, stage), indent=1, default=str) + "\n")
+    safe_files.write_file(out / RAN_WITH, json.dumps(ran_with(exp, stage), indent=1, default=str) + "\n")
     mark_done(out, started, steps=cfg.max_steps, resumed=settings["resume"], **facts)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from vlm_grpo.experiment.plan import Experiment
+from vlm_grpo.grpo import safe_files
 from vlm_grpo.experiment.stages import done, eval_task, model_stage, report_path
 from vlm_grpo.experiment.stats import beats, clustered_mean, commonest, difference
 from vlm_grpo.markdown_text import code_span
@@ -196,8 +197,7 @@ def summarize_experiment(exp: Experiment) -> dict[str, Any]:
             for model in exp.models():
                 rows[(seed, model)] = compact(json.loads(report_path(exp, model, split, seed).read_text()), span)
                 out = kept / f"seed{seed}" / f"{model}-{split}.json"
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps(rows[(seed, model)], separators=(",", ":")) + "\n")
+                safe_files.write_below(exp.output_dir, out, json.dumps(rows[(seed, model)], separators=(",", ":")) + "\n")
         tables[split] = split_table(exp, seeds, split, rows)
     times = {seed: {stage: (done(exp.stage_dir(stage, seed)) or {}).get("seconds")
                     for stage in exp.stage_names() if stage != "eval"} for seed in seeds}
@@ -208,8 +208,8 @@ def summarize_experiment(exp: Experiment) -> dict[str, Any]:
                "arms": exp.arms, "splits": tables, "times": times,
                "monitor": {seed: monitor(exp, seed) for seed in seeds},
                "changed": changed_answers(exp, seeds[0], validation[0], int(exp.eval.get("samples", 4)))}
-    (exp.output_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    (exp.output_dir / "summary.md").write_text(markdown(summary))
+    safe_files.write_below(exp.output_dir, exp.output_dir / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
+    safe_files.write_below(exp.output_dir, exp.output_dir / "summary.md", markdown(summary))
     return summary
 
 

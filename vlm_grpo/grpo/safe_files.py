@@ -81,6 +81,34 @@ def check_tree(path: Path) -> None:
                 check_path(Path(root) / name)
 
 
+def make_dirs_below(root: Path, folder: Path) -> Path:
+    """`folder` (inside `root`) made one level at a time, refusing a link at any level below `root`: `mkdir(parents=
+    True, exist_ok=True)` would go through a planted symlinked folder without a word. `root` itself is the user's."""
+    root, folder = Path(root), Path(folder)
+    here = root
+    root.mkdir(parents=True, exist_ok=True)
+    for part in folder.relative_to(root).parts:
+        here = here / part
+        check_path(here)
+        here.mkdir(exist_ok=True)
+        check_path(here)  # again: nothing swapped in a link meanwhile
+    return folder
+
+
+def check_below(root: Path, path: Path) -> None:
+    """Every existing level of `path` below `root` checked (nothing made)."""
+    here = Path(root)
+    for part in Path(path).relative_to(root).parts:
+        here = here / part
+        check_path(here)
+
+
+def write_below(root: Path, path: Path, data: bytes | str) -> Path:
+    """`write_file` of `path`, its folders inside `root` made by `make_dirs_below`."""
+    make_dirs_below(root, Path(path).parent)
+    return write_file(path, data)
+
+
 def refuse_links(run_dir: Path, names: Iterable[str]) -> None:
     """Every top-level entry of `run_dir` in `names` (a run file or folder) checked, folders through."""
     for name in sorted(set(names)):
