@@ -28,7 +28,8 @@ def _type_name(value: Any) -> str:
 def score_list(values: Any, expected: int) -> list[Any]:
     """The reward's output as a list of `expected` items; a ValueError saying what it was otherwise."""
     if values is None or isinstance(values, (str, bytes, dict, numbers.Number)):
-        what = "None" if values is None else f"a {_type_name(values)} ({str(values)[:40]!r})"
+        text = shown(values) if isinstance(values, int) else repr(str(values)[:40])  # a huge int has no str
+        what = "None" if values is None else f"a {_type_name(values)} ({text})"
         raise ValueError(f"returned {what} instead of a list of {expected} scores, one per completion (None inside "
                          "the list marks a completion it does not apply to)")
     shape = getattr(values, "shape", None)
@@ -58,16 +59,35 @@ def checked_score(index: int, value: Any) -> float:
     if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:  # a 0-d tensor or numpy scalar
         value = value.item()
     if not isinstance(value, numbers.Real):
-        raise BadScore(index, f"is a {_type_name(value)} ({str(value)[:40]}), not a number (one score per completion)")
-    score = float(value)
+        raise BadScore(index, f"is a {_type_name(value)} ({shown(value)}), not a number (one score per completion)")
+    try:
+        score = float(value)
+    except (OverflowError, ValueError, TypeError, ArithmeticError):  # 10**400, a Fraction of such, a broken __float__
+        raise BadScore(index, f"{shown(value)} is out of range: {ALLOWED} (it does not even fit a float)") from None
     if math.isnan(score):
         raise BadScore(index, "is NaN: return None for a completion a reward does not apply to")
     if math.isinf(score):
         raise BadScore(index, f"is {score}: scores must be finite")
     if abs(score) > MAX_ABS_REWARD:
-        raise BadScore(index, f"{value!r} is out of range: a score must lie within +-{MAX_ABS_REWARD:g} (larger ones "
-                       "overflow float32 and swamp every other reward)")
+        raise BadScore(index, f"{shown(value)} is out of range: {ALLOWED} (larger ones overflow float32 and swamp "
+                       "every other reward)")
     return score
+
+
+ALLOWED = f"a score must lie within +-{MAX_ABS_REWARD:g}"
+
+
+def shown(value: Any, limit: int = 40) -> str:
+    """`value` shortened for a one-line message: a huge integer by its size (its digits would fill the screen, and
+    past 4300 digits Python refuses to print it)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        digits = int(value.bit_length() * math.log10(2)) + 1
+        return f"{'-' if value < 0 else ''}an integer of about {digits} digits"
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a user object whose repr fails: its type says enough
+        text = f"a {_type_name(value)}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def checked_weight(what: str, weight: Any) -> float:
@@ -76,9 +96,11 @@ def checked_weight(what: str, weight: Any) -> float:
     try:
         value = float(weight)
     except (TypeError, ValueError):
-        raise ValueError(f"{what}: weight {weight!r} is not a number") from None
+        raise ValueError(f"{what}: weight {shown(weight)} is not a number") from None
+    except OverflowError:  # an integer too large for a float
+        value = math.inf
     if not math.isfinite(value) or abs(value) > MAX_ABS_WEIGHT:
-        raise ValueError(f"{what}: weight {weight!r} is out of range: it must be a finite number in "
+        raise ValueError(f"{what}: weight {shown(weight)} is out of range: it must be a finite number in "
                          f"[-{MAX_ABS_WEIGHT:g}, {MAX_ABS_WEIGHT:g}]")
     return value
 

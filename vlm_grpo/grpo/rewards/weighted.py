@@ -235,7 +235,7 @@ def _checked(reward: Reward, inputs: RewardInputs, output: Any, on_error: str, e
             values.append(checked_score(i, item))
         except BadScore as err:
             if on_error != "zero":
-                raise RewardError(f"reward {reward.name!r} returned a bad score for {_completion(inputs, i)}: the score "
+                raise RewardError(f"reward {reward.name!r} returned a bad score for {_sample(inputs, i)}: the score "
                                   f"{err}") from None
             values.append(0.0)
             errors[reward.name] = errors.get(reward.name, 0) + 1
