@@ -4,6 +4,12 @@ A reward that calls `sys.exit()` or raises `KeyboardInterrupt` must not look lik
 an error of that reward (grpo/user_calls.py says how it left, with `exit_reason`), and the run saves its last
 completed step and exits non-zero. A real signal raises `StopSignal`, a `KeyboardInterrupt` that user code cannot be
 confused with.
+
+When a signal stops a run (grpo/run/stop_signals.py, grpo/parts/saves.py): the first SIGINT/SIGTERM lets the step in
+progress finish (its rollout, scoring and update: a step is trained whole or not at all), that step is saved and the
+run stops, never after a further step: a signal that lands while a step's checkpoint is written, or in the step
+hooks and callbacks after it, stops the run before the next step starts. User code cannot take the stop away: the
+trainer's handlers are put back after every user call (grpo/call_contract.py).
 """
 
 from __future__ import annotations

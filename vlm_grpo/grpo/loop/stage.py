@@ -174,6 +174,8 @@ class Stage:
             guards = watchdogs(cfg)
             progress = _progress(start, cfg.max_steps, self.stage, enabled=ctx.is_main and cfg.logging.progress)
             for step in range(start, cfg.max_steps):
+                if step > start:  # a signal since the last step's save (its hooks, callbacks): no further step
+                    self.saves.before_step(step, stop, progress.close)
                 metrics = self._run_step(step)  # saved as the last completed step if it fails before its update
                 progress.update(1)
                 progress.set_postfix(self.progress_postfix(metrics))

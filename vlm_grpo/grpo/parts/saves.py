@@ -30,12 +30,28 @@ class Saves:
                 self.checkpoints.save(done)
             raise TrainingHalted(f"{halt}; checkpoint-{done} saved, stopped (guard.on_hacking stop)")
         periodic = self.save_every and done % self.save_every == 0 and done < cfg.max_steps
-        if periodic or (signum and done < cfg.max_steps):
+        if periodic:
             with stop.saving_checkpoint():
                 self.checkpoints.save(done)
+            signum = self.ctx.agreed_stop(stop.signum)  # a signal during the save stops here, not a step later
         if signum and done < cfg.max_steps:
+            if not periodic:
+                with stop.saving_checkpoint():
+                    self.checkpoints.save(done)
             close()
             self.stopped(signum, done)
+
+    def before_step(self, done: int, stop, close: Callable[[], Any]) -> None:
+        """Before the next step, `done` steps completed and saved by `after_step` unless a signal came since (during
+        the step hooks or callbacks): then that step is saved and the run stops before another one trains."""
+        signum = self.ctx.agreed_stop(stop.signum)
+        if not signum:
+            return
+        if not (self.save_every and done % self.save_every == 0):  # after_step saved it already
+            with stop.saving_checkpoint():
+                self.checkpoints.save(done)
+        close()
+        self.stopped(signum, done)
 
     def keep_completed(self, done: int, stop) -> None:
         """User code failed after step `done`: the step is kept (one process; when no checkpoint holds it yet)."""
