@@ -3,12 +3,16 @@ event loop or mutate what they read. tests/reliability/test_user_code_faults.py 
 entry points (score, run_calls, Toolset, CallbackBridge) and checks the documented outcome.
 
 Each case: (id, class, kind, the function or class). Classes: exit, raise, hang, spin, async_block, mutate.
+Below CASES: rewards that fork, change process-wide state or return numbers no float holds
+(tests/reliability/test_user_code_contract.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import os
+import signal
 import sys
 import threading
 import time
@@ -344,3 +348,70 @@ def _cases():
 
 
 CASES = _cases()
+
+
+# ---------------------------------------------------------------- forks and process-wide state
+FORKED: list[int] = []  # the children reward_forks made (the test waits for them)
+
+
+def reward_forks(completions, **_):
+    pid = os.fork()  # no exec: the child comes back out of this function into whatever called it
+    if pid:
+        FORKED.append(pid)
+        return [0.5] * len(completions)
+    return [9.0] * len(completions)
+
+
+def reward_chdir(completions, **_):
+    os.chdir(os.path.dirname(os.path.abspath(__file__)))
+    return [0.0] * len(completions)
+
+
+async def reward_async_chdir(completions, **_):
+    os.chdir(os.path.dirname(os.path.abspath(__file__)))
+    return [0.0] * len(completions)
+
+
+def reward_replaces_stdout(completions, **_):
+    sys.stdout = io.StringIO()  # to silence a library, never put back
+    return [0.0] * len(completions)
+
+
+def reward_closes_stdout(completions, **_):
+    sys.stdout.close()
+    return [0.0] * len(completions)
+
+
+def reward_grad_off(completions, **_):
+    import torch
+
+    torch.set_grad_enabled(False)
+    return [0.0] * len(completions)
+
+
+def reward_float64(completions, **_):
+    import torch
+
+    torch.set_default_dtype(torch.float64)
+    return [0.0] * len(completions)
+
+
+def reward_threads(completions, **_):
+    import torch
+
+    torch.set_num_threads(torch.get_num_threads() + 1)
+    return [0.0] * len(completions)
+
+
+def reward_ignores_sigterm(completions, **_):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return [0.0] * len(completions)
+
+
+def reward_own_sigint_handler(completions, **_):
+    signal.signal(signal.SIGINT, lambda *_: None)
+    return [0.0] * len(completions)
+
+
+def reward_huge_int(completions, **_):
+    return [0.0] + [10**400] * (len(completions) - 1)

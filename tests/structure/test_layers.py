@@ -48,7 +48,7 @@ INNER_FLOORS = {
     ],
     "vlm_grpo.grpo": [
         ("vlm_grpo.grpo.setting_fields", "vlm_grpo.grpo.yaml_text", "vlm_grpo.grpo.user_code",
-         "vlm_grpo.grpo.async_loop", "vlm_grpo.grpo.user_calls",
+         "vlm_grpo.grpo.async_loop", "vlm_grpo.grpo.user_calls", "vlm_grpo.grpo.call_contract",
          "vlm_grpo.grpo.safe_loading", "vlm_grpo.grpo.safe_files", "vlm_grpo.grpo.eval_stats",
          "vlm_grpo.grpo.interrupts"),  # how a setting is declared; user modules; checkpoint state read as data; how
         # every run file is written; what interrupts a run (signals, user code that exits); an evaluation's statistics

@@ -12,6 +12,9 @@
     outlives the limit. Its effects on the trainer's memory are lost (state must live in its return value).
 The error's one line says the function, its file:line, what it ran on (sample, row, step) and the exception; the
 full traceback is kept on the error (`traceback_text`) for the run's errors.log and `--debug`.
+Every call also runs under grpo/call_contract.py: a fork inside it never runs trainer code, and process-wide state
+it changes (working directory, streams, torch's grad mode, dtype and threads, signal handlers) is restored with a
+warning, or named in the call's error where it cannot be.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from vlm_grpo.grpo import async_loop
+from vlm_grpo.grpo import async_loop, call_contract
 from vlm_grpo.grpo.interrupts import StopSignal, exit_reason
 
 ISOLATION = ("thread", "process")
@@ -81,6 +84,8 @@ def describe(err: BaseException) -> str:
         return exit_reason(err)
     if isinstance(err, CallTimeout):
         return f"timed out ({err})"
+    if isinstance(err, call_contract.StateBroken):
+        return str(err)
     text = str(err).splitlines()[0] if str(err) else ""
     return f"raised {type(err).__name__}" + (f": {text}" if text else "")
 
@@ -145,16 +150,20 @@ def call(kind: str, fn: Callable, *args: Any, timeout: float | None = None, isol
     within `timeout` seconds (None/0: no limit); whatever goes wrong is a UserCodeError naming `kind`, `fn` and
     `context` (sample=, step=, hint=, label=)."""
     context = context or {}
-    thunk = (lambda: via(fn)) if via is not None else (lambda: fn(*args, **kwargs))
+    who = _who(kind, fn, context)
+    in_process = isolation == "process" and bool(timeout)
+    # a worker process's state is its own: there only a fork inside the call is guarded
+    thunk = call_contract.kept((lambda: via(fn)) if via is not None else (lambda: fn(*args, **kwargs)), who,
+                               state=not in_process)
     try:
-        if isolation == "process" and timeout:
+        if in_process:
             return _in_process(thunk, fn, timeout)
         if timeout and not inspect.iscoroutinefunction(fn):
             result = _in_thread(thunk, timeout)
         else:
             result = thunk()
         if inspect.isawaitable(result):
-            result = async_loop.run(_settled(result), timeout or None, stop=stop_thread)
+            result = async_loop.run(_settled(call_contract.kept_await(result, who)), timeout or None, stop=stop_thread)
             if not result[0]:
                 raise result[1]
             result = result[1]
@@ -165,6 +174,15 @@ def call(kind: str, fn: Callable, *args: Any, timeout: float | None = None, isol
         raise UserCodeError.of(kind, fn, CallTimeout(str(err)), **context) from None
     except BaseException as err:  # noqa: BLE001 - user code may raise anything, exits included: it is named here
         raise UserCodeError.of(kind, fn, err, **context) from None
+
+
+def _who(kind: str, fn: Callable, context: dict[str, Any]) -> Callable[[], str]:
+    """How a warning names the call (worked out only when one is given)."""
+    def text() -> str:
+        name, label = function_name(fn), context.get("label") or function_name(fn)
+        return f"{kind} {label!r} ({location(fn) if label == name else f'{name} at {location(fn)}'})"
+
+    return text
 
 
 async def _settled(awaitable) -> tuple[bool, Any]:
@@ -184,6 +202,8 @@ def settle_all(kind: str, calls: list[tuple[Callable, Callable[[], Any]]], conte
     pending: dict[int, Any] = {}
     contexts = contexts or [{} for _ in calls]
     for k, (fn, thunk) in enumerate(calls):
+        who = _who(kind, fn, contexts[k])
+        thunk = call_contract.kept(thunk, who)
         try:
             result = _in_thread(thunk, timeout) if timeout and not inspect.iscoroutinefunction(fn) else thunk()
         except StopSignal:
@@ -192,7 +212,7 @@ def settle_all(kind: str, calls: list[tuple[Callable, Callable[[], Any]]], conte
             settled.append((False, UserCodeError.of(kind, fn, err, **contexts[k])))
             continue
         if inspect.isawaitable(result):
-            pending[k] = result
+            pending[k] = call_contract.kept_await(result, who)
             settled.append(None)
         else:
             settled.append((True, result))
