@@ -44,9 +44,10 @@ demo: $(STAMP)
 
 # One test process per core (2 here), one torch thread each; a test file runs whole on one process (its fixed
 # launch ports and fixtures stay together), the longest files first (tests/conftest.py orders them by
-# tests/durations.json; --no-loadscope-reorder keeps that order instead of xdist's by test count).
+# tests/durations.json; --no-loadscope-reorder keeps that order instead of xdist's by test count). --durations=30:
+# the slowest tests in CI's log, where the time budget is watched.
 test: $(REAL_STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not browser"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not browser" --durations=30
 
 # The fast tier (under 90 s on 2 cores): tests recorded at <= 0.15 s (tests/durations.json), no training runs;
 # `make durations` refreshes the record from a whole run.

@@ -35,7 +35,7 @@ def test_model_card_and_tensorboard_hold_the_held_out_results(tmp_path):
     before, after = (json.loads((run / f"eval-{w}.json").read_text()) for w in ("before", "after"))
     card = (run / "final" / "README.md").read_text()
     assert "from `tiny:smolvlm` (smolvlm family)" in card and "`shapes`" in card
-    assert "correctness (x1), description (x1), reasoning (x1)" in card  # the values are the rewards' own
+    assert "`correctness` (x1), `description` (x1), `reasoning` (x1)" in card  # the values are the rewards' own
     assert f"| before | {before['accuracy']:.1%} | {before['reward']:.3f} |" in card
     assert f"| after | {after['accuracy']:.1%} | {after['reward']:.3f} |" in card
     assert "![training curves](training_curves.png)" in card and (run / "final" / "training_curves.png").is_file()
@@ -92,7 +92,7 @@ def test_the_pushed_card_parses_and_holds_what_the_hub_reads(tmp_path, monkeypat
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_TOKEN", "hf_local_test_token")
     try:
-        assert main(["train", *RUN, "--model", str(base), "--dataset", str(data), "--reward",
+        assert main(["train", *RUN[2:12], *RUN[16:], "--model", str(base), "--dataset", str(data), "--reward",
                      "tests/grpo/toy_rewards.py:lowercase_share", "--lora.r", "4", "--batch-size", "2",
                      "--num-generations", "2", "--eval.size", "2", "--eval-batch-size", "2",
                      "--output-dir", str(tmp_path / "run"), "--push-to-hub", "--hub-model-id", "me/tiny-lora"]) == 0

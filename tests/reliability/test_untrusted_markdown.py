@@ -14,7 +14,7 @@ from tests.grpo.test_experiment_table import rows
 from vlm_grpo.experiment.plan import Experiment
 from vlm_grpo.experiment.table import markdown, split_table
 from vlm_grpo.grpo.run.completion_tables import _markdown as completions_markdown
-from vlm_grpo.markdown_text import code_span
+from vlm_grpo.markdown_text import code_span, escaped
 
 HOSTILE = [
     "![pixel](https://example.com/track.png)",
@@ -102,3 +102,39 @@ def test_the_completions_table_shows_hostile_completions_as_text():
         cells = re.findall(r"<td>(.*?)</td>", row, re.S)
         assert len(cells) == 5 and cells[3] == "1.5" and cells[4] == ""
         assert html.unescape(re.fullmatch(r"<code>(.*)</code>", cells[1], re.S).group(1)) == shown(text)
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_escaped_prose_renders_the_text_itself(text):
+    rendered = RENDER.render(f"said: {escaped(text)}")
+    no_markup_from_text(rendered)
+    seen = html.unescape(re.fullmatch(r"<p>said: (.*)</p>\n", rendered, re.S).group(1))
+    assert seen == shown(text).replace("\\n", " ").rstrip()  # a line end shown as a space, trailing spaces dropped
+
+
+def test_reward_names_in_the_completions_tables_header_render_as_text():
+    names = [f"reward/{text}" for text in HOSTILE]
+    rendered = RENDER.render(completions_markdown(["step", *names], [[1, *range(len(names))]]))
+    no_markup_from_text(rendered)
+    heads = re.findall(r"<th>(.*?)</th>", rendered, re.S)
+    assert len(heads) == 1 + len(names)  # no header cell split by a pipe in a name
+    assert [html.unescape(h) for h in heads[1:]] == [shown(n).replace("\\n", " ").rstrip() for n in names]
+
+
+def test_the_model_card_shows_names_titles_and_paths_from_settings_as_text():
+    from types import SimpleNamespace
+
+    from vlm_grpo.grpo.run.model_card import model_card
+    from vlm_grpo.grpo.settings.sources import load_config
+
+    cfg = load_config(None, ["--max-steps", "2", "--eval.split", HOSTILE[0]])
+    rewards = [SimpleNamespace(name=text, weight=1.0) for text in HOSTILE]
+    report = {"size": 2, "accuracy": 0.5, "reward": 1.0, "completion_length": 3.0,
+              "rewards": {text: 0.5 for text in HOSTILE}}
+    card = model_card(cfg, stage="grpo", family="qwen2_5_vl", rewards=rewards, heldout={"end": report},
+                      title=HOSTILE[1], lora=False)
+    rendered = RENDER.render(str(card).split("\n---\n", 1)[1])
+    no_markup_from_text(rendered)
+    assert "<h1>&lt;img src=" in rendered  # the title, as written
+    held = [t for t in re.findall(r"<table>.*?</table>", rendered, re.S) if "accuracy" in t][0]
+    assert len(re.findall(r"<th>", held)) == 4 + len(HOSTILE)  # one column per reward, none split by its name

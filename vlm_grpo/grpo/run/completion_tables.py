@@ -19,7 +19,7 @@ from PIL import Image
 
 from vlm_grpo.grpo import safe_files
 from vlm_grpo.grpo.run.completion_files import IMAGES_DIR, table_rows
-from vlm_grpo.markdown_text import code_span
+from vlm_grpo.markdown_text import code_span, escaped
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,8 @@ def _markdown(columns: list[str], data: list[list]) -> str:
             return "" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
         return code_span(v, cell=True, limit=TEXT_CHARS)
 
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    # a column may carry a reward's name (settings text): escaped like the model's text
+    lines = ["| " + " | ".join(escaped(c) for c in columns) + " |", "|" + "---|" * len(columns)]
     return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in data])
 
 

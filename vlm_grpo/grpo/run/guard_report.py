@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from vlm_grpo.grpo.run.logs import METRICS, read_jsonl
+from vlm_grpo.markdown_text import escaped
 
 AUDIT_FILE = "reward-audit.json"  # written by the reward audit at the start of a GRPO run
 
@@ -30,11 +31,12 @@ def guard_lines(run_dir: Path) -> list[str]:
     if lines:
         out += ["| measured on sampled completions | first | last |", "| --- | --- | --- |", *lines, ""]
     if trips:
-        out += ["Steps each monitor tripped: " + ", ".join(f"{name} {n}" for name, n in trips.items()) + ".", ""]
+        out += ["Steps each monitor tripped: " + ", ".join(f"{escaped(name)} {n}" for name, n in trips.items()) + ".", ""]
     audit = run_dir / AUDIT_FILE
     if audit.is_file():
         report = json.loads(audit.read_text())
-        found = [f"- {line}" for line in report.get("flags", [])] + [f"- {line}" for line in report.get("accepted", [])]
+        # the audit's lines name rewards and quote completions: shown as the text they are
+        found = [f"- {escaped(line)}" for line in [*report.get("flags", []), *report.get("accepted", [])]]
         out += [f"Reward audit at the start ({report.get('samples')} samples): "
                 + (f"{len(report.get('flags', []))} exploits flagged" if found else "no exploit found") + ".", "",
                 *found, *([""] if found else [])]

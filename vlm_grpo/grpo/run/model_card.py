@@ -19,6 +19,7 @@ from vlm_grpo.grpo import safe_files
 from vlm_grpo.grpo.checkpoint.resume_rules import describe_history
 from vlm_grpo.grpo.run.guard_report import guard_lines
 from vlm_grpo.grpo.settings.sources import hub_id_of
+from vlm_grpo.markdown_text import code_span, escaped
 
 SNAPSHOT = re.compile(r"(models|datasets)--([^/]+?)--([^/]+)/snapshots/[^/]+/?$")  # huggingface_hub's cache layout
 
@@ -116,7 +117,7 @@ def _source(cfg, name: str) -> str:
         named, _, target = entry.partition("=") if "=" in entry.split(":")[0] else ("", "", entry)
         target = target.rpartition("*")[0] if "*" in target else target
         if named == name or (not named and target.endswith(f":{name}")):
-            return f", `{target}`"
+            return f", {code_span(target, cell=True)}"
     return ""
 
 
@@ -128,14 +129,17 @@ def model_card(cfg, *, stage: str, family: str, rewards, heldout: dict[str, dict
 
     spec = cfg.model.init_from or cfg.model.name
     data = card_data(cfg, stage=stage, rewards=rewards, heldout=heldout, title=title, lora=lora)
-    lines = [f"# {title}", "", f"Trained with vlm-grpo ({stage.upper()}), {cfg.max_steps} steps, from `{spec}` "
-             f"({family} family){' as a LoRA adapter' if lora else ''}.", ""]
+    # every text a setting or a user's code gave (title, paths, names) renders as itself: markdown_text.py
+    lines = [f"# {escaped(title)}", "", f"Trained with vlm-grpo ({stage.upper()}), {cfg.max_steps} steps, from "
+             f"{code_span(spec)} ({family} family){' as a LoRA adapter' if lora else ''}.", ""]
     lora_text = f"LoRA r {cfg.lora.r} (alpha {cfg.lora.alpha})" if cfg.lora.r else "full weights"
     frozen = ", ".join(sorted(cfg.optim.frozen_groups())) or "none"
-    dataset = f", data `{cfg.data.dataset}`" if cfg.data.dataset else ""
+    dataset = f", data {code_span(cfg.data.dataset, cell=True)}" if cfg.data.dataset else ""
+    options = f" {code_span(cfg.data.recipe_options, cell=True)}" if cfg.data.recipe_options else ""
     rows = [
-        ("recipe", f"`{cfg.data.recipe}` {cfg.data.recipe_options or ''}".strip() + dataset),
-        ("rewards", ", ".join(f"{r.name} (x{r.weight:g}{_source(cfg, r.name)})" for r in rewards) or "-"),
+        ("recipe", f"{code_span(cfg.data.recipe, cell=True)}{options}{dataset}"),
+        ("rewards", ", ".join(f"{code_span(r.name, cell=True)} (x{r.weight:g}{_source(cfg, r.name)})"
+                              for r in rewards) or "-"),
         ("batch", f"{cfg.data.batch_size} prompts x {cfg.data.num_generations} completions per process and step"),
         ("optimizer", f"AdamW, learning rate {cfg.optim.learning_rate:g}, {cfg.optim.lr_scheduler}; {lora_text}; "
                       f"frozen: {frozen}"),
@@ -143,14 +147,15 @@ def model_card(cfg, *, stage: str, family: str, rewards, heldout: dict[str, dict
         ("generation", f"temperature {cfg.generation.temperature:g}, up to {cfg.generation.max_new_tokens} new tokens"),
         ("all settings", "`vlm_grpo_config.yaml` beside this card (a valid `vlm-grpo train --config`)"),
     ]
-    lines += ["| | |", "| --- | --- |", *(f"| {k} | {v.replace('|', '/')} |" for k, v in rows), ""]
+    lines += ["| | |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in rows), ""]
     if history:  # the settings above are the last resume's; what changed at each resume, and from which step
-        lines += ["## Resumes", "", *(f"- {line}" for line in describe_history(history)), ""]
+        lines += ["## Resumes", "", *(f"- {escaped(line)}" for line in describe_history(history)), ""]
     if heldout:
         first = next(iter(heldout.values()))
         names = list(first["rewards"])
-        lines += ["## Held-out evaluation", "", f"Greedy, {first['size']} samples of the `{cfg.eval.split}` split.", "",
-                  "| | accuracy | reward | " + " | ".join(names) + " | completion length |",
+        lines += ["## Held-out evaluation", "", f"Greedy, {first['size']} samples of the {code_span(cfg.eval.split)} "
+                  "split.", "", "| | accuracy | reward | " + " | ".join(code_span(n, cell=True) for n in names)
+                  + " | completion length |",
                   "| --- " * (4 + len(names)) + "|"]
         for when, report in heldout.items():
             accuracy = "-" if report["accuracy"] is None else f"{report['accuracy']:.1%}"
