@@ -92,7 +92,7 @@ def test_the_pushed_card_parses_and_holds_what_the_hub_reads(tmp_path, monkeypat
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_TOKEN", "hf_local_test_token")
     try:
-        assert main(["train", *RUN[2:12], *RUN[16:], "--model", str(base), "--dataset", str(data), "--reward",
+        assert main(["train", *RUN[2:11], *RUN[15:], "--model", str(base), "--dataset", str(data), "--reward",
                      "tests/grpo/toy_rewards.py:lowercase_share", "--lora.r", "4", "--batch-size", "2",
                      "--num-generations", "2", "--eval.size", "2", "--eval-batch-size", "2",
                      "--output-dir", str(tmp_path / "run"), "--push-to-hub", "--hub-model-id", "me/tiny-lora"]) == 0
