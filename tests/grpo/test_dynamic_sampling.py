@@ -96,8 +96,9 @@ def test_resume_continues_the_order_and_gives_the_same_weights(tmp_path, monkeyp
     seen.clear()
     trained(GRPOTrainer.from_settings(run_config(split, *common, "--save-every", save, "--resume")))
     a, b = weights(straight / "final"), weights(split / "final")
-    if not extra:  # inside a generation a resumed run samples it again (a new rollout): its weights may differ
-        assert all(torch.equal(a[k], b[k]) for k in a)
-        assert _comparable(read_jsonl(straight / "metrics.jsonl")) == _comparable(read_jsonl(split / "metrics.jsonl"))
-    else:  # the generation drawn again starts where the saved one started
+    # inside a generation the resumed run replays the draws the checkpoint kept (not a new rollout): the same weights
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert _comparable(read_jsonl(straight / "metrics.jsonl")) == _comparable(read_jsonl(split / "metrics.jsonl"))
+    if extra:  # the generation replayed starts where the saved one started
         assert [gen.drawn_from for gen in seen] == straight_starts[1:] and straight_starts[1] > 1
+        assert seen[0].restored and (split / "checkpoint-3" / "generation.json").is_file()

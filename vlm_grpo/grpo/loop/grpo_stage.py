@@ -18,6 +18,7 @@ from vlm_grpo.grpo.guards.hacking_watch import HackingWatch
 from vlm_grpo.grpo.loop.stage import RunInputs, Stage
 from vlm_grpo.grpo.parts.checkpointing import KeptUnder
 from vlm_grpo.grpo.parts.dynamic_sampling import DynamicSampling
+from vlm_grpo.grpo.parts.generation_state import GenerationInProgress
 from vlm_grpo.grpo.parts.rollout_source import AsyncDraws, SyncDraws
 from vlm_grpo.grpo.parts.reference import Reference
 from vlm_grpo.grpo.parts.sampled_evaluation import SampledEvaluation
@@ -46,6 +47,7 @@ class Generation:
     order: list[int]
     parts: int
     report: dict[str, float] = field(default_factory=dict)  # its reward and completion metrics, taken once
+    restored: bool = False  # read back from a checkpoint saved inside it: its first step's logs were written then
 
     def part(self, k: int) -> list[int]:
         size = len(self.order) // self.parts
@@ -99,6 +101,7 @@ class GRPOStage(Stage):
         # where rollout batches come from: sampled now, or by a worker process K steps ahead (rollout_source.py)
         self.draws = AsyncDraws(ctx, data, self.sampler, policy, self.scorer.options()) if cfg.rollout.asynchronous \
             else SyncDraws(ctx, data, self.sampler)
+        self.generation_state = GenerationInProgress(cfg, self.draws)  # a checkpoint inside a generation keeps it
         self.dynamic_sampling = None if not cfg.data.dynamic_sampling else DynamicSampling(
             ctx, self.scoring, self.adapter, self.sampler.prompt_cache,
             agree_across_processes=not cfg.rollout.asynchronous)
@@ -112,7 +115,8 @@ class GRPOStage(Stage):
         self.step_log = StepLog(ctx, data.rewards, policy, self.vision_counter, self.watch.flags)
         self.sampled_evaluation = SampledEvaluation(ctx, self.sampler, self.scoring, self.scorer,
                                                     PolicyObjective(loss_cfg))
-        return [self.policy_update, KeptUnder("guards", self.watch), KeptUnder("step_log", self.step_log), self.draws]
+        return [self.policy_update, KeptUnder("guards", self.watch), KeptUnder("step_log", self.step_log), self.draws,
+                self.generation_state]
 
     def _check_rollout_plan(self, inputs: RunInputs) -> None:
         """What asynchronous rollouts and dynamic sampling cannot take, known once the run's tools are: refused."""
@@ -158,7 +162,7 @@ class GRPOStage(Stage):
         k = cfg.steps_per_generation
         fresh = step % k == 0 or self._generation is None or self._generation.index != step // k
         self.vision_counter.reset()  # this step's encoder calls only (a later step of a generation: its update's)
-        if fresh:  # a resumed run in mid-generation samples that generation again, from its own seed
+        if fresh:  # a run resumed inside a generation replays it from the checkpoint (generation_state.py)
             self._generation = self._rollout_batch(step // k, resumed_inside=step % k != 0)
         gen = self._generation
         traj, scored, batch = gen.scored.trajectory, gen.scored, gen.batch
@@ -166,18 +170,20 @@ class GRPOStage(Stage):
         rates = self.policy.learning_rates()  # the rates this update uses (the schedule moves on after it)
         losses = self.policy_update.run(traj, step, rows)
         self.draws.commit()  # trained on: a checkpoint from here on starts after these draws
+        self.generation_state.track(gen, step + 1)
         sync = self.sampler.after_update()  # the new weights to vLLM every vllm_sync_steps steps
-        if fresh:  # a generation's reward and length numbers: each of its steps reports them
+        first = fresh and not gen.restored  # the generation's first step (its logs, the guards' look at it)
+        if first:  # a generation's reward and length numbers: each of its steps reports them
             gen.report = {**self.step_log.reward_metrics(scored), **self.step_log.trl_metrics(traj, rates, scored.logged)}
         metrics = self.ctx.mean_over_processes({
             **losses, **gen.report, **self.step_log.cost_metrics(traj, rates), **gen.engine_metrics, **gen.draw_metrics,
             "learning_rate": self.step_log.learning_rate(rates), **sync,
         })
-        if fresh:
+        if first:
             self.step_log.keep_trl_logs(traj, batch.samples)
             metrics.update(self.watch.step(step, batch.samples, traj))  # after the update: guards read, never change
         metrics.update(step=step + 1, step_time=time.perf_counter() - started)  # a fresh step's rollout is inside
-        if fresh:
+        if first:
             self.step_log.completions(step + 1, traj, batch.samples)
         return metrics
 
@@ -189,6 +195,7 @@ class GRPOStage(Stage):
         started = time.perf_counter()
         first_step = index * cfg.steps_per_generation
         self.draws.start_generation(index, resumed_inside)
+        saved = self.generation_state.take(index) if resumed_inside else None  # its draws are replayed as sampled
         self.draws.begin_step(first_step)
         if self.dynamic_sampling is None:
             draw = self.draws.next(first_step)
@@ -202,6 +209,11 @@ class GRPOStage(Stage):
         draw_metrics.update(self.draws.metrics())
         scored = self.scoring.trajectory(batch.rows, sampled, rewarded)
         traj = scored.trajectory
+        if saved is not None:  # what the generation's first step took with the weights of then
+            for name, logps in saved.logps.items():
+                setattr(traj, name, logps.to(traj.completion_ids.device))
+            return Generation(index, batch, scored, saved.engine_metrics, saved.draw_metrics, saved.order,
+                              cfg.steps_per_generation, report=saved.report, restored=True)
         traj.ref_logps = self.scorer.reference_logps(traj)
         correct = sampled.rollout.sampling_logps is not None and cfg.rollout.vllm_importance_sampling_correction
         # an asynchronous batch's one update: its own log-probs are the old ones, and the ratio is taken from them

@@ -14,7 +14,8 @@ Each draw is sampled from its own seed (the run's seed and the batch's place in 
 whichever way it was made. Both travel in the run's checkpoints as they stood after the last completed step
 (`commit`): the cursor and, when asynchronous, every batch requested and not yet trained on (waited for, then
 saved), so a resumed run trains on what the uninterrupted one would have, and a step that failed draws its batches
-again."""
+again. A generation saved part-way (steps_per_generation > 1: parts/generation_state.py) is `replay`ed: its draws
+come back from the checkpoint, as sampled, instead of being sampled again with weights that have moved on."""
 
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ class SyncDraws:
         self.cursor = 0  # the next rollout batch
         self.generation_start = 0  # where the current rollout batch's (generation's) draws began
         self.committed = (0, 0)  # (cursor, generation_start) after the last completed step: what checkpoints hold
+        self.generation_draws: list[Draw] = []  # the current generation's draws (a checkpoint inside it keeps them)
+        self.replaying: deque[Result] = deque()  # a resumed generation's draws, as they were sampled
 
     def start_generation(self, index: int, resumed_inside: bool = False) -> None:
         """Before a generation's first draw. Without dynamic sampling a generation is one batch, its own index;
@@ -62,6 +65,11 @@ class SyncDraws:
         elif resumed_inside:
             self.cursor = self.generation_start
         self.generation_start = self.cursor
+        self.generation_draws = []
+
+    def replay(self, results: list[Result]) -> None:
+        """The next draws are these, as sampled before the run stopped (the generation it resumes inside)."""
+        self.replaying = deque(results)
 
     def begin_step(self, step: int) -> None:
         pass
@@ -72,7 +80,18 @@ class SyncDraws:
         first_step = index * self.cfg.steps_per_generation
         torch.manual_seed(step_seed(self.cfg.seed, first_step, self.ctx.accelerator.process_index))
         batch = self.data.batch(index)
-        return Draw(index, step, batch, self.sampler.sample(batch.samples, batch.rows, first_step))
+        if self.replaying:
+            result = self.replaying.popleft()
+            if result.index != index:
+                raise RuntimeError(f"the saved generation holds rollout batch {result.index} where batch {index} "
+                                   "is next")
+            sampled = sampled_from(result, batch, self.sampler.adapter, self.sampler.prompt_cache, self.cfg,
+                                   self.ctx.device)
+            draw = Draw(index, result.version, batch, sampled)
+        else:
+            draw = Draw(index, step, batch, self.sampler.sample(batch.samples, batch.rows, first_step))
+        self.generation_draws.append(draw)
+        return draw
 
     def metrics(self) -> dict[str, float]:
         return {}
@@ -147,7 +166,8 @@ class AsyncDraws(SyncDraws):
         self.uncommitted.append(result)
         self.taken.append(step - result.version)
         batch = self.batches.pop(index, None) or self.data.batch(index)  # a resumed queue's batches: looked up again
-        return Draw(index, result.version, batch, self._sampled(result, batch))
+        return Draw(index, result.version, batch, sampled_from(result, batch, self.policy.adapter,
+                                                               self.sampler.prompt_cache, self.cfg, self.ctx.device))
 
     def metrics(self) -> dict[str, float]:
         """The step's staleness (steps between the weights that sampled its batches and the trained ones; the
@@ -185,30 +205,6 @@ class AsyncDraws(SyncDraws):
         self.worker.request(Request(index, version, seed, batch.samples, batch.rows))
         self.issued += 1
 
-    def _sampled(self, result: Result, batch):
-        """The worker's answer as the sampler's Sampled, its prompts encoded here for the trainer's forwards, and
-        checked token for token against the worker's."""
-        from vlm_grpo.grpo.parts.sampler import Sampled
-
-        device = self.ctx.device
-        if list(result.rows) != list(batch.rows):
-            raise RuntimeError(f"rollout batch {result.index} was sampled for rows {result.rows}, and the run's "
-                               f"order gives rows {batch.rows}")
-        prompts = encode(self.policy.adapter, batch.samples, device, cache=self.sampler.prompt_cache)
-        ids = prompts.input_ids.to("cpu")
-        if ids.shape != result.prompt_ids.shape or not torch.equal(ids, result.prompt_ids):
-            rows = range(min(ids.shape[0], result.prompt_ids.shape[0]))
-            bad = next((k for k in rows if not torch.equal(ids[k], result.prompt_ids[k])), 0)
-            raise ImageTokenMismatch(f"sample {result.rows[bad]} (rollout batch {result.index}): the trainer "
-                                     "encoded its prompt to other tokens than the rollout worker did; its "
-                                     "completions would be scored against another prompt")
-        ro = Rollout(prompts=prompts, completion_ids=result.completion_ids.to(device),
-                     completion_mask=result.completion_mask.to(device), truncated=result.truncated.to(device),
-                     completions=result.completions, prompt_texts=result.prompt_texts,
-                     num_generations=self.cfg.data.num_generations, stats=dict(result.stats),
-                     sampling_logps=result.sampling_logps.to(device))
-        return Sampled(ro, None, None)
-
     # ---------------------------------------------------------------- in the run's checkpoints
     def state_dict(self) -> dict[str, Any]:
         """As of the last completed step: its cursor, and the queue from there (a failed step's draws, the
@@ -238,26 +234,81 @@ class AsyncDraws(SyncDraws):
         _write_queue(directory, self.to_save)
 
 
+def sampled_from(result: Result, batch, adapter, prompt_cache, cfg, device):
+    """A rollout batch sampled elsewhere or earlier (a worker's answer, a saved generation) as the sampler's Sampled,
+    its prompts encoded here for the trainer's forwards, and checked token for token against the ones it was
+    sampled for."""
+    from vlm_grpo.grpo.parts.sampler import Sampled
+
+    if list(result.rows) != list(batch.rows):
+        raise RuntimeError(f"rollout batch {result.index} was sampled for rows {result.rows}, and the run's "
+                           f"order gives rows {batch.rows}")
+    prompts = encode(adapter, batch.samples, device, cache=prompt_cache)
+    ids = prompts.input_ids.to("cpu")
+    if ids.shape != result.prompt_ids.shape or not torch.equal(ids, result.prompt_ids):
+        rows = range(min(ids.shape[0], result.prompt_ids.shape[0]))
+        bad = next((k for k in rows if not torch.equal(ids[k], result.prompt_ids[k])), 0)
+        raise ImageTokenMismatch(f"sample {result.rows[bad]} (rollout batch {result.index}): the trainer "
+                                 "encoded its prompt to other tokens than it was sampled for; its "
+                                 "completions would be scored against another prompt")
+    logps = result.sampling_logps
+    ro = Rollout(prompts=prompts, completion_ids=result.completion_ids.to(device),
+                 completion_mask=result.completion_mask.to(device), truncated=result.truncated.to(device),
+                 completions=result.completions, prompt_texts=result.prompt_texts,
+                 num_generations=cfg.data.num_generations, stats=dict(result.stats),
+                 sampling_logps=None if logps is None else logps.to(device))
+    return Sampled(ro, None, None)
+
+
+def result_of(draw: Draw) -> Result:
+    """A draw as plain tensors and text (to keep in a checkpoint)."""
+    ro = draw.sampled.rollout
+    logps = ro.sampling_logps
+    return Result(index=draw.index, version=draw.version, rows=list(draw.batch.rows),
+                  prompt_ids=ro.prompts.input_ids.detach().cpu(), completion_ids=ro.completion_ids.detach().cpu(),
+                  completion_mask=ro.completion_mask.detach().cpu(), truncated=ro.truncated.detach().cpu(),
+                  completions=list(ro.completions), prompt_texts=list(ro.prompt_texts),
+                  sampling_logps=None if logps is None else logps.detach().cpu(), stats=dict(ro.stats))
+
+
 _TENSORS = ("prompt_ids", "completion_ids", "completion_mask", "truncated", "sampling_logps")
 
 
 def _write_queue(directory: Path, results: list[Result]) -> None:
-    tensors = {f"{k}.{name}": getattr(r, name).contiguous() for k, r in enumerate(results) for name in _TENSORS}
+    write_results(directory, results, QUEUE_FILE, QUEUE_INDEX)
+
+
+def write_results(directory: Path, results: list[Result], tensor_file: str, index_file: str,
+                  more: dict[str, torch.Tensor] | None = None, facts: dict[str, Any] | None = None) -> None:
+    """Rollout batches as one safetensors file (plus `more` tensors) and a JSON index (plus `facts`)."""
+    tensors = {f"{k}.{name}": getattr(r, name).contiguous() for k, r in enumerate(results) for name in _TENSORS
+               if getattr(r, name) is not None}
+    tensors.update({f"more.{name}": t.detach().cpu().contiguous() for name, t in (more or {}).items()})
     index = [{"index": r.index, "version": r.version, "rows": r.rows, "completions": r.completions,
               "prompt_texts": r.prompt_texts, "stats": r.stats} for r in results]
-    save_file(tensors, str(directory / QUEUE_FILE))
-    (directory / QUEUE_INDEX).write_text(json.dumps(index))
+    save_file(tensors, str(directory / tensor_file))
+    (directory / index_file).write_text(json.dumps(index if facts is None else {"batches": index, **facts}))
 
 
 def _read_queue(checkpoint: Path) -> list[Result]:
-    """The saved queue, read as plain data and checked against its tensors (the manifest verified the files)."""
     if not (checkpoint / QUEUE_INDEX).is_file():
         return []
-    path = checkpoint / QUEUE_INDEX
+    results, _, _ = read_results(checkpoint, QUEUE_FILE, QUEUE_INDEX)
+    return results
+
+
+def read_results(checkpoint: Path, tensor_file: str, index_file: str) -> tuple[list[Result], dict[str, torch.Tensor], dict]:
+    """(batches, `more` tensors, facts) of `write_results`, read as plain data and checked against their tensors
+    (the manifest verified the files)."""
+    path = checkpoint / index_file
     index = read_json(path)
-    tensors = load_file(str(checkpoint / QUEUE_FILE))
+    tensors = load_file(str(checkpoint / tensor_file))
+    facts: dict = {}
+    if isinstance(index, dict):
+        facts = {k: v for k, v in index.items() if k != "batches"}
+        index = index.get("batches")
     if not isinstance(index, list):
-        raise BadRunState(path, "(the file)", f"must hold a list, got {type(index).__name__}")
+        raise BadRunState(path, "(the file)", f"must hold a list of rollout batches, got {type(index).__name__}")
     results = []
     for k, e in enumerate(index):
         try:
@@ -265,8 +316,11 @@ def _read_queue(checkpoint: Path) -> list[Result]:
                 index=int(e["index"]), version=int(e["version"]), rows=[int(r) for r in e["rows"]],
                 completions=[str(t) for t in e["completions"]], prompt_texts=[str(t) for t in e["prompt_texts"]],
                 stats={str(n): int(v) for n, v in e["stats"].items()},
-                **{name: tensors[f"{k}.{name}"] for name in _TENSORS}))
+                **{name: tensors.get(f"{k}.{name}") for name in _TENSORS}))
+            if any(getattr(results[-1], name) is None for name in _TENSORS[:4]):
+                raise KeyError("a tensor of the batch")
         except (KeyError, TypeError, ValueError, AttributeError) as err:
-            raise BadRunState(path, f"entry {k}", f"is not a queued rollout batch ({type(err).__name__}: {err})") \
+            raise BadRunState(path, f"entry {k}", f"is not a saved rollout batch ({type(err).__name__}: {err})") \
                 from None
-    return results
+    more = {name[len("more."):]: t for name, t in tensors.items() if name.startswith("more.")}
+    return results, more, facts

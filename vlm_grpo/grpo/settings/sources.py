@@ -183,9 +183,8 @@ def _agree(a: tuple[str, Any, Any], b: tuple[str, Any, Any]) -> bool:
     return a[1] == b[1]
 
 
-def refuse_repeated(pairs: list[tuple[str, Any]], source: str) -> None:
-    """A setting written twice within one source (a TRL name and this project's, a dash and an underscore spelling,
-    a flag given twice) is refused naming both spellings: no source keeps one of two values in silence."""
+def _repeats(pairs: list[tuple[str, Any]]):
+    """(canonical key, first spelling and value, later spelling and value) of each setting two pairs give unlike."""
     seen: dict[str, tuple[str, tuple[str, Any, Any]]] = {}
     for key, value in pairs:
         meaning = _meaning(key, value)
@@ -193,9 +192,24 @@ def refuse_repeated(pairs: list[tuple[str, Any]], source: str) -> None:
             continue
         first = seen.get(meaning[0])
         if first is not None and not _agree(first[1], meaning):
-            raise SettingError(meaning[0], f"{source} sets it twice, as {first[0]}: {first[1][1]!r} and as {key}: "
-                               f"{meaning[1]!r}; keep one")
-        seen.setdefault(meaning[0], (str(key), meaning))
+            yield meaning[0], f"{first[0]}: {first[1][1]!r}", f"{key}: {meaning[1]!r}"
+        seen[meaning[0]] = (str(key), meaning)
+
+
+def refuse_repeated(pairs: list[tuple[str, Any]], source: str) -> None:
+    """A setting written twice within one file (a TRL name and this project's, a dash and an underscore spelling)
+    is refused naming both spellings: a file never keeps one of two values in silence."""
+    for name, first, later in _repeats(pairs):
+        raise SettingError(name, f"{source} sets it twice, as {first} and as {later}; keep one")
+
+
+def note_repeated(pairs: list[tuple[str, Any]]) -> None:
+    """On the command line a later flag replaces an earlier one (argparse's rule, which wrapper scripts that append
+    their overrides rely on); each replacement is said on stderr, naming both."""
+    import sys
+
+    for name, first, later in _repeats(pairs):
+        print(f"setting {name!r}: {later} replaces {first} given earlier on the command line", file=sys.stderr)
 
 
 def mapping_pairs(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
@@ -234,8 +248,8 @@ def _collect_mapping(values: dict[str, Any], data: dict[str, Any], prefix: str =
 
 
 def _collect_words(values: dict[str, Any], words: list[str], refused=None) -> None:
-    """`--key value` pairs (a bare `--flag` means true); a setting given twice is refused."""
-    refuse_repeated(_word_pairs(words), "the command line")
+    """`--key value` pairs (a bare `--flag` means true); the later of two values for one setting wins, said."""
+    note_repeated(_word_pairs(words))
     i = 0
     while i < len(words):
         key = words[i]
