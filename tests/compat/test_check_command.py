@@ -41,3 +41,28 @@ def test_train_runs_the_cheap_checks_before_training(tmp_path, capsys):
     assert code == 1
     assert "pre-flight check failed: sequence budget" in capsys.readouterr().err
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_the_sequence_budget_names_the_row_and_speaks_of_images_only_where_the_row_has_them():
+    from vlm_grpo.recipes.base import Sample, user_turn
+    from vlm_grpo.recipes.checked import CheckedSource
+    from vlm_grpo.grpo.training.preflight import check_drawn_sample, row_names
+
+    text = type(tiny_adapter("causal_lm")).tiny(seed=0)
+    row = Sample(prompt=user_turn("What is two plus two?", n_images=0), images=[])
+    (budget,) = [f for f in cheap_checks(text, [row], 5000, ["data.jsonl: row 7"]) if f.check == "sequence budget"]
+    assert not budget.ok and budget.detail.startswith("data.jsonl: row 7: prompt takes ")
+    assert "generation.max_new_tokens" in budget.detail and "image" not in budget.detail
+    try:
+        check_drawn_sample(text, row, 5000)
+    except ValueError as err:
+        assert "image" not in str(err) and "lower generation.max_new_tokens" in str(err)
+    else:
+        raise AssertionError("a row past the model's positions passed")
+    adapter = type(tiny_adapter("qwen2_5_vl")).tiny(seed=0)
+    shapes = CheckedSource(get_recipe("shapes").build(size=2, image_size=56))
+    names = row_names(shapes, "shapes", 2)
+    assert names == ["recipe shapes: row 0", "recipe shapes: row 1"]
+    (budget,) = [f for f in cheap_checks(adapter, [shapes[0], shapes[1]], 5000, names) if f.check == "sequence budget"]
+    assert budget.detail.startswith("recipe shapes: row ") and "with its 1 image" in budget.detail
+    assert "data.recipe_options {image_size: N}" in budget.detail

@@ -27,7 +27,8 @@ LONG_PROMPT = "Describe every detail of the picture. " * 400  # far above the ti
 GOOD_URI = "data:image/png;base64," + base64.b64encode(png_bytes(2)).decode()
 BAD = {  # kind: (the row, or raw line bytes; the message after "<file>: row 5")
     "positions": ({"prompt": LONG_PROMPT, "image": "ok0.png"},
-                  r": prompt and images take \d+ tokens; with 4 new tokens that is \d+, above the model's 2048 positions"),
+                  r": prompt with its 1 image takes \d+ tokens; with generation.max_new_tokens 4 that is \d+, above the "
+                  r"model's 2048 positions: use smaller images"),
     "aspect ratio": ({"prompt": "What is it?", "image": "tall.png"},
                      r": the model's processor rejects it: ValueError: absolute aspect ratio must be smaller than 200"),
     "undecodable": ({"prompt": "What is it?", "image": "cut.png"}, r": field 'image': cannot be decoded: image file "

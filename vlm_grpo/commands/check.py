@@ -20,7 +20,7 @@ def run(args, extra: list[str]) -> int:
     from vlm_grpo.compat.cache_probe import probe_cache, probe_steps
     from vlm_grpo.grpo.training.policy import load_policy
     from vlm_grpo.grpo.data.recipe_source import build_split
-    from vlm_grpo.grpo.training.preflight import Finding, check_batch_vs_single, cheap_checks
+    from vlm_grpo.grpo.training.preflight import Finding, check_batch_vs_single, cheap_checks, row_names
     from vlm_grpo.grpo.settings.sources import check_sources, load_recipe_config
     from vlm_grpo.recipes.checked import CheckedSource
 
@@ -45,7 +45,7 @@ def run(args, extra: list[str]) -> int:
         print(video.table())
         findings.append(Finding("cache probe (video)", video.path_ok(use_cache),
                                 f"generation with {'the KV cache' if use_cache else 'no cache'} on a video prompt"))
-    cheap = cheap_checks(adapter, samples, cfg.generation.max_new_tokens)
+    cheap = cheap_checks(adapter, samples, cfg.generation.max_new_tokens, row_names(data, recipe.name, len(samples)))
     findings += cheap
     if cheap[0].ok:  # tokens = features: comparing batch with one-by-one means nothing before that holds
         findings.append(check_batch_vs_single(adapter, samples, min(8, steps), tolerance=max(1e-4, report.tolerance)))

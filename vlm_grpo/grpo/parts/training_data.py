@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from vlm_grpo.grpo.data.order import batch_indices, epoch_steps, repeats_note
 from vlm_grpo.grpo.data.recipe_source import build_split, resolve_recipe
 from vlm_grpo.grpo.heldout_eval import run_rewards_of
-from vlm_grpo.grpo.training.preflight import cheap_checks, check_drawn_sample, raise_on_failure
+from vlm_grpo.grpo.training.preflight import cheap_checks, check_drawn_sample, raise_on_failure, row_names
 from vlm_grpo.grpo.training.step_size import check_against_dataset
 from vlm_grpo.recipes.checked import CheckedSource
 
@@ -53,8 +53,10 @@ class TrainingData:
         if self.cfg.data.on_bad_sample == "skip":
             self.dataset.check_drawn = check
         if self.ctx.is_main:
-            first = [self.dataset[i] for i in range(min(PREFLIGHT_SAMPLES, len(self.dataset)))]
-            raise_on_failure(cheap_checks(adapter, first, completion_budget))
+            count = min(PREFLIGHT_SAMPLES, len(self.dataset))
+            first = [self.dataset[i] for i in range(count)]
+            names = row_names(self.dataset, self.recipe.name, count)
+            raise_on_failure(cheap_checks(adapter, first, completion_budget, names))
         self.dataset.check_drawn = check
 
     def batch(self, step: int) -> Batch:

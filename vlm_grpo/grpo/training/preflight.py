@@ -73,7 +73,9 @@ def check_alignment(adapter, samples) -> tuple[Finding, PromptBatch | None]:
                    f"and video tokens each (= the features their images and videos give)"), batch
 
 
-def check_budget(adapter, batch: PromptBatch, max_new_tokens: int) -> Finding:
+def check_budget(adapter, batch: PromptBatch, max_new_tokens: int, names: list[str] | None = None) -> Finding:
+    """Prompt + image tokens + max_new_tokens of the longest sample against the model's positions; a failure names
+    that sample (`names`: each sample's file and row, or recipe and row) and the settings that shorten it."""
     lengths = batch.attention_mask.sum(dim=1).tolist()
     longest = int(max(lengths)) + max_new_tokens
     limit = position_limit(adapter)
@@ -90,10 +92,29 @@ def check_budget(adapter, batch: PromptBatch, max_new_tokens: int) -> Finding:
                    f"{min(t // u for t, u in per_video)}-{max(t // u for t, u in per_video)}); ")
     detail += f"with {max_new_tokens} new tokens the longest sequence is {longest}"
     if limit is not None and longest > limit:
-        return Finding("sequence budget", False, f"{detail}, above the model's {limit} positions: use smaller images "
-                       "or fewer video frames (the recipe's image size, data.video_frames, data.video_max_pixels) or "
-                       "fewer new tokens")
+        worst = max(range(len(lengths)), key=lambda i: lengths[i])
+        name = names[worst] if names else f"sample {worst}"
+        return Finding("sequence budget", False, f"{name}: " + too_long(
+            int(lengths[worst]), max_new_tokens, limit, batch.images_per_sample[worst], batch.videos_per_sample[worst]))
     return Finding("sequence budget", True, detail + (f" of the model's {limit}" if limit else ""))
+
+
+def too_long(prompt: int, max_new_tokens: int, limit: int, images: int, videos: int) -> str:
+    """Why a sample does not fit the model's positions, and the settings that make it fit: the media ones only for
+    the media the sample has."""
+    media = " and ".join(part for part in (f"{images} image{'s' * (images != 1)}" if images else "",
+                                           f"{videos} video{'s' * (videos != 1)}" if videos else "") if part)
+    room = limit - prompt
+    fixes = [f"lower generation.max_new_tokens (to at most {room})" if room > 0 else ""]
+    if images:
+        fixes.append("use smaller images (data.recipe_options {image_size: N} for a built-in recipe, or smaller "
+                     "image files)")
+    if videos:
+        fixes.append("take fewer or smaller video frames (data.video_frames, data.video_max_pixels)")
+    fixes.append("shorten this row's prompt")
+    return (f"prompt{' with its ' + media if media else ''} takes {prompt} tokens; with generation.max_new_tokens "
+            f"{max_new_tokens} that is {prompt + max_new_tokens}, above the model's {limit} positions: "
+            + ", or ".join(f for f in fixes if f))
 
 
 def check_suppressed(adapter) -> Finding:
@@ -156,16 +177,23 @@ def check_drawn_sample(adapter, sample, max_new_tokens: int) -> None:
     length = int(batch.attention_mask.sum())
     limit = position_limit(adapter)
     if limit is not None and length + max_new_tokens > limit:
-        raise ValueError(f"prompt and images take {length} tokens; with {max_new_tokens} new tokens that is "
-                         f"{length + max_new_tokens}, above the model's {limit} positions")
+        raise ValueError(too_long(length, max_new_tokens, limit, len(sample.images), len(sample.videos)))
 
 
-def cheap_checks(adapter, samples, max_new_tokens: int) -> list[Finding]:
+def cheap_checks(adapter, samples, max_new_tokens: int, names: list[str] | None = None) -> list[Finding]:
+    """`names`: how messages name each sample (`row_names`)."""
     aligned, batch = check_alignment(adapter, samples)
     findings = [aligned, check_suppressed(adapter)]
     if batch is not None:  # the budget needs the samples to encode
-        findings.insert(1, check_budget(adapter, batch, max_new_tokens))
+        findings.insert(1, check_budget(adapter, batch, max_new_tokens, names))
     return findings
+
+
+def row_names(dataset, recipe: str, count: int) -> list[str]:
+    """How messages name the first `count` samples of a CheckedSource: its file and row (`data.jsonl: row 7`), or,
+    for a recipe that makes its own data, the recipe and row."""
+    names = [dataset.where(i) for i in range(count)]
+    return [name if name != f"row {i}" else f"recipe {recipe}: row {i}" for i, name in enumerate(names)]
 
 
 def raise_on_failure(findings: list[Finding]) -> None:
