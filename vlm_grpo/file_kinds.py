@@ -30,3 +30,15 @@ def not_a_file(path: str | os.PathLike, noun: str = "file") -> str | None:
     if not Path(path).is_file():
         return f"no such {noun}: {path}"
     return None
+
+
+def not_a_folder(path: str | os.PathLike) -> str | None:
+    """Why `path` cannot be a folder to write into (None: it is one, or it and its missing parents can be made):
+    'P is a file, not a folder', or the same of the first parent on its way that is not a folder."""
+    for part in [Path(path), *Path(path).parents]:
+        if not os.path.lexists(part) or part.is_dir():
+            continue
+        kind = special_kind(part) or "a file"
+        where = "" if part == Path(path) else f" (on the way to {path})"
+        return f"{part} is {kind}, not a folder{where}"
+    return None

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from vlm_grpo.grpo.checkpoint import store as ckpt
 from vlm_grpo.grpo.training import preflight
+from vlm_grpo.grpo.setting_fields import SettingError
 from vlm_grpo.grpo.settings.sources import load_config
 from vlm_grpo.api.trainers import GRPOTrainer
 from tests.trained import trained
@@ -97,7 +98,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
 def test_unusable_output_directory_fails_before_training(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    with pytest.raises(OSError):
+    with pytest.raises(SettingError, match="'logging.output_dir': .*a-file is a file, not a folder"):
         GRPOTrainer.from_settings(load_config(overrides=[*RUN, "--output-dir", str(blocker / "run")]))
 
 

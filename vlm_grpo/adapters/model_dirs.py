@@ -28,8 +28,13 @@ def auto_classes(path: str) -> tuple[str, ...]:
 
 
 def checkpoint_path(path: str) -> str:
-    """A LoRA run's `final/` holds only the adapter: a model is loaded from its merged copy."""
+    """A LoRA run's `final/` holds only the adapter: a model is loaded from its merged copy. A run's own folder is
+    refused naming the models inside it (its final/, its newest checkpoint-N)."""
     p = Path(path)
+    if p.is_dir() and not (p / "config.json").is_file():
+        inside = _run_models(p)
+        if inside:
+            raise ValueError(f"{path} is a run folder, not a model: pass {' or '.join(inside)}")
     if p.is_dir() and not (p / "config.json").is_file() and (p / "adapter_config.json").is_file():
         if (p / MERGED_DIR / "config.json").is_file():
             return str(p / MERGED_DIR)
@@ -38,3 +43,13 @@ def checkpoint_path(path: str) -> str:
             "or merge the adapter into its base first"
         )
     return path
+
+
+def _run_models(run_dir: Path) -> list[str]:
+    """The models a run folder holds, as a message offers them: its final/, its newest checkpoint-N."""
+    steps = [(int(d.name.split("-", 1)[1]), d) for d in run_dir.glob("checkpoint-*")
+             if d.is_dir() and d.name.split("-", 1)[1].isdigit()]
+    found = [f"{run_dir / 'final'} (its final model)"] if (run_dir / "final").is_dir() else []
+    if steps:
+        found.append(f"{max(steps)[1]} (its newest checkpoint)")
+    return found

@@ -24,9 +24,20 @@ def run(args, extra: list[str]) -> int:
 
     cfg, recipe = load_recipe_config(args.config, extra)
     check_sources(cfg)
+    out = Path(cfg.eval.out) if cfg.eval.out else Path(cfg.logging.output_dir) / f"eval-{cfg.eval.split}.json"
+    check_report_path(out, "eval.out" if cfg.eval.out else "logging.output_dir")  # before the model loads
     report = evaluate_run(load_policy(cfg), recipe, cfg)
     report["model"] = cfg.model.init_from or cfg.model.name
-    out = Path(cfg.eval.out) if cfg.eval.out else Path(cfg.logging.output_dir) / f"eval-{cfg.eval.split}.json"
     print(format_report(report))
     print(f"written to {write_report(report, out)}")
     return 0
+
+
+def check_report_path(out: Path, key: str) -> None:
+    """The report's file can be written: its folder is (or can be made) a folder, and it is not one itself."""
+    from vlm_grpo.file_kinds import not_a_folder, special_kind
+    from vlm_grpo.grpo.setting_fields import SettingError
+
+    blocked = not_a_folder(out.parent) or (f"{out} is {special_kind(out)}, not a file" if special_kind(out) else None)
+    if blocked:
+        raise SettingError(key, f"{blocked}: the report is written to {out}; pass another --output-dir or --eval.out")

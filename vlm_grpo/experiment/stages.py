@@ -204,7 +204,7 @@ def train_stage(exp: Experiment, stage: str, seed: int, say: Callable[[str], Non
         else:
             from vlm_grpo.api.trainers import SFTTrainer as Trainer
         say(f"{stage}: {cfg.max_steps} steps into {out}" + (" (resumed)" if settings["resume"] else ""))
-        trainer = Trainer.from_settings(cfg, recipe=recipe)
+        trainer = Trainer.from_settings(cfg, recipe=recipe, resume_hint=RESUME_HINT)
         trainer.train()
     except BaseException:
         record_spent(out, started)  # a stopped run's time counts toward the stage's when it resumes
@@ -217,6 +217,7 @@ def train_stage(exp: Experiment, stage: str, seed: int, say: Callable[[str], Non
     mark_done(out, started, steps=cfg.max_steps, resumed=settings["resume"], **facts)
 
 
+RESUME_HINT = "running this vlm-grpo experiment command again"  # a stage resumes by itself: it has no --resume
 RAN_WITH = "stage-settings.json"  # a finished stage's settings as the config gave them (ran_with)
 LENGTH = ("max_steps", "epochs")  # honoured by a resume, but a finished stage of another length is another model
 

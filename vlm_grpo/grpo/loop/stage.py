@@ -43,6 +43,7 @@ from vlm_grpo.grpo.training.preflight import check_disk_space
 from vlm_grpo.grpo.training.step_size import check_against_memory
 from vlm_grpo.grpo.settings.sections import TrainConfig
 from vlm_grpo.grpo.settings.sources import check_sources, to_yaml
+from vlm_grpo.grpo.checkpoint.resume_target import check_resume_from
 from vlm_grpo.grpo.training.lora import is_lora_wrapped
 from vlm_grpo.grpo.training.policy import load_policy
 from vlm_grpo.grpo.user_calls import UserCodeError
@@ -64,6 +65,7 @@ class RunInputs:
     owner: Any = None  # what step hooks and a rollout_func get as the trainer (None: the stage itself)
     on_begin: Callable[[], Any] | None = None  # before the first step (api: TRL's callbacks, an evaluation on start)
     on_end: Callable[[dict], Any] | None = None  # with the run's summary at its end (api: TRL's on_train_end)
+    resume_hint: str = "--resume"  # how this run is continued after a stop, as its messages say (api, experiment)
 
 
 class Stage:
@@ -87,7 +89,9 @@ class Stage:
         self.trained = False  # train() runs once per trainer (a second call is refused: see train())
         if inputs.adapter is None:
             check_sources(cfg)  # a model that cannot load is refused before anything else happens
-        self.ctx = RunContext(cfg)
+        if cfg.resume_from:  # a run folder or final/ given for a checkpoint: refused before the run folder is made
+            check_resume_from(cfg.resume_from, inputs.resume_hint)
+        self.ctx = RunContext(cfg, inputs.resume_hint)
         try:
             self._assemble(inputs)
         except BaseException as err:

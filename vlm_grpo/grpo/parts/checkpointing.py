@@ -33,6 +33,7 @@ from vlm_grpo.grpo import safe_files
 from vlm_grpo.grpo.run import process_checks
 from vlm_grpo.grpo.safe_files import CreatedFiles
 from vlm_grpo.grpo.checkpoint.manifest import verify, write_manifest
+from vlm_grpo.grpo.checkpoint.resume_target import check_resume_from
 from vlm_grpo.grpo.checkpoint.resume_rules import PROCESSES, check_resume, describe_history, history_entry
 from vlm_grpo.grpo.setting_fields import SettingError, resume_policies
 from vlm_grpo.grpo.settings.sources import canonical_key, without_trust
@@ -134,7 +135,8 @@ class Checkpoints:
         except Exception as err:  # noqa: BLE001 - the first error is the one to report
             print(f"could not save the last completed step after the failure: {type(err).__name__}: {err}", file=sys.stderr)
             return None
-        print(f"checkpoint-{step} saved (the last completed step, before the failure); --resume continues from it "
+        print(f"checkpoint-{step} saved (the last completed step, before the failure); {self.ctx.resume_hint} continues "
+              "from it "
               "once the cause is fixed", file=sys.stderr)
         return path
 
@@ -143,8 +145,8 @@ class Checkpoints:
         """`resume_from`, verified, or the newest checkpoint that verifies (None: the run has none)."""
         if not resume_from:
             return ckpt.latest_good_checkpoint(self.ctx.run_dir)
-        latest = Path(resume_from)
-        problems = verify(latest) if latest.is_dir() else ["no such checkpoint directory"]
+        latest = check_resume_from(resume_from, self.ctx.resume_hint)
+        problems = verify(latest)
         if problems:
             raise SettingError("resume_from", f"{latest}: {'; '.join(problems)}")
         return latest
@@ -164,7 +166,7 @@ class Checkpoints:
         if self.resume_point is None:
             dropped = self.ctx.log.truncate_after(-1)
             if self.ctx.is_main:
-                print(f"--resume: no complete checkpoint in {self.ctx.run_dir}; starting from step 0"
+                print(f"{self.ctx.resume_hint}: no complete checkpoint in {self.ctx.run_dir}; starting from step 0"
                       + (f" (dropped {dropped} logged steps that no checkpoint holds)" if dropped else ""))
             return
         written_sharded = shards.is_sharded_checkpoint(self.resume_point)

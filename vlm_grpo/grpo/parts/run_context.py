@@ -38,9 +38,11 @@ def own_precision(mode: str) -> None:
 
 
 class RunContext:
-    def __init__(self, cfg: TrainConfig):
-        """Checks the trackers and precision, seeds, and locks the run directory (main process)."""
+    def __init__(self, cfg: TrainConfig, resume_hint: str = "--resume"):
+        """Checks the trackers and precision, seeds, and locks the run directory (main process). `resume_hint`: how
+        the one who started the run continues it, as messages after a stop or failure say it."""
         check_trackers(cfg.logging.report_to)
+        self.resume_hint = resume_hint
         check_mixed_precision(cfg.mixed_precision, cfg.model.device)
         self.cfg = cfg
         own_precision(accelerator_precision(cfg))

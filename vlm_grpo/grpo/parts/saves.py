@@ -59,7 +59,8 @@ class Saves:
             return
         with stop.saving_checkpoint():
             self.checkpoints.save(done)
-        print(f"checkpoint-{done} saved (the last completed step, before the failure); --resume continues from it "
+        print(f"checkpoint-{done} saved (the last completed step, before the failure); {self.ctx.resume_hint} continues "
+              "from it "
               "once the cause is fixed", file=sys.stderr)
 
     def at_end(self, last: int | None, stop) -> None:
@@ -79,7 +80,7 @@ class Saves:
     def stopped(self, signum: int, step: int, also: str = "") -> None:
         name = StopSignal(signum, "").name
         raise StopSignal(signum, f"stopped at step {step} by {name}; checkpoint-{step} saved in {self.ctx.run_dir}; "
-                         f"{also}--resume continues")
+                         f"{also}{self.ctx.resume_hint} continues")
 
     @contextlib.contextmanager
     def failures_logged(self, step: Callable[[], int]):
@@ -92,7 +93,8 @@ class Saves:
             if err.at_once:
                 newest = ckpt.latest_checkpoint(self.ctx.run_dir)
                 raise StopSignal(err.signum, f"{err.message} during step {step() + 1}; not saved: the newest "
-                                 f"checkpoint is {newest.name if newest else 'none'}; --resume continues from it") from None
+                                 f"checkpoint is {newest.name if newest else 'none'}; {self.ctx.resume_hint} continues "
+                                 "from it") from None
             raise
         except BaseException as err:
             self.ctx.release_lock()

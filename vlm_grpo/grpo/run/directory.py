@@ -22,6 +22,7 @@ import json
 import os
 from pathlib import Path
 
+from vlm_grpo.file_kinds import not_a_folder
 from vlm_grpo.grpo import safe_files
 from vlm_grpo.grpo.checkpoint.store import complete_checkpoints
 from vlm_grpo.grpo.run.guard_report import AUDIT_FILE
@@ -120,6 +121,10 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, keep_earlie
     folder inside it instead, and a folder of the user's own files is written into, none of them touched). Returns
     the held lock (released by the caller at the end)."""
     overwrite = overwrite or keep_earlier  # what is not the run's own is never touched either way
+    blocked = not_a_folder(run_dir)
+    if blocked:
+        raise SettingError("logging.output_dir", f"{blocked}: pass a folder for the run (--output-dir), a new one or "
+                           "a run's own")
     run_dir.mkdir(parents=True, exist_ok=True)
     refuse_links(run_dir)  # before the lock file is opened: a symlinked .run.lock would be written through
     listed = CreatedFiles(run_dir)
