@@ -13,10 +13,12 @@ TRL's constructor arguments into the stage's settings and inputs, and keeps TRL'
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
+from vlm_grpo.api.argument_types import (args_argument, callable_argument, callables_argument, check_common,
+                                         environment_argument, optimizers_argument, reward_funcs_argument)
 from vlm_grpo.api.trl_configs import GRPOConfig, SFTConfig
 from vlm_grpo.api.trl_objects import reward_processing_list
 from vlm_grpo.api.trl_arguments import settings_of
@@ -26,6 +28,8 @@ from vlm_grpo.api.trl_trainer import TRLTrainer
 from vlm_grpo.grpo.loop.grpo_stage import GRPOStage
 from vlm_grpo.grpo.loop.sft_stage import SFTStage
 from vlm_grpo.grpo.loop.stage import RunInputs
+
+RESUME_HINT = "train(resume_from_checkpoint=True)"  # how a script continues a stopped run (the CLI: --resume)
 
 
 class GRPOTrainer(TRLTrainer):
@@ -37,11 +41,18 @@ class GRPOTrainer(TRLTrainer):
     stage_class = GRPOStage
     config_class = GRPOConfig
 
-    def __init__(self, model: Any, reward_funcs: Any = None, args: GRPOConfig | None = None, train_dataset: Any = None,
+    def __init__(self, model: Any, reward_funcs: Any = None, args: GRPOConfig | Mapping[str, Any] | None = None,
+                 train_dataset: Any = None,
                  eval_dataset: Any = None, processing_class: Any = None, reward_processing_classes: Any = None,
                  callbacks: Sequence[Any] | None = None, optimizers: tuple = (None, None), peft_config: Any = None,
                  tools: Sequence[Any] | None = None, environment_factory: Any = None, rollout_func: Any = None):
-        args = args if args is not None else self.config_class()
+        model = check_common(model, train_dataset, eval_dataset, callbacks)
+        reward_funcs_argument(reward_funcs)
+        callables_argument("tools", tools, "tool functions")
+        environment_argument(environment_factory)
+        callable_argument("rollout_func", rollout_func, "a function rollout_func(prompts, trainer)")
+        optimizers = optimizers_argument(optimizers)
+        args = args_argument(args, self.config_class)
         if getattr(args, "schedule", {}).get("use_liger_kernel"):
             raise ValueError(f"use_liger_kernel=True: {LIGER}")
         if train_dataset is None and environment_factory is None and not _names_data(args):
@@ -60,7 +71,7 @@ class GRPOTrainer(TRLTrainer):
         cfg, recipe, given = settings_of(args, model, reward_funcs, train_dataset, eval_dataset, processing_class,
                                          reward_processing_classes, optimizers, peft_config)
         inputs = RunInputs(recipe=recipe, tools=list(tools or ()), environment_factory=environment_factory,
-                           rollout_func=rollout_func, **given)
+                           rollout_func=rollout_func, resume_hint=RESUME_HINT, **given)
         self._build(cfg, inputs, args=args, callbacks=callbacks or ())
 
     # ---------------------------------------------------------------- TRL's GRPOTrainer attributes
@@ -139,13 +150,17 @@ class SFTTrainer(TRLTrainer):
     stage_class = SFTStage
     config_class = SFTConfig
 
-    def __init__(self, model: Any, args: SFTConfig | None = None, data_collator: Any = None, train_dataset: Any = None,
+    def __init__(self, model: Any, args: SFTConfig | Mapping[str, Any] | None = None, data_collator: Any = None,
+                 train_dataset: Any = None,
                  eval_dataset: Any = None, processing_class: Any = None, callbacks: Sequence[Any] | None = None,
                  optimizers: tuple = (None, None), peft_config: Any = None, reward_funcs: Any = None):
         if data_collator is not None:
             raise ValueError("data_collator: batches are built by the model's adapter (prompts and images encoded "
                              "once, the completion appended); give data_collator=None")
-        args = args if args is not None else self.config_class()
+        model = check_common(model, train_dataset, eval_dataset, callbacks)
+        reward_funcs_argument(reward_funcs)
+        optimizers = optimizers_argument(optimizers)
+        args = args_argument(args, self.config_class)
         cfg, recipe, given = settings_of(args, model, reward_funcs, train_dataset, eval_dataset, processing_class,
                                          None, optimizers, peft_config)
-        self._build(cfg, RunInputs(recipe=recipe, **given), args=args, callbacks=callbacks or ())
+        self._build(cfg, RunInputs(recipe=recipe, resume_hint=RESUME_HINT, **given), args=args, callbacks=callbacks or ())

@@ -12,11 +12,13 @@ honoured with TRL's meaning, accepted without effect (with a warning), or refuse
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
 from vlm_grpo.api.trl_fields import RULES, trl_defaults, trl_run_defaults, translate
 from vlm_grpo.api.trl_translations import BATCH_FIELDS
+from vlm_grpo.grpo.setting_fields import ArgumentTypeError
 from vlm_grpo.grpo.settings.sources import canonical_key, load_config, merge_settings, read_yaml, to_yaml
 
 
@@ -42,6 +44,9 @@ class GRPOConfig:
         return bare()
 
     def __init__(self, config: str | Path | None = None, **settings: Any):
+        if config is not None and not isinstance(config, (str, os.PathLike)):
+            raise ArgumentTypeError(f"{type(self).__name__} config: got {config!r:.80}; it takes a YAML "
+                                    "settings file's path (settings themselves go as keywords)")
         for name, instead in REMOVED_IN_TRL.items():  # TRL 1.16's GRPOConfig has no such keyword: refused as it refuses
             if name in settings:
                 raise TypeError(f"{type(self).__name__}.__init__() got an unexpected keyword argument {name!r} "

@@ -358,12 +358,26 @@ def is_default(name: str, value: Any, defaults: dict[str, Any]) -> bool:
 
 
 # ------------------------------------------------------------------ translating a GRPOConfig's keywords
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def refuse_non_numbers(given: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """A TRL field whose default is a number given something else (`max_steps="x"`): a SettingError naming it."""
+    for name, value in given.items():
+        if name in RULES and _number(defaults.get(name)) and value is not None and not _number(value):
+            kind = type(defaults[name]).__name__
+            raise SettingError(name, f"{value!r} is not a valid {kind}: give a number (TRL's default is "
+                               f"{defaults[name]!r})")
+
+
 def translate(given: dict[str, Any]) -> dict[str, Any]:
     """The keywords of a GRPOConfig as this project's settings (dotted keys; `trl.*` for the trainer's schedule).
     Keywords that are not TRL fields pass through; TRL fields are translated by RULES. A no-effect field given another
     value than TRL's default warns once; refused fields with other values are refused together in one error."""
     defaults = trl_defaults()
     given = {k: plain(v) for k, v in given.items()}
+    refuse_non_numbers(given, defaults)  # the translations below compute with them
     out: dict[str, Any] = {}
     refused: list[tuple[str, str]] = []
     for name, value in given.items():

@@ -28,6 +28,11 @@ class SettingError(ValueError):
         return SettingError(f"{section}.{self.name}", self.problem)
 
 
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of a public class or function given a type it does not take; one line naming the argument. A
+    TypeError, and a ValueError as the command line and scripts catching refused input take it."""
+
+
 # What a resumed run may do with a setting that differs from its checkpoint's (grpo/checkpoint/resume_rules.py):
 # honoured (safe: logging, guards, a later max_steps ...), refused unless accepted with --resume-accept (it changes
 # what the run means), fixed (the checkpoint's weights and optimizer state are shaped by it: a new run), ignored

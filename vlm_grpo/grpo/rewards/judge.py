@@ -10,9 +10,12 @@ the images filled into a chat prompt's image parts; a completion without images 
 
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 import torch
+
+from vlm_grpo.grpo.setting_fields import ArgumentTypeError
 
 DEFAULT_QUESTION = "Is the answer correct for the image and the question? Answer yes or no."
 YES = ("yes", "Yes", "YES", " yes", " Yes")
@@ -83,6 +86,12 @@ class VLMJudge:
     def __init__(self, model: Any, question: str = DEFAULT_QUESTION, *, name: str = "judge", device: Any = None,
                  batch_size: int = 4, seed: int = 0, dtype: str = "auto", trust_remote_code: bool = False,
                  allow_pickle_weights: bool = False):
+        model = os.fspath(model) if isinstance(model, os.PathLike) else model
+        if not (isinstance(model, str) and model.strip()) and not hasattr(model, "encode_prompts"):
+            raise ArgumentTypeError(f"VLMJudge model: got {model!r:.80}; it takes a model spec or path (as --model), or a "
+                            "vlm_grpo adapter")
+        if not isinstance(question, str) or not question.strip():
+            raise ArgumentTypeError(f"VLMJudge question: got {question!r:.80}; it takes the yes/no question as text")
         if isinstance(model, str):
             from vlm_grpo.loader import load_model
 

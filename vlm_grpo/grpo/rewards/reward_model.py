@@ -8,9 +8,12 @@ The reward model reads text: image parts of a prompt are left out.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 import torch
+
+from vlm_grpo.grpo.setting_fields import ArgumentTypeError
 
 
 def text_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
@@ -49,6 +52,12 @@ class RewardModel:
                  allow_pickle_weights: bool = False):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+        model = os.fspath(model) if isinstance(model, os.PathLike) else model
+        if not (isinstance(model, str) and model.strip()) and (isinstance(model, type) or not hasattr(model, "config")):
+            raise ArgumentTypeError(f"RewardModel model: got {model!r:.80}; it takes a model id or path, or a loaded "
+                            "sequence-classification model")
+        if isinstance(model, str) and os.path.isabs(model) and not os.path.exists(model):  # not a hub id either
+            raise ValueError(f"RewardModel model: no such folder: {model}")
         self.source = model if isinstance(model, str) else getattr(model, "name_or_path", "") or type(model).__name__
         if isinstance(model, str):
             from vlm_grpo.adapters.remote_code import check_remote_code
