@@ -55,7 +55,7 @@ def test_the_readme_python_example_runs(tmp_path, monkeypatch):
     assert record.startswith("memory:Dataset(fingerprint=") and record.endswith("columns=[prompt, image, solution], rows=4)")
     assert settings["data"]["recipe"] == "trl" and settings["model"]["name"] == "tiny:smolvlm"
     card = (run / "final" / "README.md").read_text()
-    assert record in card and "accuracy (x1, `python_api_example:accuracy`)" in card
+    assert f"`{record}`" in card and "`accuracy` (x1, `python_api_example:accuracy`)" in card
     assert (run / "final" / "model.safetensors").is_file()
 
 
