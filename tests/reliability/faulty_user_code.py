@@ -415,3 +415,15 @@ def reward_own_sigint_handler(completions, **_):
 
 def reward_huge_int(completions, **_):
     return [0.0] + [10**400] * (len(completions) - 1)
+
+
+def reward_meta_device(completions, **_):
+    import torch
+
+    torch.set_default_device("meta")  # every later tensor would hold no data
+    return [0.0] * len(completions)
+
+
+def reward_closes_stdout_fd(completions, **_):
+    os.close(sys.stdout.fileno())
+    return [0.0] * len(completions)

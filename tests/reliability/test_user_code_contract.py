@@ -34,8 +34,9 @@ def fresh_warnings(monkeypatch):
     monkeypatch.setattr(call_contract, "_warned", set())  # each test sees its own first warning
 
 
-def scored(fn, texts=TEXTS, rows=None):
-    return score([Reward(fn.__name__, fn)], RewardInputs(list(texts), {}, rows=rows))[1][fn.__name__].tolist()
+def scored(fn, texts=TEXTS, rows=None, on_error="raise"):
+    inputs = RewardInputs(list(texts), {}, rows=rows)
+    return score([Reward(fn.__name__, fn)], inputs, on_error=on_error)[1][fn.__name__].tolist()
 
 
 def contract_warnings(caplog) -> list[str]:
@@ -72,7 +73,8 @@ def _stdout(): return sys.stdout
     (corpus.reward_grad_off, "grad mode", _grad),
     (corpus.reward_float64, "default dtype", _dtype),
     (corpus.reward_threads, "number of threads", _threads),
-], ids=["chdir", "async-chdir", "stdout", "grad-mode", "dtype", "threads"])
+    (corpus.reward_meta_device, "default device", lambda: torch.get_default_device()),
+], ids=["chdir", "async-chdir", "stdout", "grad-mode", "dtype", "threads", "device"])
 def test_state_a_reward_changes_is_put_back_with_one_warning_naming_it(fn, what, read, caplog):
     before = read()
     assert scored(fn) == [0.0, 0.0]
@@ -103,13 +105,21 @@ def test_a_tool_or_environment_call_is_held_to_the_same_contract(caplog):
     assert contract_warnings(caplog)[0].startswith("environment reset 'reward_chdir' (")
 
 
-def test_a_reward_that_closes_stdout_fails_naming_it(monkeypatch):
+@pytest.mark.parametrize("on_error", ["raise", "zero"])  # zero too: a broken process is not a score of 0
+def test_a_reward_that_closes_stdout_fails_naming_it(monkeypatch, on_error):
     monkeypatch.setattr(sys, "stdout", io.StringIO())
     with pytest.raises(RewardError) as err:
-        scored(corpus.reward_closes_stdout)
+        scored(corpus.reward_closes_stdout, on_error=on_error)
     text = str(err.value)
     assert re.match(r"reward 'reward_closes_stdout' \(.*faulty_user_code\.py:\d+\) closed sys\.stdout ", text), text
     assert "\n" not in text and "leave it open" in text
+
+
+def test_a_reward_that_closes_stdouts_file_descriptor_fails_naming_it(monkeypatch):
+    monkeypatch.setattr(sys, "stdout", open(os.dup(1), "w", closefd=False))  # a descriptor of its own to close
+    with pytest.raises(RewardError, match=r"reward 'reward_closes_stdout_fd' \(.*faulty_user_code\.py:\d+\) closed file "
+                                          r"descriptor \d+ \(sys\.stdout; "):
+        scored(corpus.reward_closes_stdout_fd)
 
 
 def test_a_changed_state_does_not_hide_the_calls_own_error(caplog):
@@ -155,7 +165,8 @@ def test_a_weight_no_float_holds_is_named():
 
 # ---------------------------------------------------------------- a signal after a step's save: no further step
 def _saves(save_every: int, saved: list, on_save=lambda: None) -> Saves:
-    ctx = SimpleNamespace(cfg=SimpleNamespace(max_steps=5), agreed_stop=lambda signum: signum or 0, run_dir="run")
+    ctx = SimpleNamespace(cfg=SimpleNamespace(max_steps=5), agreed_stop=lambda signum: signum or 0, run_dir="run",
+                          resume_hint="--resume")
     return Saves(ctx, SimpleNamespace(save=lambda step: (saved.append(step), on_save())), save_every)
 
 

@@ -8,12 +8,13 @@ one: rewards, tools, environment methods, judges, callbacks, dataset builders, s
   the call, so torch's per-thread grad mode is the call's own; an async function is checked when it finishes):
   - restored, with one warning per function and change naming the function (file:line) and what it changed, where
     the state before can be put back exactly: the working directory, `sys.stdout` / `sys.stderr` replaced by other
-    objects, torch's grad mode, default dtype and number of threads, and the SIGINT/SIGTERM handlers (so a later
-    signal still saves and stops the run; handlers are set and restored in the main thread only);
+    objects, torch's grad mode, default dtype and device, number of threads, deterministic algorithms, anomaly
+    detection and float32 matmul precision, and the SIGINT/SIGTERM handlers (so a later signal still saves and
+    stops the run; handlers are set and restored in the main thread only);
   - named in an error (`StateBroken`: the call failed) where it cannot: a `sys.stdout` / `sys.stderr` the call
-    closed (every holder of that object, logging and progress bars included, would fail later; the stream is
-    reopened on its file descriptor so the error can still be shown), a working directory that cannot be entered
-    again.
+    closed, or its file descriptor closed (every holder of that object, logging and progress bars included, would
+    fail later; a closed stream is reopened on its file descriptor so the error can still be shown), a working
+    directory that cannot be entered again.
 - Out of scope: the random state (each step seeds its own), environment variables, imported modules.
 """
 
@@ -51,14 +52,31 @@ def _torch():
     return sys.modules.get("torch")  # not imported: no torch state to keep (and no import paid for it)
 
 
+TORCH_STATE = {  # what torch keeps process- (or thread-) wide: how to read it, how to set it back
+    "grad mode": ("is_grad_enabled", "set_grad_enabled"),
+    "default dtype": ("get_default_dtype", "set_default_dtype"),
+    "default device": ("_default_device", "set_default_device"),
+    "number of threads": ("get_num_threads", "set_num_threads"),
+    "deterministic algorithms": ("are_deterministic_algorithms_enabled", "use_deterministic_algorithms"),
+    "anomaly detection": ("is_anomaly_enabled", "set_anomaly_enabled"),
+    "float32 matmul precision": ("get_float32_matmul_precision", "set_float32_matmul_precision"),
+}
+
+
+def _default_device(torch) -> Any:
+    """The device torch.set_default_device set (None: none was; setting None back removes it, where setting "cpu"
+    would leave a device mode on every torch call)."""
+    context = getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None)
+    return None if context is None else context.device
+
+
 def _torch_state(torch) -> dict[str, Any]:
-    return {"grad mode": torch.is_grad_enabled(), "default dtype": torch.get_default_dtype(),
-            "number of threads": torch.get_num_threads()}
+    return {what: _default_device(torch) if read == "_default_device" else getattr(torch, read)()
+            for what, (read, _) in TORCH_STATE.items() if read == "_default_device" or hasattr(torch, read)}
 
 
 def _set_torch(torch, what: str, value: Any) -> None:
-    {"grad mode": torch.set_grad_enabled, "default dtype": torch.set_default_dtype,
-     "number of threads": torch.set_num_threads}[what](value)
+    getattr(torch, TORCH_STATE[what][1])(value)
 
 
 ADVICE = {  # how to get what the call wanted without leaving it set for the trainer
@@ -67,7 +85,11 @@ ADVICE = {  # how to get what the call wanted without leaving it set for the tra
     "sys.stderr": "use contextlib.redirect_stderr inside the function, which puts it back",
     "grad mode": "use `with torch.no_grad():` inside the function",
     "default dtype": "pass dtype= to the tensors it makes",
+    "default device": "pass device= to the tensors it makes",
     "number of threads": "leave torch.set_num_threads to the trainer",
+    "deterministic algorithms": "leave torch.use_deterministic_algorithms to the trainer",
+    "anomaly detection": "use `with torch.autograd.detect_anomaly():` inside the function",
+    "float32 matmul precision": "leave torch.set_float32_matmul_precision to the trainer",
     "SIGINT handler": "a handler of its own would swallow the stop a signal asks for (save, then stop)",
     "SIGTERM handler": "a handler of its own would swallow the stop a signal asks for (save, then stop)",
 }
@@ -93,6 +115,7 @@ class ProcessState:
         self.streams = {"sys.stdout": sys.stdout, "sys.stderr": sys.stderr}
         self.closed = {name: getattr(s, "closed", False) for name, s in self.streams.items()}
         self.descriptors = {name: _fileno(s) for name, s in self.streams.items()}
+        self.open_fds = {name: fd for name, fd in self.descriptors.items() if fd is not None and _is_open(fd)}
         self.handlers = {f"{signal.Signals(sig).name} handler": signal.getsignal(sig) for sig in SIGNALS}
         torch = _torch()
         self.torch = _torch_state(torch) if torch is not None else {}
@@ -107,7 +130,10 @@ class ProcessState:
             if now is not before:
                 setattr(sys, name.split(".")[1], before)
                 changed.append((name, type(before).__name__, type(now).__name__))
-            if getattr(before, "closed", False) and not self.closed[name]:
+            if name in self.open_fds and not _is_open(self.open_fds[name]):
+                broken.append(f"closed file descriptor {self.open_fds[name]} ({name}; every later print, log line and "
+                              "progress bar would fail): leave it open")
+            elif getattr(before, "closed", False) and not self.closed[name]:
                 broken.append(f"closed {name} (every later print, log line and progress bar would fail): leave it "
                               f"open; {ADVICE[name]}")
                 _reopen(name, before, self.descriptors[name])
@@ -157,6 +183,14 @@ def _fileno(stream: Any) -> int | None:
         return stream.fileno()
     except (AttributeError, OSError, ValueError):  # a stream without a file descriptor (a StringIO, a capture)
         return None
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
 
 
 def _reopen(name: str, closed: Any, fd: int | None) -> None:

@@ -132,6 +132,11 @@ class UserCodeError(RuntimeError):
         self.args = (self.line(),)
         return self
 
+    @property
+    def broke_state(self) -> bool:
+        """It left process-wide state that could not be put back (grpo/call_contract.py): never to be run again."""
+        return isinstance(self.cause, call_contract.StateBroken)
+
     def line(self) -> str:
         on = [x for x in (self.sample, None if self.step is None else f"step {self.step}") if x]
         tail = f" must return{RETURNS.get(self.kind, '')}, not end the program" if self.exited else ""

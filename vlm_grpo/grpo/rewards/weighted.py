@@ -189,11 +189,13 @@ def _completion(inputs: RewardInputs, index: int) -> str:
 def _failed(reward: Reward, inputs: RewardInputs, err: UserCodeError, on_error: str, errors: dict[str, int],
             timeout: float | None) -> list[float]:
     """The reward failed on the batch: name it and the completion, or (on_error zero) score the failing ones 0. An
-    exit always stops; a timeout is not re-run per completion (each would wait as long)."""
-    index, cause = (-1, None) if err.timed_out else _offending_sample(reward, inputs, timeout)
+    exit always stops; a timeout is not re-run per completion (each would wait as long); nor is a call that left the
+    process broken (grpo/call_contract.py: a closed stdout), which always stops too."""
+    broke = err.broke_state
+    index, cause = (-1, None) if err.timed_out or broke else _offending_sample(reward, inputs, timeout)
     if index < 0:  # no completion alone reproduces it: the batch's own error is the one to show
         cause = err
-    if cause.exited or on_error != "zero":
+    if cause.exited or broke or on_error != "zero":
         raise RewardError("", cause.where_also(sample=_sample(inputs, index), step=_step(inputs), label=reward.name,
                                                hint=_format_hint(inputs, index, cause.cause))) from None
     if err.timed_out:
