@@ -31,7 +31,7 @@ def guard_lines(run_dir: Path) -> list[str]:
     if lines:
         out += ["| measured on sampled completions | first | last |", "| --- | --- | --- |", *lines, ""]
     if trips:
-        out += ["Steps each monitor tripped: " + ", ".join(f"{escaped(name)} {n}" for name, n in trips.items()) + ".", ""]
+        out += ["Steps each monitor tripped: " + ", ".join(f"{name} {n}" for name, n in trips.items()) + ".", ""]
     audit = run_dir / AUDIT_FILE
     if audit.is_file():
         report = json.loads(audit.read_text())
