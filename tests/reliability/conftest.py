@@ -37,3 +37,22 @@ def straight(tmp_path_factory):
         return made[steps]
 
     return run
+
+
+# A small experiment file: `.format(out=..., grpo=", more: settings", extra="top-level lines")` (braces doubled).
+TOY_EXPERIMENT = """
+name: toy
+output_dir: {out}
+compose: {{llm: smollm2, tower: {{hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,
+          num_attention_heads: 2, image_size: 32, patch_size: 16}}}}
+sft: {{data: {{recipe: scene_count}}, max_steps: 2}}
+grpo: {{data: {{recipe: scene_count}}, max_steps: 2{grpo}}}
+eval: {{splits: [test], size: 4}}
+{extra}"""
+
+
+def nested_aliases(levels: int, width: int = 9) -> str:
+    """YAML of a few hundred bytes whose aliases expand to width ** levels values."""
+    lines = [f"a0: &a0 [{', '.join(['x'] * width)}]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"

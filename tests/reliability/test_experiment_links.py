@@ -9,25 +9,17 @@ import textwrap
 
 import pytest
 
+from tests.reliability.conftest import TOY_EXPERIMENT
 from vlm_grpo.experiment.plan import read_experiment
 from vlm_grpo.experiment.stage_lock import stage_lock
 from vlm_grpo.grpo import safe_files
 from vlm_grpo.grpo.safe_files import UnsafeRunPath
 
-EXPERIMENT = """
-name: toy
-output_dir: {out}
-compose: {{llm: smollm2, tower: {{hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,
-          num_attention_heads: 2, image_size: 32, patch_size: 16}}}}
-sft: {{data: {{recipe: scene_count}}, max_steps: 2}}
-grpo: {{data: {{recipe: scene_count}}, max_steps: 2}}
-eval: {{splits: [test], size: 4}}
-"""
 
 
 def experiment(tmp_path, out):
     path = tmp_path / "exp.yaml"
-    path.write_text(textwrap.dedent(EXPERIMENT).format(out=out))
+    path.write_text(textwrap.dedent(TOY_EXPERIMENT).format(out=out, grpo="", extra=""))
     return read_experiment(path, [])
 
 

@@ -14,18 +14,10 @@ from typing import Callable
 
 import pytest
 
+from tests.reliability.conftest import TOY_EXPERIMENT, nested_aliases
 from tests.reliability.test_bad_settings import no_model_loads  # noqa: F401 - autouse: nothing may load a model
 from vlm_grpo.cli import main
 
-EXPERIMENT = """
-name: toy
-output_dir: {out}
-compose: {{llm: smollm2, tower: {{hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,
-          num_attention_heads: 2, image_size: 32, patch_size: 16}}}}
-sft: {{data: {{recipe: scene_count}}, max_steps: 2}}
-grpo: {{data: {{recipe: scene_count}}, max_steps: 2{grpo}}}
-eval: {{splits: [test], size: 4}}
-{extra}"""
 
 
 @dataclass
@@ -39,13 +31,9 @@ class Case:
 
 
 def _experiment(grpo: str = "", extra: str = "") -> str:
-    return textwrap.dedent(EXPERIMENT).format(out="{out}", grpo=grpo, extra=extra)
+    return textwrap.dedent(TOY_EXPERIMENT).format(out="{out}", grpo=grpo, extra=extra)
 
 
-def _aliases(levels: int, width: int) -> str:
-    lines = [f"a0: &a0 [{', '.join(['x'] * width)}]"]
-    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * width)}]" for i in range(1, levels)]
-    return "\n".join(lines) + "\n"
 
 
 def train(*names: str, extra: tuple[str, ...] = ()) -> Callable[[Path], list[str]]:
@@ -109,9 +97,9 @@ CASES = [
     Case("two files, a section and a TRL name", {"a.yaml": "optim: {lr_scheduler: linear}\n",
                                                  "b.yaml": "lr_scheduler_type: cosine\n"},
          train("a.yaml", "b.yaml"), "setting 'optim.lr_scheduler': set in two --config files"),
-    *(Case(f"aliases {levels}x{width}", {"a.yaml": _aliases(levels, width)}, train("a.yaml"),
+    *(Case(f"aliases {levels}x{width}", {"a.yaml": nested_aliases(levels, width)}, train("a.yaml"),
            "aliases expand to more than 100,000 values") for levels, width in ((9, 9), (5, 40), (20, 2), (3, 500))),
-    Case("aliases in a section", {"a.yaml": "loss: {beta: 0.1}\n" + _aliases(12, 4)}, train("a.yaml"),
+    Case("aliases in a section", {"a.yaml": "loss: {beta: 0.1}\n" + nested_aliases(12, 4)}, train("a.yaml"),
          "aliases expand to more than 100,000 values"),
     Case("experiment, a key twice", {"exp.yaml": _experiment(extra="eval: {splits: [ood], size: 2}\n")},
          experiment(), "duplicate key 'eval'", code=1),
@@ -129,7 +117,7 @@ CASES = [
          {"exp.yaml": _experiment(extra="arms: {hot: {method: grpo, set: {temperature: 1.5, "
                                         "generation: {temperature: 0.5}}}}\n")},
          experiment(), "arms.hot.set sets it twice", code=1),
-    Case("experiment, aliases", {"exp.yaml": _experiment(extra=_aliases(9, 9))}, experiment(),
+    Case("experiment, aliases", {"exp.yaml": _experiment(extra=nested_aliases(9, 9))}, experiment(),
          "aliases expand to more than 100,000 values", code=1),
     Case("experiment, a --set value that is not YAML", {"exp.yaml": _experiment()},
          experiment("--set", "grpo.loss.beta=[1,"), "--set grpo.loss.beta: '[1,' is not valid YAML", code=1),

@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 
+from tests.reliability.conftest import TOY_EXPERIMENT, nested_aliases
 from vlm_grpo.cli import main
 from vlm_grpo.experiment.plan import ExperimentError, read_experiment
 from vlm_grpo.grpo.setting_fields import SettingError
@@ -103,20 +104,11 @@ def test_list_flags_still_add_entries_and_the_command_line_wins_over_a_file(tmp_
     assert cfg.max_steps == 5
 
 
-EXPERIMENT = """
-name: toy
-output_dir: {out}
-compose: {{llm: smollm2, tower: {{hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,
-          num_attention_heads: 2, image_size: 32, patch_size: 16}}}}
-sft: {{data: {{recipe: scene_count}}, max_steps: 2}}
-grpo: {{data: {{recipe: scene_count}}, max_steps: 2{grpo}}}
-eval: {{splits: [test], size: 4}}
-{extra}"""
 
 
 def _experiment(tmp_path, grpo: str = "", extra: str = ""):
     path = tmp_path / "exp.yaml"
-    path.write_text(textwrap.dedent(EXPERIMENT).format(out=tmp_path / "runs", grpo=grpo, extra=extra))
+    path.write_text(textwrap.dedent(TOY_EXPERIMENT).format(out=tmp_path / "runs", grpo=grpo, extra=extra))
     return path
 
 
@@ -134,22 +126,18 @@ def test_an_experiment_refuses_a_repeated_key_a_repeated_set_and_two_spellings(t
         read_experiment(_experiment(tmp_path), ["grpo.loss.beta=[1,"])
 
 
-def _nested_aliases(levels: int, width: int = 9) -> str:
-    lines = [f"a0: &a0 [{', '.join(['x'] * width)}]"]
-    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * width)}]" for i in range(1, levels)]
-    return "\n".join(lines) + "\n"
 
 
 @pytest.mark.parametrize("levels, width", [(9, 9), (5, 40), (20, 2)])
 def test_nested_aliases_that_expand_past_the_bound_are_refused_before_anything_is_built(levels, width, tmp_path, capsys,
                                                                                           monkeypatch):
     monkeypatch.chdir(tmp_path)
-    path = _yaml(tmp_path, "bomb.yaml", _nested_aliases(levels, width))
+    path = _yaml(tmp_path, "bomb.yaml", nested_aliases(levels, width))
     assert len(path.read_bytes()) < 2_000
     assert main(["train", "--config", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "aliases expand to more than 100,000 values" in err and str(path) in err, err
-    exp = _experiment(tmp_path, extra=_nested_aliases(levels, width))
+    exp = _experiment(tmp_path, extra=nested_aliases(levels, width))
     with pytest.raises(ExperimentError, match="aliases expand to more than"):
         read_experiment(exp, [])
 
