@@ -14,10 +14,11 @@ def add_parser(sub) -> None:
         help="before a run: can the rewards be earned without solving the task? (exits 1 on an exploit)",
         description="Scores adversarial completions (empty, only the format, the question echoed, every allowed "
         "answer listed, the answer repeated, the right answer in the wrong form, the right form with a wrong answer, "
-        "long padding, the reference answer) of the recipe's first samples with the run's rewards (--recipe, "
+        "long padding, the reference answer) of samples drawn by the run's seed, with the run's rewards (--recipe, "
         "--dataset, --reward ... as for train) and flags a reward that pays an adversary as much as a right answer.",
     )
-    p.add_argument("--samples", type=int, default=16, help="samples scored (default 16)")
+    p.add_argument("--samples", type=int, default=16, help="samples scored, drawn from the split by the run's seed "
+                   "(default 16, at most 64)")
     p.add_argument("--allow", action="append", default=[], metavar="NAME",
                    help="accept findings of this reward, adversary or reward:adversary (repeatable; also "
                    "guard.audit_allow)")
@@ -27,6 +28,7 @@ def add_parser(sub) -> None:
 def run(args, extra: list[str]) -> int:
     from vlm_grpo.grpo.data.recipe_source import build_split
     from vlm_grpo.grpo.rewards.audit import audit_rewards, completion_tokens
+    from vlm_grpo.grpo.rewards.audit_bounds import MAX_AUDIT_ROWS, audit_rows
     from vlm_grpo.grpo.rewards.weighted import run_rewards
     from vlm_grpo.grpo.run.outputs import write_output
     from vlm_grpo.grpo.settings.sources import check_sources, load_recipe_config
@@ -36,12 +38,12 @@ def run(args, extra: list[str]) -> int:
 
     cfg, recipe = load_recipe_config(args.config, extra)
     check_sources(cfg)
-    if args.samples < 1:
-        raise ValueError(f"--samples must be >= 1, got {args.samples}")
+    if not 1 <= args.samples <= MAX_AUDIT_ROWS:
+        raise ValueError(f"--samples must be 1..{MAX_AUDIT_ROWS} (the audit's row bound), got {args.samples}")
     rewards = run_rewards(recipe, cfg.data.rewards, cfg.data.reward_weights)
     data = CheckedSource(build_split(recipe, cfg.data, "train", max(args.samples, cfg.data.train_size), cfg.seed),
                          cfg.data.on_bad_sample)
-    samples = [data[i] for i in range(min(args.samples, len(data)))]
+    samples = [data[i] for i in audit_rows(len(data), cfg.seed, args.samples)]
     # the model's tokenizer: rewards read completion token ids, and completions end at the run's length limit
     adapter = load_policy(cfg, decide_cache=False)
     limit = cfg.generation.max_new_tokens

@@ -17,6 +17,7 @@ ANSWER_COLUMNS = ("solution", "answer")  # where a row's right answer usually si
 TRUTH_PAIRS = ({"true", "false"}, {"yes", "no"})
 LETTERS = ("A", "B", "C", "D", "E")
 _SENTENCE_END = re.compile(r"[.!?](?:\s+|$)")
+_EMPTY_THINK = re.compile(r"<think>\s*</think>\s*")
 
 
 def r1_layout(sample: Sample, reasoning: str, answer: str) -> str:
@@ -76,6 +77,13 @@ class AuditHints:
     wrong_answer: Callable[[Sample, str], str] | None = None  # a wrong answer (default: another allowed answer)
     # exploits the recipe knows and keeps, with the reason: "component:adversary" (or a component) -> why
     accepted: dict[str, str] = field(default_factory=dict)
+
+    def forms(self, sample: Sample, reasoning: str, answer: str) -> list[str]:
+        """`answer` in the layout, longest first: with `reasoning`, with none, and with an empty `<think></think>`
+        dropped (the shortest completion that still states the answer in the form, for a small length limit)."""
+        forms = [self.layout(sample, reasoning, answer), self.layout(sample, "", answer)]
+        forms.append(_EMPTY_THINK.sub("", forms[-1], count=1))
+        return list(dict.fromkeys(forms))
 
     def wrong(self, sample: Sample, answer: str, candidates: list[str] | None = None) -> str:
         """A wrong answer: the recipe's, else the first allowed answer (of `candidates`, the task's answer space,

@@ -27,6 +27,7 @@ import torch
 
 from vlm_grpo.grpo.algorithm.trajectory import Trajectory
 from vlm_grpo.grpo.rewards.audit import audit_rewards, completion_tokens
+from vlm_grpo.grpo.rewards.audit_bounds import AUDIT_ROWS, audit_rows
 from vlm_grpo.grpo import safe_files
 from vlm_grpo.grpo.run.guard_report import AUDIT_FILE
 from vlm_grpo.grpo.guards.protocol import Trip
@@ -35,7 +36,6 @@ from vlm_grpo.grpo.guards.image_reliance import ImageReliance
 from vlm_grpo.recipes.audit_hints import DEFAULT_HINTS, AuditHints
 
 log = logging.getLogger(__name__)
-AUDIT_SAMPLES = 8  # samples the audit at the start of a run scores (vlm-grpo audit-rewards: --samples)
 ACCURACY_NAMES = ("accuracy", "correctness")
 EXAMPLES = 3  # completions shown with a warning
 
@@ -174,7 +174,7 @@ class HackingWatch:
     # ---------------------------------------------------------------- the audit at the start
     def audit(self) -> None:
         data, cfg, run_dir = self.data, self.run_cfg, self.ctx.run_dir
-        samples = [data.dataset[i] for i in range(min(AUDIT_SAMPLES, len(data.dataset)))]
+        samples = [data.dataset[i] for i in audit_rows(len(data.dataset), cfg.seed, AUDIT_ROWS)]
         limit = cfg.generation.max_new_tokens
         encode = completion_tokens(self.adapter.tokenizer, (self.adapter.eos_token_ids or [None])[0], limit)
         report = audit_rewards(data.rewards, samples, self.hints, encode=encode, padding_words=2 * limit,

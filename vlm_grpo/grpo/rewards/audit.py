@@ -27,10 +27,16 @@ The reward is also judged by its own behaviour, whatever it pays the reference (
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from vlm_grpo.grpo.rewards.audit_bounds import (
+    MAX_AUDIT_ROWS, MAX_LISTED, NO_BUDGET_CHARS, CompletionCut, bounded_answer, clipped_sample, first_fitting,
+    longest_fitting, text_fits,
+)
 from vlm_grpo.grpo.rewards.inputs import RewardInputs, collect_fields, reward_prompt, trainer_state
 from vlm_grpo.grpo.rewards.weighted import score
 from vlm_grpo.recipes.audit_hints import DEFAULT_HINTS, AuditHints
@@ -56,34 +62,40 @@ STUB = "I looked at the image."  # the reasoning of the formatted wrong answer a
 FILLER = "Let me look at the image carefully and think about the question before I give my final reply. "
 
 
-def question_text(sample: Sample) -> str:
-    """The user turns' text, as the model read it."""
-    texts = []
+def question_text(sample: Sample, most: int | None = None) -> str:
+    """The user turns' text, as the model read it (its first `most` characters when given)."""
+    texts, length = [], 0
     for message in sample.prompt:
         if message.get("role") != "user":
             continue
         content = message.get("content")
         parts = [content] if isinstance(content, str) else [p.get("text", "") for p in content or [] if p.get("type") == "text"]
         texts += [t for t in parts if t]
-    return " ".join(texts).strip()
+        length += sum(len(t) + 1 for t in parts if t)
+        if most is not None and length > most:  # a longer question is read no further
+            break
+    text = " ".join(texts).strip()
+    return text if most is None else text[:most]
 
 
 MAX_CANDIDATES = 8  # answers of the task listed by the enumeration when the recipe names none
 
 
-def answer_space(samples: Sequence[Sample], hints: AuditHints) -> list[list[str]]:
-    """Each row's candidate answers: the recipe's (`hints.candidates`); where it names fewer than two (free text,
-    a user dataset's column), the task's own answers: the distinct right answers of the audited rows, the row's own
-    first, at most MAX_CANDIDATES. An enumeration of them, and a wrong answer drawn from them, are answers the task
-    really takes, not a made-up word a check would never match."""
-    answers = [hints.answer(s) for s in samples]
+def answer_space(samples: Sequence[Sample], hints: AuditHints,
+                 answers: Sequence[str | None] | None = None) -> list[list[str]]:
+    """Each row's candidate answers: the recipe's (`hints.candidates`, at most MAX_LISTED); where it names fewer than
+    two (free text, a user dataset's column), the task's own answers: the distinct right answers of the audited
+    rows, the row's own first, at most MAX_CANDIDATES. An enumeration of them, and a wrong answer drawn from them, are
+    answers the task really takes, not a made-up word a check would never match. `answers`: each row's right answer
+    (default: the hints')."""
+    answers = [hints.answer(s) for s in samples] if answers is None else list(answers)
     distinct = list(dict.fromkeys(a for a in answers if a is not None))
     space = []
     for sample, answer in zip(samples, answers):
         if answer is None:
             space.append([])
             continue
-        own = list(hints.candidates(sample, answer))
+        own = list(itertools.islice(hints.candidates(sample, answer), MAX_LISTED))
         if len(own) < 2:
             others = [a for a in distinct if a.strip().lower() != answer.strip().lower()]
             own = [answer, *others[: MAX_CANDIDATES - 1]] if others else own
@@ -91,29 +103,76 @@ def answer_space(samples: Sequence[Sample], hints: AuditHints) -> list[list[str]
     return space
 
 
+def _same(a: str, b: str) -> bool:
+    return a.strip().lower() == b.strip().lower()
+
+
+def _enumeration(sample: Sample, hints: AuditHints, answer: str, candidates: list[str],
+                 fits: Callable[[str], bool]) -> tuple[str | None, int]:
+    """(the form listing as many candidate answers as fit, each whole, the right one among them; how many it lists).
+    The form is shortened (no reasoning, no empty think block) before the list is: two answers at least."""
+    others = [c for c in candidates if not _same(c, answer)]
+    right = len(others) < len(candidates)
+
+    def listing(k: int) -> list[str]:  # k answers: the right one and the first others, in the task's order
+        kept = others[: k - right]
+        return [c for c in candidates if (right and _same(c, answer)) or c in kept]
+
+    for form in range(len(hints.forms(sample, STUB, answer))):  # the fullest form that lists two answers
+        found = longest_fitting(lambda k: hints.forms(sample, STUB, " ".join(listing(k)))[form], len(candidates), fits,
+                                least=2)
+        if found:
+            return found[1], len(listing(found[0]))
+    return None, 0
+
+
+def _words_that_fit(text: str, fits: Callable[[str], bool]) -> str | None:
+    """The longest run of `text`'s first words that fits, its own spacing kept."""
+    ends = [m.end() for m in re.finditer(r"\S+", text)]
+    if not ends:
+        return text.strip() if fits(text.strip()) else None
+    found = longest_fitting(lambda n: text[: ends[n - 1]], len(ends), fits)
+    return found[1] if found else None
+
+
+def build_adversaries(sample: Sample, hints: AuditHints, answer: str | None, candidates: list[str], *,
+                      words: int = 120, fits: Callable[[str], bool] = lambda text: True,
+                      max_chars: int = NO_BUDGET_CHARS) -> tuple[dict[str, str | None], int]:
+    """(each adversary's completion, each built to fit so what it claims survives the cut: None where it cannot be
+    written within the budget or without a right answer; the number of answers the enumeration lists)."""
+    filler = FILLER * (min(words, max_chars) // len(FILLER.split()) + 1)
+    out: dict[str, str | None] = {
+        "empty": "", "whitespace": first_fitting([" \n\t "], fits),
+        "format_only": first_fitting([hints.layout(sample, "", "")], fits),
+        "echo": _words_that_fit(question_text(sample, max_chars), fits),
+        "padding": _words_that_fit(" ".join(filler.split()[:words]), fits),
+    }
+    reference = None if answer is None else first_fitting([sample.reference, *hints.forms(sample, STUB, answer)], fits)
+    if reference is None:  # no right answer known, or none fits: only the content-free adversaries
+        return {name: out.get(name) for name in ADVERSARIES}, 0
+    wrong = hints.wrong(sample, answer, candidates)
+    enumeration, listed = _enumeration(sample, hints, answer, candidates, fits) if len(candidates) > 1 else (None, 0)
+    repeated = longest_fitting(lambda n: " ".join([answer] * n), REPEATS, fits, least=2)
+    out.update(
+        enumerate=enumeration,
+        repeat=repeated[1] if repeated else None,
+        right_answer_bare=first_fitting([answer], fits),
+        wrong_answer=first_fitting(hints.forms(sample, STUB, wrong), fits),
+        reference=reference,
+    )
+    return {name: out[name] for name in ADVERSARIES}, listed
+
+
 def adversarial_completions(sample: Sample, hints: AuditHints, words: int = 120,
                             fits: Callable[[str], bool] = lambda text: True,
                             candidates: list[str] | None = None) -> dict[str, str | None]:
-    """Each adversary's completion for `sample` (None: it cannot be written, e.g. no right answer known). The
-    yardstick is the recipe's reference response when it `fits` the length limit, else the form with the answer.
-    `candidates`: the row's answer space (`answer_space`; default: the recipe's candidates alone)."""
+    """Each adversary's completion for `sample` (None: it cannot be written, e.g. no right answer known, or it does
+    not fit). The yardstick is the recipe's reference response when it `fits` the length limit, else the form with
+    the answer. `candidates`: the row's answer space (`answer_space`; default: the recipe's candidates alone)."""
     answer = hints.answer(sample)
-    out: dict[str, str | None] = {
-        "empty": "", "whitespace": " \n\t ", "format_only": hints.layout(sample, "", ""), "echo": question_text(sample),
-        "padding": " ".join((FILLER * (words // len(FILLER.split()) + 1)).split()[:words]),
-    }
-    if answer is None:
-        return {**out, **{name: None for name in ADVERSARIES if name not in out}}
-    candidates = list(hints.candidates(sample, answer)) if candidates is None else candidates
-    out.update(
-        enumerate=hints.layout(sample, STUB, " ".join(candidates)) if len(candidates) > 1 else None,
-        repeat=" ".join([answer] * REPEATS),
-        right_answer_bare=answer,
-        wrong_answer=hints.layout(sample, STUB, hints.wrong(sample, answer, candidates)),
-        reference=next((t for t in (sample.reference, hints.layout(sample, STUB, answer)) if t and fits(t)),
-                       hints.layout(sample, "", answer)),
-    )
-    return {name: out[name] for name in ADVERSARIES}
+    if candidates is None:
+        candidates = [] if answer is None else list(itertools.islice(hints.candidates(sample, answer), MAX_LISTED))
+    return build_adversaries(sample, hints, answer, candidates, words=words, fits=fits)[0]
 
 
 TOTAL = "total"  # the run's reward: the weighted sum of its components
@@ -208,16 +267,10 @@ class AuditReport:
                 "notes": self.notes}
 
 
-def completion_tokens(tokenizer, eos_id: int | None, limit: int) -> Callable[[str], tuple[str, list[int]]]:
-    """text -> (text as a run would hold it, token ids): cut at `limit` tokens, else ended by end-of-sequence."""
-    def encode(text: str) -> tuple[str, list[int]]:
-        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-        if len(ids) >= limit:
-            ids = ids[:limit]
-            return tokenizer.decode(ids), ids
-        return text, ids + ([eos_id] if eos_id is not None else [])
-
-    return encode
+def completion_tokens(tokenizer, eos_id: int | None, limit: int) -> CompletionCut:
+    """text -> (text as a run would hold it, token ids): cut at `limit` tokens, else ended by end-of-sequence; it
+    reads no more of a text than `limit` tokens can hold (audit_bounds.CompletionCut)."""
+    return CompletionCut(tokenizer, eos_id, limit)
 
 
 def _mean(values: list[float]) -> float:
@@ -229,16 +282,22 @@ def audit_rewards(rewards: list[Reward], samples: Sequence[Sample], hints: Audit
                   encode: Callable[[str], tuple[str, list[int]]] | None = None, padding_words: int = 120,
                   max_steps: int = 0, timeout: float | None = None) -> AuditReport:
     """Score every adversary of every sample with `rewards`; flags per the module's rules. `encode` (from
-    `completion_tokens`) gives the completion token ids rewards may read; without it they get none. `timeout`:
-    seconds each reward call may take (the run's reward_timeout), as in training."""
+    `completion_tokens`) gives the completion token ids rewards may read and the budget every adversary is built
+    to fit; without it they get none. `timeout`: seconds each reward call may take (the run's reward_timeout), as in
+    training. Its cost is bounded whatever the rows hold: at most MAX_AUDIT_ROWS samples (the first), and of each
+    text (question, answer, reference, field) no more characters than the budget can hold (audit_bounds.py)."""
     hints = hints or DEFAULT_HINTS
-    def fits(text: str) -> bool:
-        return encode is None or encode(text)[0] == text
-
-    space = answer_space(samples, hints)
-    texts = [adversarial_completions(s, hints, padding_words, fits, candidates) for s, candidates in zip(samples, space)]
+    fits, max_chars = text_fits(encode)
+    dropped = max(0, len(samples) - MAX_AUDIT_ROWS)
+    samples = [samples[k] for k in range(len(samples) - dropped)]
+    read = [clipped_sample(s, max_chars) for s in samples]  # what the adversaries are built from
+    answers, too_long = zip(*(bounded_answer(hints.answer, s, max_chars) for s in samples)) if samples else ((), ())
+    space = answer_space(read, hints, answers)
+    built = [build_adversaries(s, hints, a, c, words=padding_words, fits=fits, max_chars=max_chars)
+             for s, a, c in zip(read, answers, space)]
+    texts = [t for t, _ in built]
     report = AuditReport([r.name for r in rewards], len(samples), accepted=dict(hints.accepted))
-    report.candidates = [len(candidates) for candidates in space]
+    report.candidates = [listed for _, listed in built]
     report.examples = {name: text for name, text in texts[0].items() if text is not None} if texts else {}
     scores: dict[str, dict[str, list[float]]] = {}
     for adversary in ADVERSARIES:
@@ -274,9 +333,18 @@ def audit_rewards(rewards: list[Reward], samples: Sequence[Sample], hints: Audit
             pairs = [(v, w) for v, w in zip(values, wrong) if not (math.isnan(v) or math.isnan(w))]
             report.above_wrong[(adversary, c)] = sum(v > w for v, w in pairs) / len(pairs) if pairs else math.nan
     report.findings = _findings(report)
-    if any(t["reference"] is None for t in texts):
+    unread = [k for k, (a, long) in enumerate(zip(answers, too_long)) if a is None and not long]
+    unfit = [k for k, t in enumerate(texts) if t["reference"] is None and k not in unread]
+    if unread:
         report.notes.append("some samples have no right answer the audit can read (recipe audit hints, or a "
                             "solution/answer column): only content-free adversaries were scored on them")
+    if unfit:
+        budget = f"the {encode.limit}-token completion budget" if isinstance(encode, CompletionCut) else \
+            f"{max_chars} characters"
+        report.notes.append(f"rows {', '.join(map(str, unfit))}: no right answer in the recipe's form fits {budget}; "
+                            "only content-free adversaries were scored on them (raise generation.max_new_tokens)")
+    if dropped:
+        report.notes.append(f"{dropped} further samples were not scored: the audit scores at most {MAX_AUDIT_ROWS}")
     return report
 
 
