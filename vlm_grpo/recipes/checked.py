@@ -14,15 +14,16 @@ from vlm_grpo.videos import Video
 log = logging.getLogger(__name__)
 
 
-def _text(prompt: list[dict[str, Any]]) -> str:
-    out = []
+def _has_text(prompt: list[dict[str, Any]]) -> bool:
+    """Some text part is not blank; each part is read only to its first character that is not whitespace."""
     for message in prompt:
         content = message.get("content")
-        if isinstance(content, str):
-            out.append(content)
-        elif isinstance(content, list):
-            out += [p.get("text") or "" for p in content if isinstance(p, dict) and p.get("type") == "text"]
-    return "".join(out)
+        parts = [content] if isinstance(content, str) else [
+            p.get("text") or "" for p in content if isinstance(p, dict) and p.get("type") == "text"
+        ] if isinstance(content, list) else []
+        if any(part and not part.isspace() for part in parts):
+            return True
+    return False
 
 
 def validate_sample(sample: Any, index: int, no_video_family: str | None = None) -> Sample:
@@ -33,7 +34,7 @@ def validate_sample(sample: Any, index: int, no_video_family: str | None = None)
         raise ValueError(f"{where}: expected a Sample, got {type(sample).__name__}")
     if not isinstance(sample.prompt, list) or not all(isinstance(m, dict) and "role" in m for m in sample.prompt):
         raise ValueError(f"{where}: field 'prompt' must be a list of chat messages with a role")
-    if not _text(sample.prompt).strip():
+    if not _has_text(sample.prompt):
         raise ValueError(f"{where}: field 'prompt' has no text (empty prompt)")
     if not isinstance(sample.images, list) or not all(isinstance(img, Image.Image) for img in sample.images):
         raise ValueError(f"{where}: field 'images' must be a list of PIL images")

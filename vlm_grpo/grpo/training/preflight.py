@@ -18,6 +18,7 @@ import torch
 
 from vlm_grpo.adapters.batch import ImageTokenMismatch, PromptBatch
 from vlm_grpo.adapters.teacher_forcing import completion_logits
+from vlm_grpo.grpo.data.token_chars import longest_token_chars, prompt_chars
 from vlm_grpo.grpo.logprobs.completions import token_logprobs
 from vlm_grpo.grpo.setting_fields import SettingError
 
@@ -164,10 +165,28 @@ def position_limit(adapter) -> int | None:
     return getattr(adapter.model.config.get_text_config(), "max_position_embeddings", None)
 
 
+def prompt_overflow(adapter, sample) -> str | None:
+    """Why `sample`'s prompt cannot fit the model's positions, judged from its length alone: a text of more
+    characters than the positions times the longest token's characters. Nothing longer is ever tokenized, so the
+    pre-checks read at most that many characters of a prompt."""
+    limit = position_limit(adapter)
+    if limit is None:
+        return None
+    longest = longest_token_chars(adapter.tokenizer)
+    chars = prompt_chars(sample.prompt)
+    if chars <= limit * longest:
+        return None
+    return (f"its prompt text holds {chars} characters, more than the model's {limit} positions can take (a token "
+            f"holds at most {longest}): shorten the prompt")
+
+
 def check_drawn_sample(adapter, sample, max_new_tokens: int) -> None:
     """One sample as the step will encode it: the processor takes its images (aspect ratio, size), its image tokens
     equal its image features, and prompt + images + `max_new_tokens` fit the model's positions. Raises ValueError
     saying what is wrong (the caller names the row)."""
+    overflow = prompt_overflow(adapter, sample)
+    if overflow:
+        raise ValueError(overflow)
     try:
         batch = adapter.encode_prompts([sample.prompt], [sample.images], [sample.videos])
     except ImageTokenMismatch as err:
@@ -181,7 +200,12 @@ def check_drawn_sample(adapter, sample, max_new_tokens: int) -> None:
 
 
 def cheap_checks(adapter, samples, max_new_tokens: int, names: list[str] | None = None) -> list[Finding]:
-    """`names`: how messages name each sample (`row_names`)."""
+    """`names`: how messages name each sample (`row_names`). No prompt is tokenized past what the model's positions
+    can hold (`prompt_overflow`)."""
+    overflow = [f"{names[k] if names else f'sample {k}'}: {why}" for k, s in enumerate(samples)
+                if (why := prompt_overflow(adapter, s))]
+    if overflow:
+        return [Finding("sequence budget", False, "; ".join(overflow)), check_suppressed(adapter)]
     aligned, batch = check_alignment(adapter, samples)
     findings = [aligned, check_suppressed(adapter)]
     if batch is not None:  # the budget needs the samples to encode
