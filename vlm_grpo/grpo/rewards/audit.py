@@ -110,20 +110,24 @@ def _same(a: str, b: str) -> bool:
 def _enumeration(sample: Sample, hints: AuditHints, answer: str, candidates: list[str],
                  fits: Callable[[str], bool]) -> tuple[str | None, int]:
     """(the form listing as many candidate answers as fit, each whole, the right one among them; how many it lists).
-    The form is shortened (no reasoning, no empty think block) before the list is: two answers at least."""
-    others = [c for c in candidates if not _same(c, answer)]
-    right = len(others) < len(candidates)
+    More answers go before a fuller form (the reasoning, an empty think block); two answers at least."""
+    right = next((k for k, c in enumerate(candidates) if _same(c, answer)), None)
 
-    def listing(k: int) -> list[str]:  # k answers: the right one and the first others, in the task's order
-        kept = others[: k - right]
-        return [c for c in candidates if (right and _same(c, answer)) or c in kept]
+    def listing(k: int) -> list[str]:
+        # k neighbours in the task's order, the right one placed as far along them as it is along all of them:
+        # a check that reads the last (or first) answer is then paid about 1/k of the time, as a guess would be
+        if right is None:
+            return candidates[:k]
+        start = round(right * (len(candidates) - k) / max(1, len(candidates) - 1))
+        return candidates[start:start + k]
 
-    for form in range(len(hints.forms(sample, STUB, answer))):  # the fullest form that lists two answers
+    best: tuple[int, str] | None = None
+    for form in range(len(hints.forms(sample, STUB, answer))):
         found = longest_fitting(lambda k: hints.forms(sample, STUB, " ".join(listing(k)))[form], len(candidates), fits,
                                 least=2)
-        if found:
-            return found[1], len(listing(found[0]))
-    return None, 0
+        if found and (best is None or found[0] > best[0]):
+            best = found
+    return (best[1], len(listing(best[0]))) if best else (None, 0)
 
 
 def _words_that_fit(text: str, fits: Callable[[str], bool]) -> str | None:
