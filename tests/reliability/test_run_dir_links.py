@@ -184,7 +184,7 @@ def test_disk_full_while_saving_names_the_path_and_space_and_keeps_the_previous_
         ckpt.save_checkpoint(run, 2, adapter, optimizer, scheduler, {"config": {}})
     message = str(refused.value)
     assert f"disk full while saving {run / '.tmp-checkpoint-2-'}" in message and "a checkpoint needs about" in message
-    assert "MB are free; the previous checkpoint is kept" in message and "\n" not in message
+    assert "are free; the previous checkpoint is kept" in message and "\n" not in message
     assert snapshot(first) == before and not ckpt.verify(first)  # the previous checkpoint, whole
     assert sorted(p.name for p in run.iterdir() if not p.name.startswith(".run")) == [CREATED_LIST, "checkpoint-1"]
     assert CreatedFiles(run).names() == {"checkpoint-1"}
