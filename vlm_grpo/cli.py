@@ -6,7 +6,9 @@ Command modules import nothing heavy at the top (torch, transformers, the loop l
 Exit codes, for schedulers: 0 done; 1 failed (one line naming what; `--debug` or `VLM_GRPO_TRACEBACK=1` for the
 traceback, which a training run also appends to its errors.log); 2 refused before starting (a bad setting or command
 line); 130 / 143 stopped by SIGINT / SIGTERM at any moment, imports included (a training run saves its last step
-first and says so).
+first and says so). A resource that ran out (a full disk, `ulimit -f` / `-n` / `-v`, memory) is a failure too, in one
+line naming the limit (vlm_grpo/resource_limits.py); SIGXFSZ is ignored, so a write past `ulimit -f` fails with
+EFBIG instead of killing the process.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import sys
 import traceback
 
+from vlm_grpo import resource_limits
 from vlm_grpo.commands import (
     attention,
     audit_rewards,
@@ -76,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     stop_signals.install()  # first: a signal during the imports below stops with 130/143 like any other
+    resource_limits.writes_past_the_file_size_limit_fail()
     try:
         with safe_streams():  # whatever a command prints from a run or from the user: no terminal control sequence
             code = _main(list(sys.argv[1:] if argv is None else argv))
@@ -111,12 +115,15 @@ def _main(argv: list[str]) -> int:
     except StopSignal as stop:
         print(f"vlm-grpo {args.command}: {stop}", file=sys.stderr)
         return stop.exit_code
-    except (ValueError, RuntimeError, OSError) as err:
+    except (ValueError, RuntimeError, OSError, MemoryError, ImportError) as err:
+        ran_out = resource_limits.explain(err)  # a disk, a limit or memory that ran out: which, and its limit
+        if ran_out is None and isinstance(err, (MemoryError, ImportError)):  # a missing package: its own traceback
+            raise
         if os.environ.get("VLM_GRPO_TRACEBACK") and not debug:  # the one-line message hides where it came from
             raise
         if debug:  # the whole story (a user function's own traceback when it failed), then the one line
             print(getattr(err, "traceback_text", "") or traceback.format_exc(), file=sys.stderr)
-        print(f"vlm-grpo {args.command}: error: {err}", file=sys.stderr)
+        print(f"vlm-grpo {args.command}: error: {ran_out or err}", file=sys.stderr)
         return REFUSED if isinstance(err, SettingError) else FAILED
 
 

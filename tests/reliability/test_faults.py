@@ -104,7 +104,7 @@ def test_unusable_output_directory_fails_before_training(tmp_path):
 
 def test_full_disk_fails_before_training(tmp_path, monkeypatch):
     monkeypatch.setattr(preflight.shutil, "disk_usage", lambda _p: type("Usage", (), {"free": 1024})())
-    with pytest.raises(OSError, match="a checkpoint needs about .* GB but only 0.00 GB are free"):
+    with pytest.raises(OSError, match=r"a checkpoint needs about [0-9.]+ KB but only 1\.0 KB are free; free some space"):
         GRPOTrainer.from_settings(load_config(overrides=[*RUN, "--output-dir", str(tmp_path)]))
 
 

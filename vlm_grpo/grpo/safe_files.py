@@ -13,7 +13,8 @@ opened through a symlink or a file with other hard links, and listed in the run'
 - `read_run_file(run_dir, relative)`: what report.html, the trackers and the model card read back from a run
   (images, charts): a path inside the run directory, reached through no link and no hard-linked file; anything else
   (`/etc/...`, `../`, a symlinked `attention.png`) is refused with `OutsideRun`, naming why, and left out.
-- Disk full (ENOSPC) while writing becomes `DiskFull`: the path, the space needed and the space free, in one line.
+- Disk full (ENOSPC) while writing becomes `DiskFull`: the path, the space needed and the space free, in one line;
+  another resource running out (a quota, `ulimit -f`, `ulimit -n`) becomes `ResourceLimitReached`, naming its limit.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from vlm_grpo.grpo.setting_fields import SettingError
+from vlm_grpo.resource_limits import ResourceLimitReached, reached, size_pair, size_text
 
 CREATED_LIST = ".vlm-grpo-files.json"  # the run's record of the top-level entries it created
 STAGING_PREFIX = ".tmp-write-"  # a whole-file write in progress (left only by a kill: removed at the next start)
@@ -45,7 +47,7 @@ class OutsideRun(ValueError):
     """A path read back from a run that is not one of the run's own files."""
 
 
-class DiskFull(OSError):
+class DiskFull(ResourceLimitReached):
     """ENOSPC while writing a run file, said in one line."""
 
 
@@ -115,16 +117,22 @@ def refuse_links(run_dir: Path, names: Iterable[str]) -> None:
         check_tree(Path(run_dir) / name)
 
 
-def _disk_full(path: Path, need: int | None) -> DiskFull:
+def _write_failed(path: Path, need: int | None, err: OSError) -> OSError | None:
+    """The one-line error for a write of `path` that a resource refused (None: not a resource's doing)."""
+    if err.errno != errno.ENOSPC:
+        return reached(err, path)
     try:
         free = shutil.disk_usage(path.parent if not path.is_dir() else path).free
     except OSError:
         free = None
-    needed = f"about {need / 1e6:.1f} MB" if need is not None else "more space"
-    text = f"disk full while writing {path}: it needs {needed}"
-    if free is not None:
-        text += f", {free / 1e6:.1f} MB are free"
-    return DiskFull(errno.ENOSPC, text + "; free some space, or choose another --output-dir")
+    if need is not None and free is not None:
+        needed, free_text = size_pair(need, free)
+        text = f"disk full while writing {path}: it needs about {needed}, {free_text} are free"
+    else:
+        needed = f"about {size_text(need)}" if need is not None else "more space"
+        text = f"disk full while writing {path}: it needs {needed}"
+        text += f", {size_text(free)} are free" if free is not None else ""
+    return DiskFull(errno.ENOSPC, text + "; free some space, or choose another --output-dir", path)
 
 
 def write_file(path: Path, data: bytes | str) -> Path:
@@ -134,8 +142,8 @@ def write_file(path: Path, data: bytes | str) -> Path:
     raw = data.encode() if isinstance(data, str) else data
     tmp = path.with_name(f"{STAGING_PREFIX}{path.name}-{os.getpid()}")
     remove(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "wb") as fh:
             fh.write(raw)
             fh.flush()
@@ -144,8 +152,9 @@ def write_file(path: Path, data: bytes | str) -> Path:
         os.replace(tmp, path)
     except OSError as err:
         remove(tmp)
-        if err.errno == errno.ENOSPC:
-            raise _disk_full(path, len(raw)) from None
+        said = _write_failed(path, len(raw), err)
+        if said is not None:
+            raise said from None
         raise
     return path
 
@@ -167,8 +176,9 @@ def append_file(path: Path, text: str) -> None:
             fh.write(text)
             fh.flush()
         except OSError as err:
-            if err.errno == errno.ENOSPC:
-                raise _disk_full(path, len(text.encode())) from None
+            said = _write_failed(path, len(text.encode()), err)
+            if said is not None:
+                raise said from None
             raise
 
 

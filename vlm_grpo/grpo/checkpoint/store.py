@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from vlm_grpo import resource_limits
 from vlm_grpo.grpo import safe_files
 from vlm_grpo.grpo.checkpoint.manifest import verify, write_manifest
 from vlm_grpo.grpo.checkpoint.run_state import check_run_state, check_trainer_state, read_json
@@ -61,7 +62,7 @@ def save_checkpoint(run_dir: Path, step: int, adapter, optimizer, scheduler, sta
     saving removes the unfinished copy and raises DiskFull (the path, the space needed): the previous checkpoint
     stays as it was."""
     tmp = staging_dir(run_dir, f".tmp-checkpoint-{step}-{os.getpid()}")
-    with disk_full_says(tmp, run_dir, need=lambda: checkpoint_bytes(adapter)):
+    with resource_errors_say(tmp, run_dir, need=lambda: checkpoint_bytes(adapter)):
         save_model(adapter, tmp)
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         if extra is not None:
@@ -86,35 +87,43 @@ def checkpoint_bytes(adapter) -> int:
 
 
 @contextlib.contextmanager
-def disk_full_says(tmp: Path, run_dir: Path, need=lambda: None):
-    """ENOSPC inside: the unfinished `tmp` removed, and DiskFull naming it, the space needed and the space free."""
+def resource_errors_say(tmp: Path, run_dir: Path, need=lambda: None):
+    """A resource running out inside (a full disk or quota, `ulimit -f`, `ulimit -n`, memory): the unfinished `tmp`
+    removed, and one line naming the resource, its limit and the file (a full disk: DiskFull with the space needed
+    and free); the previous checkpoint stays as it was. Any other failure passes through as it is."""
     try:
         yield
     except Exception as err:  # noqa: BLE001 - torch's and safetensors' writers report a full disk in their own words
-        if not disk_full_error(err):
+        found = resource_limits.cause(err, written=tmp)
+        if found is None:
             raise
+        code = found[1]
+        path = resource_limits.oversized_file(tmp) if code == errno.EFBIG else None
+        path = path or getattr(found[0], "filename", None) or tmp
+        _discard_staging(tmp, run_dir)
+        kept = "the previous checkpoint is kept as it was"
+        if code == errno.ENOSPC:
+            needed, free = resource_limits.size_pair(need() or 0, shutil.disk_usage(run_dir).free)
+            raise DiskFull(errno.ENOSPC, f"disk full while saving {tmp} in {run_dir}: a checkpoint needs about "
+                           f"{needed}, {free} are free; {kept}. Free some space (or lower logging.keep_checkpoints) "
+                           "and --resume", tmp) from None
+        latest = latest_checkpoint(run_dir)
+        line = resource_limits.line_for(err, found, path, then="--resume" if latest else "run again", kept=f"{kept} "
+                                        f"({latest.name})" if latest else "no checkpoint was saved before this one")
+        raise resource_limits.ResourceLimitReached(code, line, path) from None
+
+
+disk_full_says = resource_errors_say  # the name the disk-full callers know it by
+
+
+def _discard_staging(tmp: Path, run_dir: Path) -> None:
+    """The unfinished copy gone and unlisted; when even that fails (no file descriptor left), it stays listed, and the
+    next start removes it."""
+    try:
         safe_files.remove(tmp)
         CreatedFiles(run_dir).discard(tmp.name)
-        free = shutil.disk_usage(run_dir).free
-        needed = need()
-        raise DiskFull(errno.ENOSPC, f"disk full while saving {tmp} in {run_dir}: a checkpoint needs about "
-                       f"{needed / 1e6:.1f} MB, {free / 1e6:.1f} MB are free; the previous checkpoint is kept as it "
-                       "was. Free some space (or lower logging.keep_checkpoints) and --resume") from None
-
-
-# How writers say "disk full" without an OSError: torch.save's zip writer ("[enforce fail at inline_container.cc]
-# ... PytorchStreamWriter failed writing file ... file write failed" / "unexpected pos"), safetensors (Rust's
-# "IoError(Os { code: 28, kind: StorageFull ..."), and the C library's text for ENOSPC and EDQUOT.
-DISK_FULL_WORDS = ("inline_container.cc", "PytorchStreamWriter failed writing", "file write failed", "StorageFull",
-                   "code: 28", "code: 122", "No space left on device", "Disk quota exceeded")
-
-
-def disk_full_error(err: BaseException) -> bool:
-    """Whether `err` is a write that failed for want of space (ENOSPC, a quota), whoever raised it."""
-    if isinstance(err, DiskFull) or (isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)):
-        return True
-    return isinstance(err, (RuntimeError, OSError, ValueError)) and any(w in str(err) for w in DISK_FULL_WORDS) or \
-        type(err).__name__ == "SafetensorError" and any(w in str(err) for w in DISK_FULL_WORDS)
+    except OSError:
+        pass
 
 
 def commit_checkpoint(tmp: Path, run_dir: Path, step: int, scheduler, state: dict[str, Any], keep: int = 2,
@@ -122,7 +131,7 @@ def commit_checkpoint(tmp: Path, run_dir: Path, step: int, scheduler, state: dic
     """`tmp` (weights and optimizer state already in it) plus scheduler, RNG state, step and manifest, renamed to
     checkpoint-`step`: the rename is the commit point."""
     final = run_dir / f"checkpoint-{step}"
-    with disk_full_says(tmp, run_dir, need):
+    with resource_errors_say(tmp, run_dir, need):
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         torch.save(rng_state(), tmp / "rng_state.pt")
         write_states(tmp, step, state)

@@ -221,7 +221,7 @@ class Checkpoints:
             adapter = self._plain_copy(full) if self.ctx.is_main else None
         if self.ctx.is_main:
             tmp = ckpt.staging_dir(self.ctx.run_dir, ".tmp-final")
-            with ckpt.disk_full_says(tmp, self.ctx.run_dir, need=lambda: ckpt.checkpoint_bytes(adapter)):
+            with ckpt.resource_errors_say(tmp, self.ctx.run_dir, need=lambda: ckpt.checkpoint_bytes(adapter)):
                 ckpt.save_model(adapter, tmp)
                 if is_lora_wrapped(adapter) and self.cfg.logging.save_merged:
                     save_merged(self._full_precision_copy(adapter) if is_loaded_in_4bit(adapter.model) else adapter,

@@ -9,6 +9,7 @@ applies to every sample the first time it is drawn (grpo/parts/training_data.py)
 
 from __future__ import annotations
 
+import errno
 import logging
 import shutil
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from vlm_grpo.adapters.teacher_forcing import completion_logits
 from vlm_grpo.grpo.data.token_chars import longest_token_chars, prompt_chars
 from vlm_grpo.grpo.logprobs.completions import token_logprobs
 from vlm_grpo.grpo.setting_fields import SettingError
+from vlm_grpo.resource_limits import ResourceLimitReached, size_pair
 
 log = logging.getLogger(__name__)
 
@@ -226,11 +228,14 @@ def raise_on_failure(findings: list[Finding]) -> None:
         raise ValueError("pre-flight check failed: " + "; ".join(f"{f.check}: {f.detail}" for f in failed))
 
 
-def check_disk_space(run_dir: Path, model, margin: float = 1.2) -> None:
-    """Fail before training when a checkpoint (weights + Adam state) will not fit in the output directory."""
+def check_disk_space(run_dir: Path, model) -> None:
+    """Fail before training when a checkpoint (weights + Adam state) will not fit in the output directory: only when
+    what it needs is more than what is free, both written in a unit that shows them."""
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     adam = sum(p.numel() * 4 * 2 for p in model.parameters() if p.requires_grad)
-    need = int((weights + adam) * margin)
+    need = weights + adam
     free = shutil.disk_usage(run_dir).free
     if free < need:
-        raise OSError(f"{run_dir}: a checkpoint needs about {need / 1e9:.2f} GB but only {free / 1e9:.2f} GB are free")
+        needed, free_text = size_pair(need, free)
+        raise ResourceLimitReached(errno.ENOSPC, f"{run_dir}: a checkpoint needs about {needed} but only {free_text} "
+                                   "are free; free some space, or choose another --output-dir", run_dir)
