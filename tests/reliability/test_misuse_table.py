@@ -203,11 +203,11 @@ def test_disk_full_while_saving_names_the_path_and_space_and_keeps_the_last_chec
     tmp.mkdir()
     with pytest.raises(OSError, match=rf"disk full while saving {tmp} in {tmp_path}: a checkpoint needs about 12.0 MB, "
                                       r"[0-9.]+ MB are free; the previous checkpoint is kept"):
-        with ckpt.disk_full_says(tmp, tmp_path, need=lambda: 12_000_000):
+        with ckpt.resource_errors_say(tmp, tmp_path, need=lambda: 12_000_000):
             raise error
     assert not tmp.exists() and (tmp_path / "checkpoint-1").is_dir()
     with pytest.raises(RuntimeError, match="something else"):  # other failures pass through as they are
-        with ckpt.disk_full_says(tmp_path / "other", tmp_path):
+        with ckpt.resource_errors_say(tmp_path / "other", tmp_path):
             raise RuntimeError("something else")
 
 

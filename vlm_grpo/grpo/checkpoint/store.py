@@ -113,9 +113,6 @@ def resource_errors_say(tmp: Path, run_dir: Path, need=lambda: None):
         raise resource_limits.ResourceLimitReached(code, line, path) from None
 
 
-disk_full_says = resource_errors_say  # the name the disk-full callers know it by
-
-
 def _discard_staging(tmp: Path, run_dir: Path) -> None:
     """The unfinished copy gone and unlisted; when even that fails (no file descriptor left), it stays listed, and the
     next start removes it."""

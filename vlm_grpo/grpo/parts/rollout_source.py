@@ -78,17 +78,18 @@ class SyncDraws:
         index = self.cursor
         self.cursor += 1
         first_step = index * self.cfg.steps_per_generation
-        torch.manual_seed(step_seed(self.cfg.seed, first_step, self.ctx.accelerator.process_index))
-        batch = self.data.batch(index)
-        if self.replaying:
+        if self.replaying:  # no seed: the checkpoint's random state is where the uninterrupted run's stands now
             result = self.replaying.popleft()
             if result.index != index:
                 raise RuntimeError(f"the saved generation holds rollout batch {result.index} where batch {index} "
                                    "is next")
+            batch = self.data.batch(index)
             sampled = sampled_from(result, batch, self.sampler.adapter, self.sampler.prompt_cache, self.cfg,
                                    self.ctx.device)
             draw = Draw(index, result.version, batch, sampled)
         else:
+            torch.manual_seed(step_seed(self.cfg.seed, first_step, self.ctx.accelerator.process_index))
+            batch = self.data.batch(index)
             draw = Draw(index, step, batch, self.sampler.sample(batch.samples, batch.rows, first_step))
         self.generation_draws.append(draw)
         return draw

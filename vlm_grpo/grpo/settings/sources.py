@@ -226,6 +226,7 @@ def mapping_pairs(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any
 
 
 def _word_pairs(words: list[str]) -> list[tuple[str, Any]]:
+    """`--key value` words as pairs (a bare `--flag`: true)."""
     pairs, i = [], 0
     while i < len(words):
         if i + 1 < len(words) and not words[i + 1].startswith("--"):
@@ -237,30 +238,19 @@ def _word_pairs(words: list[str]) -> list[tuple[str, Any]]:
     return pairs
 
 
-def _collect_mapping(values: dict[str, Any], data: dict[str, Any], prefix: str = "", refused=None) -> None:
-    for key, value in data.items():
-        if not prefix and key == HISTORY:
-            continue
-        if not prefix and key in SECTIONS and isinstance(value, dict):
-            _collect_mapping(values, value, prefix=f"{key}.", refused=refused)
-        else:
-            _put(values, f"{prefix}{key}", value, refused)
+def _collect_mapping(values: dict[str, Any], data: dict[str, Any], refused=None) -> None:
+    for key, value in mapping_pairs(data):
+        _put(values, key, value, refused)
 
 
 def _collect_words(values: dict[str, Any], words: list[str], refused=None) -> None:
     """`--key value` pairs (a bare `--flag` means true); the later of two values for one setting wins, said."""
-    note_repeated(_word_pairs(words))
-    i = 0
-    while i < len(words):
-        key = words[i]
+    pairs = _word_pairs(words)
+    note_repeated(pairs)
+    for key, value in pairs:
         if not key.startswith("--"):
             raise SettingError(key, "expected --key value")
-        if i + 1 < len(words) and not words[i + 1].startswith("--"):
-            _put(values, key, words[i + 1], refused)
-            i += 2
-        else:
-            _put(values, key, True, refused)
-            i += 1
+        _put(values, key, value, refused)
 
 
 def _section(values: dict[str, Any], name: str):
